@@ -1,0 +1,285 @@
+"""The BertPretrainJob API: one typed tree shared by the CRD schema, the CLI and the trainer.
+
+Field names are snake_case in Python and camelCase in YAML/JSON (``max_seq_length`` <->
+``maxSeqLength``), as Kubeflow's SDK does; the conversion is mechanical, so one set of names
+serves the custom resource, the job file read by the CLI, and the trainer's configuration.
+Each field's ``description`` is what ``kubectl explain bertpretrainjob.spec`` shows: the CRD in
+``manifests/`` is generated from these classes (``python -m bertjob.crd``).
+
+Checks that involve one object live here (types, ranges, enums); checks across objects live in
+:mod:`bertjob.validation`, and defaults that depend on other fields in :mod:`bertjob.defaults`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "bertjob.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "BertPretrainJob"
+PLURAL = "bertpretrainjobs"
+
+Launcher = Literal["pytorchjob", "mpijob"]
+Accelerator = Literal["nvidia-gpu", "habana-hpu", "xeon-cpu"]
+Precision = Literal["bf16", "fp16", "fp32"]
+ModelPreset = Literal["bert-tiny", "bert-mini", "bert-small", "bert-medium", "bert-base", "bert-large"]
+
+
+class SpecError(ValueError):
+    """A job file or custom resource that does not fit the API.
+
+    ``problems`` holds one ``(field path, message)`` pair per problem, the path in the YAML
+    spelling (``spec.phases[0].maxSeqLength``) so that the user can find the line.
+    """
+
+    def __init__(self, source: str, problems: list[tuple[str, str]]):
+        self.source = source
+        self.problems = problems
+        lines = "\n".join(f"  {path}: {message}" for path, message in problems)
+        super().__init__(f"{source}: invalid BertPretrainJob\n{lines}")
+
+
+class _Spec(BaseModel):
+    # strict: a YAML "2" is not the integer 2; extra="forbid": a misspelt field is an error,
+    # as the API server's strict field validation makes it for `kubectl apply`.
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        strict=True,
+        frozen=True,
+    )
+
+
+class Topology(_Spec):
+    """Where the processes run: ``nodes`` pods, each running ``processes_per_node`` ranks."""
+
+    nodes: int = Field(1, ge=1, description="Pods (one per node); 1 renders the single-node overlay.")
+    processes_per_node: int = Field(
+        1, ge=1, description="Training processes per pod, usually one per GPU/HPU or per CPU socket."
+    )
+
+    @property
+    def world_size(self) -> int:
+        """Number of training processes (ranks) in the whole job."""
+        return self.nodes * self.processes_per_node
+
+
+class ModelSpec(_Spec):
+    """A BERT size: a preset, with any of its dimensions overridden."""
+
+    preset: ModelPreset = Field(
+        "bert-tiny",
+        description="Google's compact BERTs (tiny, mini, small, medium; Turc et al. 2019) or the paper's "
+        "base and large (Devlin et al. 2019).",
+    )
+    hidden_size: int | None = Field(None, ge=8, description="Overrides the preset's hidden size.")
+    num_hidden_layers: int | None = Field(None, ge=1, description="Overrides the preset's layer count.")
+    num_attention_heads: int | None = Field(None, ge=1, description="Overrides the preset's head count.")
+    intermediate_size: int | None = Field(None, ge=8, description="Overrides the feed-forward width.")
+    max_position_embeddings: int | None = Field(
+        None, ge=8, description="Longest sequence the model accepts; default 512."
+    )
+    hidden_dropout_prob: float | None = Field(None, ge=0, lt=1, description="Default 0.1.")
+    attention_probs_dropout_prob: float | None = Field(None, ge=0, lt=1, description="Default 0.1.")
+
+
+class VocabSpec(_Spec):
+    """The WordPiece vocabulary: trained on the corpus, or an existing file. Exactly one of the two."""
+
+    train_size: int | None = Field(
+        None, ge=64, description="Train a WordPiece vocabulary of this many tokens on the corpus."
+    )
+    file: str | None = Field(None, min_length=1, description="An existing vocab.txt or tokenizer.json.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> VocabSpec:
+        if (self.train_size is None) == (self.file is None):
+            raise ValueError("set exactly one of trainSize and file")
+        return self
+
+
+class DataSpec(_Spec):
+    """The corpus and what is made of it: vocabulary and masked-LM/NSP instances in HDF5 shards."""
+
+    corpus: str = Field(
+        min_length=1,
+        description="A file or directory of text (one sentence per line and a blank line between "
+        "documents, or raw text), or 'builtin:python-docs': the running Python's standard library "
+        "docstrings and language reference, one document per module or topic.",
+    )
+    shards: str = Field(min_length=1, description="Directory for the vocabulary and the HDF5 shards.")
+    vocab: VocabSpec = Field(
+        default_factory=lambda: VocabSpec(train_size=8000), description="Default: train 8000 tokens."
+    )
+    lowercase: bool = Field(True, description="Lower-case and strip accents (an uncased model).")
+    dupe_factor: int = Field(
+        5, ge=1, description="Times each document is turned into instances, with different masks."
+    )
+    short_seq_prob: float = Field(
+        0.1, ge=0, le=1, description="Share of instances given a shorter target length (Google's default)."
+    )
+    masked_lm_prob: float = Field(0.15, gt=0, lt=1, description="Share of tokens masked per instance.")
+    num_shards: int = Field(4, ge=1, description="HDF5 shards written per phase's dataset.")
+
+
+class PhaseSpec(_Spec):
+    """One pretraining phase (NVIDIA's recipe: phase 1 at seq 128, phase 2 at seq 512)."""
+
+    max_seq_length: int = Field(ge=8, description="Tokens per sequence, [CLS] and [SEP]s included.")
+    max_predictions_per_seq: int = Field(ge=1, description="Masked positions stored per sequence.")
+    global_batch_size: int = Field(ge=1, description="Sequences per optimizer step, over all processes.")
+    micro_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Sequences per process per forward/backward pass; gradient accumulation steps "
+        "= globalBatchSize / (world size x microBatchSize). Default: no accumulation.",
+    )
+    learning_rate: float = Field(gt=0, description="Peak learning rate, reached after warm-up.")
+    warmup_proportion: float = Field(
+        0.01, ge=0, lt=1, description="Share of the phase's steps spent in linear warm-up."
+    )
+    steps: int = Field(ge=1, description="Optimizer steps in this phase.")
+
+    @model_validator(mode="after")
+    def _predictions_fit(self) -> PhaseSpec:
+        if self.max_predictions_per_seq >= self.max_seq_length:
+            raise ValueError("maxPredictionsPerSeq must be smaller than maxSeqLength")
+        return self
+
+
+class OptimizerSpec(_Spec):
+    """The optimizer; LAMB as NVIDIA's FusedLAMB defines it (You et al. 2020)."""
+
+    name: Literal["lamb", "adamw"] = Field("lamb", description="lamb or adamw.")
+    weight_decay: float = Field(0.01, ge=0, description="Decoupled weight decay; none on biases and LayerNorm.")
+    beta1: float = Field(0.9, ge=0, lt=1, description="First-moment decay.")
+    beta2: float = Field(0.999, ge=0, lt=1, description="Second-moment decay.")
+    eps: float = Field(1e-6, gt=0, description="Added to the second-moment root.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Global gradient-norm clipping before the update.")
+
+
+class CheckpointSpec(_Spec):
+    """Where and how often training state is saved."""
+
+    path: str = Field(min_length=1, description="Directory for checkpoints (one sub-directory per phase).")
+    every_steps: int = Field(200, ge=1, description="Save every this many optimizer steps, and at the end.")
+    keep: int = Field(3, ge=1, description="Checkpoints kept per phase; older ones are deleted.")
+
+
+class ExportSpec(_Spec):
+    """The final model in Hugging Face format."""
+
+    path: str | None = Field(None, min_length=1, description="Default: <checkpoint.path>/hf.")
+
+
+class LoggingSpec(_Spec):
+    """What the trainer prints."""
+
+    every_steps: int = Field(10, ge=1, description="Print one progress line every this many optimizer steps.")
+
+
+class JobSpec(_Spec):
+    """``spec`` of a BertPretrainJob."""
+
+    image: str = Field(min_length=1, description="Trainer container image.")
+    launcher: Launcher = Field(
+        "pytorchjob", description="pytorchjob (torchrun, DDP) or mpijob (mpirun, Horovod)."
+    )
+    accelerator: Accelerator = Field("nvidia-gpu", description="nvidia-gpu, habana-hpu or xeon-cpu.")
+    topology: Topology = Field(default_factory=Topology, description="Nodes and processes per node.")
+    model: ModelSpec = Field(default_factory=ModelSpec, description="Model size.")
+    data: DataSpec = Field(description="Corpus, vocabulary and shards.")
+    phases: list[PhaseSpec] = Field(min_length=1, max_length=2, description="Phase 1, then optionally phase 2.")
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec, description="Optimizer settings.")
+    precision: Precision = Field("bf16", description="bf16 or fp16 autocast, or fp32.")
+    checkpoint: CheckpointSpec = Field(description="Checkpoint location and frequency.")
+    export: ExportSpec = Field(default_factory=ExportSpec, description="Hugging Face export.")
+    logging: LoggingSpec = Field(default_factory=LoggingSpec, description="Progress output.")
+    seed: int = Field(12345, ge=0, description="Seed for data creation, initialisation and sampling.")
+
+
+class ObjectMeta(BaseModel):
+    """The part of Kubernetes metadata the job uses; the API server's own fields pass through."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: str = Field(
+        min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", description="DNS-1123 label."
+    )
+    namespace: str = "default"
+
+
+class BertPretrainJob(_Spec):
+    """A whole custom resource as written in a job file."""
+
+    api_version: Literal["bertjob.dev/v1alpha1"] = Field(alias="apiVersion")
+    kind: Literal["BertPretrainJob"]
+    metadata: ObjectMeta
+    spec: JobSpec
+
+
+def _problems(error: ValidationError, prefix: str) -> list[tuple[str, str]]:
+    problems = []
+    for item in error.errors():
+        path = prefix
+        for part in item["loc"]:
+            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown field"
+        elif item["type"] == "missing":
+            message = "required field is missing"
+        problems.append((path, message))
+    return problems
+
+
+def parse_job(data: Any, source: str = "<job>") -> BertPretrainJob:
+    """Validate a whole BertPretrainJob document (a dict from YAML or JSON).
+
+    Raises:
+        SpecError: naming each wrong field by its YAML path and saying what is wrong.
+    """
+    try:
+        return BertPretrainJob.model_validate(data)
+    except ValidationError as error:
+        raise SpecError(source, _problems(error, "")) from None
+
+
+def parse_spec(data: Any, source: str = "<spec>") -> JobSpec:
+    """Validate the ``spec`` of a custom resource as the operator receives it.
+
+    Raises:
+        SpecError: naming each wrong field as ``spec.<path>``.
+    """
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as error:
+        raise SpecError(source, _problems(error, "spec")) from None
+
+
+def load_job(path: str | Path) -> BertPretrainJob:
+    """Read and validate a job file (YAML or JSON).
+
+    Raises:
+        SpecError: the file is missing, is not YAML, or does not fit the API.
+    """
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise SpecError(str(path), [("", f"cannot read: {error.strerror}")]) from None
+    except yaml.YAMLError as error:
+        raise SpecError(str(path), [("", f"not valid YAML: {error}")]) from None
+    return parse_job(data, str(path))
+
+
+def to_document(job: BertPretrainJob) -> dict[str, Any]:
+    """The job as the dict a YAML file or the API server holds (camelCase, defaults included)."""
+    return job.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -1,0 +1,65 @@
+"""Checks across fields of a schema-valid spec (what the CRD schema cannot express).
+
+Modelled on the training operator's ``pytorch_validation.go``/``mpi_validation.go``: each check
+names the field at fault in its YAML spelling, so a user or a status condition can point at it.
+"""
+
+from __future__ import annotations
+
+from bertjob.defaults import resolve_model
+from bertjob.spec import JobSpec, SpecError
+
+
+def problems(spec: JobSpec) -> list[tuple[str, str]]:
+    """Every cross-field problem of ``spec`` (run on the output of ``with_defaults``), as
+    ``(field path, message)`` pairs; empty when the spec is consistent."""
+    found: list[tuple[str, str]] = []
+    world_size = spec.topology.world_size
+    dims = resolve_model(spec.model)
+
+    if spec.launcher == "mpijob":
+        found.append(("spec.launcher", "mpijob (Horovod) is not implemented yet; use pytorchjob"))
+    if dims.hidden_size % dims.num_attention_heads:
+        found.append(
+            (
+                "spec.model.numAttentionHeads",
+                f"hidden size {dims.hidden_size} is not divisible by {dims.num_attention_heads} heads",
+            )
+        )
+
+    for index, phase in enumerate(spec.phases):
+        where = f"spec.phases[{index}]"
+        micro = phase.micro_batch_size or 1
+        if phase.global_batch_size % (world_size * micro):
+            found.append(
+                (
+                    f"{where}.globalBatchSize",
+                    f"{phase.global_batch_size} is not divisible by world size {world_size} "
+                    f"x microBatchSize {micro}",
+                )
+            )
+        if phase.max_seq_length > dims.max_position_embeddings:
+            found.append(
+                (
+                    f"{where}.maxSeqLength",
+                    f"{phase.max_seq_length} exceeds the model's maxPositionEmbeddings "
+                    f"{dims.max_position_embeddings}",
+                )
+            )
+    if len(spec.phases) == 2 and spec.phases[1].max_seq_length < spec.phases[0].max_seq_length:
+        found.append(
+            ("spec.phases[1].maxSeqLength", "phase 2 must not use shorter sequences than phase 1")
+        )
+    return found
+
+
+def check(spec: JobSpec, source: str = "<spec>") -> JobSpec:
+    """Return ``spec`` unchanged if it is consistent.
+
+    Raises:
+        SpecError: listing every problem found by :func:`problems`.
+    """
+    found = problems(spec)
+    if found:
+        raise SpecError(source, found)
+    return spec
