@@ -158,7 +158,9 @@ class OptimizerSpec(_Spec):
     """The optimizer; LAMB as NVIDIA's FusedLAMB defines it (You et al. 2020)."""
 
     name: Literal["lamb", "adamw"] = Field("lamb", description="lamb or adamw.")
-    weight_decay: float = Field(0.01, ge=0, description="Decoupled weight decay; none on biases and LayerNorm.")
+    weight_decay: float = Field(
+        0.01, ge=0, description="Decoupled weight decay; none on biases and LayerNorm."
+    )
     beta1: float = Field(0.9, ge=0, lt=1, description="First-moment decay.")
     beta2: float = Field(0.999, ge=0, lt=1, description="Second-moment decay.")
     eps: float = Field(1e-6, gt=0, description="Added to the second-moment root.")
@@ -196,7 +198,9 @@ class JobSpec(_Spec):
     topology: Topology = Field(default_factory=Topology, description="Nodes and processes per node.")
     model: ModelSpec = Field(default_factory=ModelSpec, description="Model size.")
     data: DataSpec = Field(description="Corpus, vocabulary and shards.")
-    phases: list[PhaseSpec] = Field(min_length=1, max_length=2, description="Phase 1, then optionally phase 2.")
+    phases: list[PhaseSpec] = Field(
+        min_length=1, max_length=2, description="Phase 1, then optionally phase 2."
+    )
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec, description="Optimizer settings.")
     precision: Precision = Field("bf16", description="bf16 or fp16 autocast, or fp32.")
     checkpoint: CheckpointSpec = Field(description="Checkpoint location and frequency.")

@@ -1,0 +1,64 @@
+"""``bertjob``: validate, render, or run a BertPretrainJob file.
+
+    bertjob validate job.yaml   check the file as the operator would
+    bertjob render job.yaml     print the manifests the operator would create
+    bertjob run job.yaml        run the whole job here, without a cluster
+
+Exit codes: 0 success, 2 an invalid job file, 1 any other failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import yaml
+
+from bertjob.defaults import with_defaults
+from bertjob.spec import BertPretrainJob, SpecError, load_job
+from bertjob.validation import check
+
+
+def _validate(job: BertPretrainJob, source: str) -> int:
+    spec = check(with_defaults(job.spec), source)
+    print(f"{source}: valid BertPretrainJob {job.metadata.name!r}, world size {spec.topology.world_size}")
+    return 0
+
+
+def _render(job: BertPretrainJob, source: str) -> int:
+    from bertjob.render import render
+
+    sys.stdout.write(yaml.safe_dump_all(render(job), sort_keys=False))
+    return 0
+
+
+def _run(job: BertPretrainJob, source: str) -> int:
+    try:
+        from bertpretrain.run import run_local
+    except ImportError as error:
+        print(f"bertjob run needs the trainer (pip install '.[trainer]'): {error}", file=sys.stderr)
+        return 1
+    return run_local(job, source)
+
+
+COMMANDS = {"validate": _validate, "render": _render, "run": _run}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` (without the program name), run the command, return the exit code."""
+    parser = argparse.ArgumentParser(prog="bertjob", description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=COMMANDS)
+    parser.add_argument("job_file", help="a BertPretrainJob manifest (YAML)")
+    args = parser.parse_args(argv)
+    try:
+        job = load_job(args.job_file)
+        return COMMANDS[args.command](job, args.job_file)
+    except SpecError as error:
+        print(error, file=sys.stderr)
+        return 2
+
+
+def entrypoint() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

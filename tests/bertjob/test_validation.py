@@ -1,0 +1,47 @@
+import pytest
+
+from bertjob.defaults import with_defaults
+from bertjob.spec import SpecError, parse_job
+from bertjob.validation import check, problems
+from jobs import valid_job, with_value
+
+
+def _problems(document):
+    return dict(problems(with_defaults(parse_job(document).spec)))
+
+
+def test_valid_job_has_no_problems():
+    assert _problems(valid_job()) == {}
+
+
+@pytest.mark.parametrize(
+    ("changes", "path", "message"),
+    [
+        ({"spec.phases.0.globalBatchSize": 65, "spec.phases.0.microBatchSize": 8},
+         "spec.phases[0].globalBatchSize", "not divisible by world size 1 x microBatchSize 8"),
+        ({"spec.topology": {"nodes": 3, "processesPerNode": 1}},
+         "spec.phases[0].globalBatchSize", "not divisible by world size 3"),
+        ({"spec.phases.1.maxSeqLength": 64, "spec.phases.1.maxPredictionsPerSeq": 10},
+         "spec.phases[1].maxSeqLength", "shorter sequences than phase 1"),
+        ({"spec.model": {"preset": "bert-tiny", "numAttentionHeads": 3}},
+         "spec.model.numAttentionHeads", "not divisible by 3 heads"),
+        ({"spec.model": {"preset": "bert-tiny", "maxPositionEmbeddings": 256}},
+         "spec.phases[1].maxSeqLength", "exceeds the model's maxPositionEmbeddings 256"),
+        ({"spec.launcher": "mpijob"}, "spec.launcher", "not implemented yet"),
+    ],
+)
+def test_inconsistent_spec_names_the_field(changes, path, message):
+    document = valid_job()
+    for field, value in changes.items():
+        document = with_value(document, field, value)
+    found = _problems(document)
+    assert path in found, found
+    assert message in found[path]
+
+
+def test_check_raises_with_every_problem():
+    document = with_value(valid_job(), "spec.topology", {"nodes": 3, "processesPerNode": 1})
+    with pytest.raises(SpecError) as caught:
+        check(with_defaults(parse_job(document).spec), "job.yaml")
+    assert len(caught.value.problems) == 2
+    assert str(caught.value).startswith("job.yaml: invalid BertPretrainJob")
