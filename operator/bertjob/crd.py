@@ -1,0 +1,201 @@
+"""The BertPretrainJob CustomResourceDefinition, generated from the pydantic models.
+
+``spec`` is :class:`bertjob.spec.JobSpec`'s JSON Schema turned into the structural OpenAPI v3
+subset the API server accepts: ``$ref`` inlined, titles dropped, ``Optional[X]`` as plain ``X``
+(not required), ``Literal`` as ``enum``, JSON Schema 2020's numeric ``exclusiveMinimum: x`` as
+OpenAPI 3.0's ``minimum: x, exclusiveMinimum: true``. ``status`` is :class:`JobStatus`, which
+the operator writes. ``manifests/crd.yaml`` is this module's output (``python -m bertjob.crd``),
+and a test checks that it is up to date, so that the CRD cannot drift from the spec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from bertjob.spec import GROUP, KIND, PLURAL, VERSION, JobSpec
+
+Phase = Literal["Pending", "Running", "Succeeded", "Failed"]
+ConditionType = Literal["Created", "Running", "Succeeded", "Failed"]
+
+
+class _Status(BaseModel):
+    # Not strict: status comes back from the API server as JSON, timestamps as strings.
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+
+class Condition(_Status):
+    """One observation of the job, in the shape Kubernetes conditions share."""
+
+    type: ConditionType = Field(
+        description="Created (children created), Running, Succeeded or Failed (from the child, "
+        "or a bad spec)."
+    )
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="CamelCase reason, e.g. InvalidSpec.")
+    message: str = Field("", description="For people; names the field at fault for a bad spec.")
+    last_transition_time: datetime = Field(description="When the condition last changed.")
+
+
+class ChildRef(_Status):
+    """The training resource the job was rendered into."""
+
+    api_version: str = Field(description="e.g. kubeflow.org/v1.")
+    kind: str = Field(description="e.g. PyTorchJob.")
+    name: str = Field(description="Name, in the job's namespace.")
+
+
+class JobStatus(_Status):
+    """``status`` of a BertPretrainJob, written by the operator."""
+
+    phase: Phase | None = Field(None, description="Pending, Running, Succeeded or Failed.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Latest condition of each type.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    child: ChildRef | None = Field(None, description="The child training job.")
+    config_map: str | None = Field(None, description="The ConfigMap holding job.yaml.")
+    start_time: datetime | None = Field(None, description="When the children were created.")
+    completion_time: datetime | None = Field(None, description="When the child succeeded or failed.")
+
+
+# Keywords that mean the same in JSON Schema 2020 and the API server's OpenAPI v3 subset.
+_SAME = {
+    "type",
+    "description",
+    "required",
+    "enum",
+    "default",
+    "format",
+    "pattern",
+    "minimum",
+    "maximum",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+}
+
+
+_FIRST = {"type": 0, "description": 1}
+
+
+def structural(schema: Mapping[str, Any], defs: Mapping[str, Any]) -> dict[str, Any]:
+    """Convert a pydantic JSON Schema node into a structural OpenAPI v3 schema.
+
+    ``defs`` is the document's ``$defs``. A field's own description wins over its class's.
+
+    Raises:
+        ValueError: a keyword or union the API server's schema cannot express.
+    """
+    node = dict(schema)
+    if "$ref" in node:
+        target = defs[node.pop("$ref").removeprefix("#/$defs/")]
+        return structural({**target, **node}, defs)
+    if "anyOf" in node:
+        variants = [variant for variant in node.pop("anyOf") if variant != {"type": "null"}]
+        if len(variants) != 1:
+            raise ValueError(f"cannot express the union {variants} in a structural schema")
+        if node.get("default", ...) is None:
+            del node["default"]
+        return structural({**variants[0], **node}, defs)
+
+    result: dict[str, Any] = {}
+    for key, value in node.items():
+        if key == "title" or (key == "additionalProperties" and value is False):
+            # Unknown fields are pruned, or refused under strict field validation, anyway.
+            continue
+        if key in _SAME:
+            result[key] = value.replace("``", "") if key == "description" else value
+        elif key == "const":
+            result["enum"] = [value]
+        elif key in ("exclusiveMinimum", "exclusiveMaximum"):
+            result["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            result[key] = True
+        elif key == "properties":
+            result[key] = {name: structural(sub, defs) for name, sub in value.items()}
+        elif key in ("items", "additionalProperties"):
+            result[key] = structural(value, defs)
+        elif key.startswith("x-kubernetes-"):
+            result[key] = value
+        else:
+            raise ValueError(f"cannot express the JSON Schema keyword {key!r} in a structural schema")
+    # type and description first, the rest alphabetically: the order `kubectl explain` readers expect.
+    return dict(sorted(result.items(), key=lambda item: (_FIRST.get(item[0], len(_FIRST)), item[0])))
+
+
+def _model_schema(model: type[BaseModel]) -> dict[str, Any]:
+    schema = model.model_json_schema(by_alias=True, mode="validation")
+    return structural(schema, schema.pop("$defs", {}))
+
+
+def resource_schema() -> dict[str, Any]:
+    """The ``openAPIV3Schema`` of a BertPretrainJob."""
+    return {
+        "type": "object",
+        "description": "BERT pretraining as one resource: the operator renders it into a ConfigMap "
+        "with the job file and a Kubeflow training job, and reports progress in status.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": "bertjob.dev/v1alpha1."},
+            "kind": {"type": "string", "description": "BertPretrainJob."},
+            # ObjectMeta is validated by the API server itself.
+            "metadata": {"type": "object"},
+            "spec": _model_schema(JobSpec),
+            "status": _model_schema(JobStatus),
+        },
+    }
+
+
+def crd() -> dict[str, Any]:
+    """The CustomResourceDefinition (apiextensions.k8s.io/v1) as a dict."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": KIND.lower(),
+                "shortNames": ["bpj"],
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": resource_schema()},
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+                        {"name": "Launcher", "type": "string", "jsonPath": ".spec.launcher"},
+                        {"name": "Nodes", "type": "integer", "jsonPath": ".spec.topology.nodes"},
+                        {"name": "Child", "type": "string", "jsonPath": ".status.child.name"},
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    ],
+                }
+            ],
+        },
+    }
+
+
+HEADER = "# Generated from operator/bertjob/spec.py by `python -m bertjob.crd`; do not edit.\n"
+
+
+def crd_yaml() -> str:
+    """The CRD as the YAML text committed in ``manifests/crd.yaml``."""
+    return HEADER + yaml.safe_dump(crd(), sort_keys=False, width=100)
+
+
+if __name__ == "__main__":
+    print(crd_yaml(), end="")

@@ -1,0 +1,117 @@
+"""manifests/ and kustomize/ as `kubectl kustomize` builds them by hand."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from bertjob.render import kustomize_build
+from jobs import REPO
+from k8s_schema import assert_valid
+
+KUBERNETES_VERSION = "1.33"
+NAMESPACE = "bertjob-system"
+
+# Every (apiGroup, resource) the operator touches, with exactly the verbs it uses.
+OPERATOR_RULES = {
+    ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
+    ("", "events"): {"create"},
+    ("bertjob.dev", "bertpretrainjobs"): {"get", "list", "watch", "patch"},
+    ("bertjob.dev", "bertpretrainjobs/status"): {"patch"},
+    ("bertjob.dev", "bertpretrainjobs/finalizers"): {"update"},
+    ("", "configmaps"): {"create", "get"},
+    ("kubeflow.org", "pytorchjobs"): {"create", "get", "list", "watch"},
+}
+
+
+def _build(directory: str) -> list[dict[str, Any]]:
+    return [obj for obj in yaml.safe_load_all(kustomize_build(REPO / directory)) if obj]
+
+
+@pytest.fixture(scope="module")
+def manifests() -> dict[str, dict[str, Any]]:
+    return {obj["kind"]: obj for obj in _build("manifests")}
+
+
+def test_the_manifests_build_and_validate(manifests: dict[str, dict[str, Any]]) -> None:
+    assert sorted(manifests) == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "CustomResourceDefinition",
+        "Deployment",
+        "Namespace",
+        "ServiceAccount",
+    ]
+    for obj in manifests.values():
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_cluster_role_grants_only_the_verbs_used(manifests: dict[str, dict[str, Any]]) -> None:
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in manifests["ClusterRole"]["rules"]:
+        assert not rule.get("resourceNames") and not rule.get("nonResourceURLs"), rule
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+
+    assert granted == OPERATOR_RULES
+
+
+def test_the_binding_gives_the_role_to_the_operators_account(manifests: dict[str, dict[str, Any]]) -> None:
+    binding, account = manifests["ClusterRoleBinding"], manifests["ServiceAccount"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": manifests["ClusterRole"]["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": NAMESPACE}
+    ]
+    pod = manifests["Deployment"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+    assert account["metadata"]["namespace"] == manifests["Deployment"]["metadata"]["namespace"] == NAMESPACE
+
+
+def test_the_operator_runs_locked_down(manifests: dict[str, dict[str, Any]]) -> None:
+    deployment = manifests["Deployment"]
+    assert (deployment["spec"]["replicas"], deployment["spec"]["strategy"]) == (1, {"type": "Recreate"})
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    [container] = pod["containers"]
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    assert manifests["Namespace"]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+def test_the_operator_command_and_its_liveness_probe_agree(manifests: dict[str, dict[str, Any]]) -> None:
+    [container] = manifests["Deployment"]["spec"]["template"]["spec"]["containers"]
+    command = container["command"]
+    assert command[:2] == ["kopf", "run"]
+    assert {"--standalone", "--all-namespaces"} <= set(command)
+    assert command[command.index("-m") + 1] == "bertjob.handlers"
+    [liveness] = [arg.removeprefix("--liveness=") for arg in command if arg.startswith("--liveness=")]
+    probe = container["livenessProbe"]["httpGet"]
+    [port] = [port["containerPort"] for port in container["ports"] if port["name"] == probe["port"]]
+    assert liveness == f"http://0.0.0.0:{port}{probe['path']}"
+
+
+@pytest.mark.parametrize(
+    ("overlay", "replicas"), [("single-node", ["Master"]), ("multi-node", ["Master", "Worker"])]
+)
+def test_the_overlays_build_by_hand(
+    overlay: str, replicas: list[str], pytorchjob_schema: dict[str, Any]
+) -> None:
+    [pytorchjob] = _build(f"kustomize/overlays/{overlay}")
+
+    specs = pytorchjob["spec"]["pytorchReplicaSpecs"]
+    assert list(specs) == replicas
+    assert all(spec == specs["Master"] for spec in specs.values()), "replicas must run the same pod"
+    assert_valid(pytorchjob, pytorchjob_schema)
