@@ -1,0 +1,216 @@
+"""The engine: device choice, torchrun's environment, accumulation, and DDP under torchrun."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import bertpretrain.engine
+from bertpretrain.checkpoint import read_checkpoint
+from bertpretrain.engine import DistributedEnv, Engine, select_device
+from bertpretrain.model import BertConfig, BertForPreTraining
+from bertpretrain.optimizer import build_optimizer
+from bertpretrain.schedule import poly_warmup_schedule
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_emulated_cpu_precision_warns(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bertpretrain.engine, "_cpu_has_native", lambda precision: False)
+    with pytest.warns(UserWarning, match="bf16 autocast on a CPU without AVX512-BF16"):
+        Engine("xeon-cpu", "bf16")
+
+
+def test_devices() -> None:
+    assert select_device("xeon-cpu", 0) == torch.device("cpu")
+    with pytest.raises(RuntimeError, match="habana-hpu is not supported yet"):
+        select_device("habana-hpu", 0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_gpu_requested_without_cuda() -> None:
+    with pytest.raises(RuntimeError, match=r"nvidia-gpu, but torch\.cuda is not available"):
+        select_device("nvidia-gpu", 0)
+
+
+def test_torchrun_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    assert DistributedEnv.from_environ() == DistributedEnv(1, 0, 0)
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert DistributedEnv.from_environ() == DistributedEnv(8, 5, 1)
+    monkeypatch.setenv("RANK", "8")
+    with pytest.raises(ValueError, match="RANK 8 is outside WORLD_SIZE 8"):
+        DistributedEnv.from_environ()
+    monkeypatch.setenv("RANK", "one")
+    with pytest.raises(ValueError, match="not integers"):
+        DistributedEnv.from_environ()
+
+
+def make_engine(model: BertForPreTraining, precision: str = "fp32") -> Engine:
+    engine = Engine("xeon-cpu", precision)  # type: ignore[arg-type]
+    engine.prepare(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    engine.attach(optimizer, poly_warmup_schedule(optimizer, 10, 0.0), clip_grad_norm=None)
+    return engine
+
+
+def batch_of(size: int, vocab_size: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(size)
+    input_ids = torch.randint(5, vocab_size, (size, 16), generator=generator)
+    positions = torch.randint(1, 16, (size, 3), generator=generator)
+    return {
+        "input_ids": input_ids,
+        "token_type_ids": torch.zeros_like(input_ids),
+        "attention_mask": torch.ones_like(input_ids),
+        "masked_lm_positions": positions,
+        "masked_lm_labels": torch.gather(input_ids, 1, positions),
+        "next_sentence_labels": torch.randint(0, 2, (size,), generator=generator),
+    }
+
+
+def test_accumulation_equals_one_large_batch(tiny_config: BertConfig) -> None:
+    config = BertConfig(
+        **{**tiny_config.to_dict(), "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    )
+    whole_model = BertForPreTraining(config)
+    split_model = copy.deepcopy(whole_model)
+    batch = batch_of(8, config.vocab_size)
+
+    whole = make_engine(whole_model).forward_backward(batch, accumulation_steps=1)
+    split = make_engine(split_model)
+    halves = [{name: tensor[rows] for name, tensor in batch.items()} for rows in (slice(0, 4), slice(4, 8))]
+    losses = [split.forward_backward(half, accumulation_steps=2) for half in halves]
+
+    # Equal-sized halves with the same number of masked tokens: the mean of means is the mean.
+    torch.testing.assert_close((losses[0] + losses[1]) / 2, whole)
+    for (name, a), b in zip(whole_model.named_parameters(), split_model.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, msg=name)
+
+
+@pytest.mark.filterwarnings("ignore:.*autocast on a CPU without:UserWarning")
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_step(tiny_config: BertConfig, precision: str) -> None:
+    model = BertForPreTraining(tiny_config)
+    engine = make_engine(model, precision)
+    before = copy.deepcopy(model.state_dict())
+    losses = engine.forward_backward(batch_of(4, tiny_config.vocab_size), accumulation_steps=1)
+    assert losses.dtype == torch.float32 and torch.isfinite(losses).all()
+    engine.optimizer_step()
+    assert all(p.grad is None for p in model.parameters())
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    changed = [name for name, tensor in model.state_dict().items() if not torch.equal(tensor, before[name])]
+    assert "bert.encoder.layer.0.attention.self.query.weight" in changed
+
+
+def test_adamw_gradients_are_clipped(tiny_config: BertConfig) -> None:
+    from bertjob.spec import OptimizerSpec
+
+    model = BertForPreTraining(tiny_config)
+    engine = Engine("xeon-cpu", "fp32")
+    engine.prepare(model)
+    optimizer = build_optimizer(model, OptimizerSpec(name="adamw", max_grad_norm=1e-3), lr=0.0)
+    engine.attach(optimizer, poly_warmup_schedule(optimizer, 10, 0.0), clip_grad_norm=1e-3)
+    engine.forward_backward(batch_of(4, tiny_config.vocab_size), accumulation_steps=1)
+    engine.scaler.unscale_(optimizer)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])) > 1e-3
+    norms: list[float] = []
+    hook = optimizer.register_step_pre_hook(
+        lambda *_: norms.append(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))))
+    )
+    engine.optimizer_step()
+    hook.remove()
+    assert norms == [pytest.approx(1e-3, rel=1e-4)]
+
+
+WORKER = """
+import json, os, sys
+from pathlib import Path
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from bertjob.spec import parse_spec
+from bertjob.defaults import with_defaults
+from bertpretrain.engine import Engine
+from bertpretrain.loader import build_loader
+from bertpretrain.model import BertConfig, BertForPreTraining
+from bertpretrain.train import train_phase
+
+spec = with_defaults(parse_spec(json.loads(sys.argv[1])))
+shard_dir, vocab_size, out = Path(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+rank = os.environ["RANK"]
+dist.init_process_group("gloo")  # shared by both engines below, which then leave it open
+
+# Gradient all-reduces of 2 optimizer steps of 3 micro-batches each: one per step with no_sync.
+engine = Engine("xeon-cpu", "fp32")
+config = BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                    intermediate_size=64, max_position_embeddings=64)
+engine.prepare(BertForPreTraining(config))
+reductions = []
+def counting_hook(state, bucket):
+    reductions.append(bucket.index())
+    return allreduce_hook(state, bucket)
+engine.ddp.register_comm_hook(None, counting_hook)
+batches = iter(build_loader(shard_dir, 32, 5, vocab_size, 4, rank=int(rank), world_size=2))
+for _ in range(6):
+    engine.forward_backward(next(batches), accumulation_steps=3)
+(out / f"reductions{rank}").write_text(str(len([index for index in reductions if index == 0])))
+
+final = train_phase(spec, 0, shard_dir, vocab_size)
+(out / f"final{rank}").write_text(str(final))
+dist.destroy_process_group()
+"""
+
+
+def test_two_ranks_under_torchrun(
+    make_spec, make_phase, shard_dir: Path, vocab_size: int, tmp_path: Path
+) -> None:
+    spec = make_spec(
+        [make_phase(steps=4, globalBatchSize=16, microBatchSize=4)],
+        topology={"nodes": 1, "processesPerNode": 2},
+    )
+    document = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            str(script),
+            json.dumps(document),
+            str(shard_dir),
+            str(vocab_size),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    # Only rank 0 prints progress; both ranks return the same final checkpoint.
+    assert sum(line.startswith("phase 1/1:") for line in lines) == 1
+    assert "world size 2" in lines[0] and "micro-batch 4 x 2 accumulation steps" in lines[0]
+    assert sum(line.startswith("phase 1/1 step 4/4") for line in lines) == 1
+    assert [(tmp_path / f"reductions{rank}").read_text() for rank in range(2)] == ["2", "2"]
+    finals = [(tmp_path / f"final{rank}").read_text() for rank in range(2)]
+    assert finals[0] == finals[1]
+    state = read_checkpoint(Path(finals[0]))
+    assert state["step"] == 4
+    assert all(torch.isfinite(tensor).all() for tensor in state["model"].values())

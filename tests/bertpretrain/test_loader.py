@@ -1,0 +1,150 @@
+"""Batches from HDF5 shards: contents, rank split, determinism, resumption and bad input."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from bertpretrain.loader import PretrainingBatches, ShardError, build_loader, find_shards
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SEQ, PRED = 32, 5
+
+
+def take(directory: Path, count: int, vocab_size: int, **options: Any) -> list[dict[str, torch.Tensor]]:
+    loader = build_loader(directory, SEQ, PRED, vocab_size, options.pop("micro_batch_size", 8), **options)
+    return list(itertools.islice(loader, count))
+
+
+def rows(batches: list[dict[str, torch.Tensor]]) -> list[bytes]:
+    """Each sequence's identity: its token ids with the masked tokens restored."""
+    identities = []
+    for batch in batches:
+        ids = batch["input_ids"].clone()
+        for row in range(len(ids)):
+            real = batch["masked_lm_positions"][row] > 0
+            ids[row, batch["masked_lm_positions"][row][real]] = batch["masked_lm_labels"][row][real]
+            identities.append(ids[row].numpy().tobytes())
+    return identities
+
+
+def test_batches_have_the_models_dtypes_and_shapes(shard_dir: Path, vocab_size: int) -> None:
+    (batch,) = take(shard_dir, 1, vocab_size, micro_batch_size=6)
+    shapes = {name: tuple(tensor.shape) for name, tensor in batch.items()}
+    assert shapes == {
+        "input_ids": (6, SEQ),
+        "token_type_ids": (6, SEQ),
+        "attention_mask": (6, SEQ),
+        "masked_lm_positions": (6, PRED),
+        "masked_lm_labels": (6, PRED),
+        "next_sentence_labels": (6,),
+    }
+    assert all(tensor.dtype == torch.int64 for tensor in batch.values())
+    padding = batch["masked_lm_positions"] == 0
+    assert padding.any() and (~padding).any()
+    assert torch.all(batch["masked_lm_labels"][padding] == -100)
+    assert torch.all(batch["masked_lm_labels"][~padding] >= 5)
+    masked = torch.gather(batch["input_ids"], 1, batch["masked_lm_positions"])[~padding]
+    assert torch.all(masked == 4)  # the fixture writes [MASK] at every masked position
+    assert torch.all(batch["input_ids"][batch["attention_mask"] == 0] == 0)
+
+
+def test_batches_match_the_shard_rows(shard_dir: Path, vocab_size: int) -> None:
+    with h5py.File(shard_dir / "shard_0000.hdf5") as file:
+        stored = {row.tobytes() for row in file["input_ids"][()].astype(np.int64)}
+    seen = {
+        batch_row.numpy().tobytes()
+        for batch in take(shard_dir, 15, vocab_size)
+        for batch_row in batch["input_ids"]
+    }
+    assert stored <= seen  # one epoch (3 x 40 = 15 x 8) holds every row of every shard
+
+
+def test_ranks_get_disjoint_parts_of_equal_size(shard_dir: Path, vocab_size: int) -> None:
+    # 3 shards x 40 rows over 4 ranks: 30 rows per rank and epoch, 5 batches of 6.
+    per_rank = [
+        rows(take(shard_dir, 5, vocab_size, micro_batch_size=6, rank=rank, world_size=4)) for rank in range(4)
+    ]
+    assert all(len(part) == len(set(part)) == 30 for part in per_rank)
+    for a, b in itertools.combinations(per_rank, 2):
+        assert not set(a) & set(b)
+    assert len(set().union(*per_rank)) == 120
+
+
+def test_uneven_shards_drop_the_remainder(shard_dir: Path, vocab_size: int) -> None:
+    # 40 rows over 3 ranks: 13 rows of each shard per rank, 39 per epoch; batches span shards.
+    per_rank = [
+        rows(take(shard_dir, 13, vocab_size, micro_batch_size=3, rank=rank, world_size=3))
+        for rank in range(3)
+    ]
+    assert all(len(set(part)) == 39 for part in per_rank)
+    assert len(set().union(*per_rank)) == 117
+
+
+def test_shuffling_is_deterministic_per_seed_and_epoch(shard_dir: Path, vocab_size: int) -> None:
+    first = rows(take(shard_dir, 30, vocab_size, seed=3))
+    again = rows(take(shard_dir, 30, vocab_size, seed=3))
+    other_seed = rows(take(shard_dir, 30, vocab_size, seed=4))
+    assert first == again
+    assert first != other_seed
+    epoch_0, epoch_1 = first[:120], first[120:]
+    assert set(epoch_0) == set(epoch_1)
+    assert epoch_0 != epoch_1
+
+
+def test_skip_batches_continues_the_same_stream(shard_dir: Path, vocab_size: int) -> None:
+    whole = rows(take(shard_dir, 40, vocab_size, micro_batch_size=7))
+    resumed = rows(take(shard_dir, 23, vocab_size, micro_batch_size=7, skip_batches=17))
+    assert resumed == whole[17 * 7 :]
+
+
+def test_workers_keep_the_order(shard_dir: Path, vocab_size: int) -> None:
+    assert rows(take(shard_dir, 9, vocab_size, num_workers=2)) == rows(take(shard_dir, 9, vocab_size))
+
+
+def test_too_few_sequences_for_the_ranks(tmp_path: Path, make_shards, vocab_size: int) -> None:
+    directory = make_shards("small", num_shards=1, sequences_per_shard=2)
+    shards = find_shards(directory, SEQ, PRED)
+    with pytest.raises(ShardError, match="world size 4"):
+        PretrainingBatches(shards, vocab_size, 2, rank=0, world_size=4)
+
+
+def test_missing_and_empty_directories(tmp_path: Path) -> None:
+    with pytest.raises(ShardError, match="does not exist"):
+        find_shards(tmp_path / "absent", SEQ, PRED)
+    with pytest.raises(ShardError, match=r"no shard_\*\.hdf5"):
+        find_shards(tmp_path, SEQ, PRED)
+
+
+def test_corrupt_shard_is_named(shard_dir: Path) -> None:
+    (shard_dir / "shard_0001.hdf5").write_bytes(b"not hdf5 at all")
+    with pytest.raises(ShardError, match=r"shard_0001\.hdf5: not a readable HDF5 file"):
+        find_shards(shard_dir, SEQ, PRED)
+
+
+def test_missing_dataset_is_named(shard_dir: Path) -> None:
+    with h5py.File(shard_dir / "shard_0002.hdf5", "a") as file:
+        del file["segment_ids"]
+    with pytest.raises(ShardError, match=r"shard_0002\.hdf5: missing dataset.*segment_ids"):
+        find_shards(shard_dir, SEQ, PRED)
+
+
+def test_wrong_sequence_length_is_named(shard_dir: Path) -> None:
+    with pytest.raises(
+        ShardError, match=r"shard_0000.hdf5: dataset input_ids has width 32.*max_seq_length is 64"
+    ):
+        find_shards(shard_dir, 64, PRED)
+    with pytest.raises(ShardError, match="max_predictions_per_seq is 6"):
+        find_shards(shard_dir, SEQ, 6)
+
+
+def test_ids_outside_the_vocabulary_are_named(shard_dir: Path, vocab_size: int) -> None:
+    with pytest.raises(ShardError, match=r"shard_000\d.hdf5: input_ids holds ids .* vocabulary of 20"):
+        take(shard_dir, 1, 20)

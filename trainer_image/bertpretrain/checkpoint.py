@@ -1,0 +1,177 @@
+"""Training checkpoints: ``<root>/phase<n>/step_<step:06d>.pt``, n counting phases from 1.
+
+A checkpoint holds the model's ``state_dict`` under Hugging Face's parameter names, the
+optimizer, schedule and gradient-scaler states, the phase index and optimizer step, the model
+config and the RNG states, all loadable with ``torch.load(weights_only=True)``. Each is written
+under a temporary name and renamed into place, so a reader never sees half a file, and only the
+newest ``keep`` of a phase are kept.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bertpretrain.model import BertConfig, BertForPreTraining
+
+_NAME = re.compile(r"^step_(\d+)\.pt$")
+# Fields that fix the parameters' shapes; dropout may differ between a checkpoint and a model.
+_SHAPE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or does not fit the model; names the file."""
+
+
+def phase_dir(root: Path, phase_index: int) -> Path:
+    """The directory of phase ``phase_index`` (0-based) under ``root``: ``root/phase<index + 1>``."""
+    return root / f"phase{phase_index + 1}"
+
+
+def checkpoint_path(root: Path, phase_index: int, step: int) -> Path:
+    """Where the checkpoint of phase ``phase_index`` (0-based) after ``step`` optimizer steps goes."""
+    return phase_dir(root, phase_index) / f"step_{step:06d}.pt"
+
+
+def latest(directory: Path) -> Path | None:
+    """The checkpoint with the highest step in a phase directory, or None if there is none."""
+    if not directory.is_dir():
+        return None
+    found = [(int(match[1]), path) for path in directory.iterdir() if (match := _NAME.match(path.name))]
+    return max(found)[1] if found else None
+
+
+def save_checkpoint(
+    root: Path,
+    phase_index: int,
+    step: int,
+    *,
+    model: BertForPreTraining,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scaler: torch.amp.GradScaler,
+    keep: int,
+) -> Path:
+    """Write the training state after ``step`` optimizer steps; delete all but the newest ``keep``.
+
+    Returns:
+        The path written, ``root/phase<n>/step_<step:06d>.pt``.
+    """
+    path = checkpoint_path(root, phase_index, step)
+    directory = path.parent
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict(),
+        "phase_index": phase_index,
+        "step": step,
+        "config": model.config.to_dict(),
+        "rng": _rng_states(),
+    }
+    temporary = directory / f".{path.name}.tmp{os.getpid()}"
+    with temporary.open("wb") as file:
+        torch.save(state, file)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+    _prune(directory, keep)
+    return path
+
+
+def _prune(directory: Path, keep: int) -> None:
+    found = sorted((int(match[1]), path) for path in directory.iterdir() if (match := _NAME.match(path.name)))
+    for _, path in found[:-keep]:
+        path.unlink(missing_ok=True)
+
+
+def _rng_states() -> dict[str, Any]:
+    states: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """The contents of a checkpoint file, tensors on the CPU.
+
+    Raises:
+        CheckpointError: the file is missing, is not a checkpoint, or lacks model and config.
+    """
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: checkpoint does not exist") from None
+    except Exception as error:
+        raise CheckpointError(f"{path}: not a readable checkpoint ({error})") from None
+    if not isinstance(state, dict) or not {"model", "config"} <= state.keys():
+        raise CheckpointError(f"{path}: not a training checkpoint (no model state or config)")
+    return state
+
+
+def load_model_weights(path: Path, model: BertForPreTraining) -> dict[str, Any]:
+    """Load a checkpoint's weights into ``model``; returns the whole checkpoint.
+
+    Raises:
+        CheckpointError: naming the file, when it cannot be read or its model has another shape.
+    """
+    state = read_checkpoint(path)
+    saved = BertConfig(**state["config"])
+    differences = [
+        f"{name} {getattr(saved, name)} (model has {getattr(model.config, name)})"
+        for name in _SHAPE_FIELDS
+        if getattr(saved, name) != getattr(model.config, name)
+    ]
+    if differences:
+        raise CheckpointError(f"{path}: checkpoint is of another model: {', '.join(differences)}")
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as error:
+        raise CheckpointError(f"{path}: weights do not fit the model: {error}") from None
+    return state
+
+
+def load_training_state(
+    path: Path,
+    model: BertForPreTraining,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scaler: torch.amp.GradScaler,
+) -> int:
+    """Restore model, optimizer, schedule, gradient scaler and RNG states to resume a phase.
+
+    The RNG states are those of rank 0, which wrote the checkpoint.
+
+    Returns:
+        The number of optimizer steps already taken.
+
+    Raises:
+        CheckpointError: see :func:`load_model_weights`.
+    """
+    state = load_model_weights(path, model)
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        scaler.load_state_dict(state["scaler"])
+        rng = state["rng"]
+    except (KeyError, ValueError, RuntimeError) as error:
+        raise CheckpointError(f"{path}: cannot resume from it: {error!r}") from None
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    return int(state["step"])

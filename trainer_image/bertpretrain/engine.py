@@ -1,0 +1,213 @@
+"""Device, precision and data parallelism behind a few calls, so that the training loop does not
+see them (in the manner of gpauloski/llm-pytorch's ``engine``).
+
+The process group comes from torchrun's environment (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``,
+``MASTER_ADDR``, ``MASTER_PORT``). With more than one process the model is wrapped in
+:class:`~torch.nn.parallel.DistributedDataParallel`, and gradients are all-reduced only on the
+last micro-batch of each gradient accumulation (``no_sync`` on the others).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from bertjob.spec import Accelerator, Precision
+from bertpretrain.model import pretraining_loss
+
+Batch = dict[str, torch.Tensor]
+
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_NATIVE_INSTRUCTIONS = {"bf16": "AVX512-BF16 or AMX-BF16", "fp16": "AVX512-FP16 or AMX-FP16"}
+_ENV_DEFAULTS = (("WORLD_SIZE", "1"), ("RANK", "0"), ("LOCAL_RANK", "0"))
+
+
+@dataclass(frozen=True)
+class DistributedEnv:
+    """This process's place in the job, as torchrun describes it."""
+
+    world_size: int
+    rank: int
+    local_rank: int
+
+    @classmethod
+    def from_environ(cls) -> DistributedEnv:
+        """Read ``WORLD_SIZE``, ``RANK`` and ``LOCAL_RANK``; a lone process when they are unset.
+
+        Raises:
+            ValueError: a variable that is not an integer, or a rank outside the world size.
+        """
+        try:
+            env = cls(*(int(os.environ.get(name, default)) for name, default in _ENV_DEFAULTS))
+        except ValueError:
+            values = {name: os.environ.get(name) for name, _ in _ENV_DEFAULTS}
+            raise ValueError(f"torchrun environment is not integers: {values}") from None
+        if not 0 <= env.rank < env.world_size:
+            raise ValueError(f"RANK {env.rank} is outside WORLD_SIZE {env.world_size}")
+        return env
+
+
+def select_device(accelerator: Accelerator, local_rank: int) -> torch.device:
+    """The device for ``spec.accelerator``: ``cpu`` for xeon-cpu, ``cuda:<local rank>`` for nvidia-gpu.
+
+    Raises:
+        RuntimeError: nvidia-gpu without a usable CUDA, or habana-hpu (not supported yet).
+    """
+    if accelerator == "xeon-cpu":
+        return torch.device("cpu")
+    if accelerator == "nvidia-gpu":
+        if not torch.cuda.is_available():
+            raise RuntimeError("accelerator nvidia-gpu, but torch.cuda is not available in this container")
+        if local_rank >= torch.cuda.device_count():
+            raise RuntimeError(
+                f"LOCAL_RANK {local_rank}, but only {torch.cuda.device_count()} GPUs are visible"
+            )
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    raise RuntimeError(f"accelerator {accelerator} is not supported yet by the trainer")
+
+
+def _cpu_has_native(precision: Precision) -> bool:
+    # oneDNN's own check for the instructions its bf16/fp16 kernels need.
+    supported = getattr(torch.ops.mkldnn, f"_is_mkldnn_{precision}_supported", None)
+    return bool(supported()) if supported is not None else True
+
+
+class Engine:
+    """Runs forward/backward and optimizer steps on one device, in one precision, on one rank.
+
+    ``precision``: ``bf16`` or ``fp16`` autocast over fp32 parameters (fp16 with a gradient
+    scaler), or ``fp32``. Call :meth:`prepare` with the model, then :meth:`attach` with its
+    optimizer and schedule.
+
+    Raises:
+        RuntimeError: see :func:`select_device`.
+    """
+
+    def __init__(self, accelerator: Accelerator, precision: Precision):
+        self.env = DistributedEnv.from_environ()
+        self.device = select_device(accelerator, self.env.local_rank)
+        self._owns_process_group = self.distributed and not dist.is_initialized()
+        if self._owns_process_group:
+            dist.init_process_group(backend="nccl" if self.device.type == "cuda" else "gloo")
+        self.autocast_dtype = _AUTOCAST_DTYPES.get(precision)
+        if self.device.type == "cpu" and precision != "fp32" and not _cpu_has_native(precision):
+            warnings.warn(
+                f"{precision} autocast on a CPU without {_NATIVE_INSTRUCTIONS[precision]} is emulated "
+                f"and many times slower than fp32; consider precision fp32",
+                stacklevel=2,
+            )
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=precision == "fp16")
+        self._micro_batches = 0
+
+    @property
+    def rank(self) -> int:
+        """This process's rank, 0 to world size - 1."""
+        return self.env.rank
+
+    @property
+    def world_size(self) -> int:
+        """Number of training processes in the job."""
+        return self.env.world_size
+
+    @property
+    def distributed(self) -> bool:
+        """Whether more than one process trains."""
+        return self.env.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this is rank 0, the one that prints and writes checkpoints."""
+        return self.env.rank == 0
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        """Move ``model`` to the device and wrap it in DDP when distributed; returns the model.
+
+        Keep using the returned (unwrapped) module for checkpoints and optimizers.
+        """
+        self.module = model.to(self.device)
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        self.ddp = DistributedDataParallel(model, device_ids=device_ids) if self.distributed else None
+        return self.module
+
+    def attach(
+        self,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        clip_grad_norm: float | None,
+    ) -> None:
+        """Set the optimizer and schedule; ``clip_grad_norm`` clips the global gradient norm before
+        each step (None when the optimizer clips, as LAMB does)."""
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.clip_grad_norm = clip_grad_norm
+
+    def forward_backward(self, batch: Batch, accumulation_steps: int) -> torch.Tensor:
+        """Forward and backward on one micro-batch, its loss weighted ``1 / accumulation_steps``.
+
+        ``batch`` as :func:`bertpretrain.loader.to_batch` makes it. Returns the detached, unweighted
+        ``[total, mlm, nsp]`` losses (fp32, nats) of this micro-batch on this rank.
+        """
+        self._micro_batches += 1
+        sync = self._micro_batches % accumulation_steps == 0
+        batch = {name: tensor.to(self.device, non_blocking=True) for name, tensor in batch.items()}
+        model = self.module if self.ddp is None else self.ddp
+        no_sync = self.ddp.no_sync() if self.ddp is not None and not sync else contextlib.nullcontext()
+        with no_sync:
+            with torch.autocast(
+                self.device.type, self.autocast_dtype, enabled=self.autocast_dtype is not None
+            ):
+                mlm_logits, nsp_logits = model(
+                    batch["input_ids"],
+                    batch["token_type_ids"],
+                    batch["attention_mask"],
+                    batch["masked_lm_positions"],
+                )
+            losses = pretraining_loss(
+                mlm_logits, batch["masked_lm_labels"], nsp_logits, batch["next_sentence_labels"]
+            )
+            self.scaler.scale(losses[0] / accumulation_steps).backward()
+        return torch.stack(losses).detach()
+
+    def optimizer_step(self) -> float:
+        """Unscale and clip the gradients, step the optimizer and the schedule, zero the gradients.
+
+        With fp16 a step whose gradients overflowed is skipped by the scaler.
+
+        Returns:
+            The learning rate of this step (of the first parameter group).
+        """
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        self.scaler.unscale_(self.optimizer)
+        if self.clip_grad_norm is not None:
+            nn.utils.clip_grad_norm_(self.module.parameters(), self.clip_grad_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return lr
+
+    def mean_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
+        """The element-wise mean of ``values`` over all ranks (a collective: every rank calls it)."""
+        if self.distributed:
+            values = values.clone()
+            dist.all_reduce(values, op=dist.ReduceOp.SUM)
+            values /= self.world_size
+        return values
+
+    def barrier(self) -> None:
+        """Wait for every rank (no-op for one process)."""
+        if self.distributed:
+            dist.barrier()
+
+    def close(self) -> None:
+        """Leave the process group, if this engine created it."""
+        if self._owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()

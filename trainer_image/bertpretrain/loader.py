@@ -1,0 +1,233 @@
+"""Batches of pretraining instances from one phase's HDF5 shards, split across ranks.
+
+The shards follow NVIDIA DeepLearningExamples' BERT schema: ``input_ids`` int32 [N, L],
+``input_mask`` int8 [N, L], ``segment_ids`` int8 [N, L], ``masked_lm_positions`` int32 [N, P],
+``masked_lm_ids`` int32 [N, P] and ``next_sentence_labels`` int8 [N] (1 = random next sentence),
+zero-padded. Position 0 holds [CLS] and is never masked, so a masked position of 0 is padding.
+
+Each epoch visits the shards in a shuffled order and each shard's instances in a shuffled order,
+both drawn from ``(seed, epoch)``; every rank draws the same permutation and takes every
+``world_size``-th instance from offset ``rank``, so the ranks see disjoint parts of the data and,
+the remainder being dropped, the same number of batches. Batches run on across shard and epoch
+boundaries, and the stream never ends: the training loop counts steps, not epochs. A shard is
+read whole into memory when its turn comes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from bertpretrain.model import IGNORE_INDEX
+
+Batch = dict[str, torch.Tensor]
+Arrays = dict[str, np.ndarray]
+
+# Dataset name -> number of dimensions; the second dimension is L or P.
+_SCHEMA = {
+    "input_ids": 2,
+    "input_mask": 2,
+    "segment_ids": 2,
+    "masked_lm_positions": 2,
+    "masked_lm_ids": 2,
+    "next_sentence_labels": 1,
+}
+_PER_PREDICTION = ("masked_lm_positions", "masked_lm_ids")
+
+
+class ShardError(ValueError):
+    """A shard directory or file that does not fit the schema or the phase; names the path."""
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One HDF5 file and the number of instances (sequences) in it."""
+
+    path: Path
+    num_sequences: int
+
+
+def find_shards(shard_dir: Path, max_seq_length: int, max_predictions_per_seq: int) -> list[Shard]:
+    """The ``shard_*.hdf5`` files of ``shard_dir``, sorted by name, each checked against the phase.
+
+    Only the datasets' shapes are read here; the values are checked when a shard is loaded.
+
+    Raises:
+        ShardError: the directory is missing or holds no shards, or a shard cannot be opened,
+            lacks a dataset, or has a sequence length (L) or predictions per sequence (P) other
+            than the phase's.
+    """
+    if not shard_dir.is_dir():
+        raise ShardError(f"{shard_dir}: shard directory does not exist")
+    paths = sorted(shard_dir.glob("shard_*.hdf5"))
+    if not paths:
+        raise ShardError(f"{shard_dir}: no shard_*.hdf5 files")
+    return [_inspect(path, max_seq_length, max_predictions_per_seq) for path in paths]
+
+
+def _inspect(path: Path, max_seq_length: int, max_predictions_per_seq: int) -> Shard:
+    try:
+        with h5py.File(path, "r") as file:
+            shapes = {name: file[name].shape for name in _SCHEMA if isinstance(file.get(name), h5py.Dataset)}
+    except OSError as error:
+        raise ShardError(f"{path}: not a readable HDF5 file ({error})") from None
+    missing = sorted(set(_SCHEMA) - set(shapes))
+    if missing:
+        raise ShardError(f"{path}: missing dataset(s) {', '.join(missing)}")
+    num_sequences = shapes["input_ids"][0]
+    for name, shape in shapes.items():
+        if len(shape) != _SCHEMA[name] or shape[0] != num_sequences:
+            raise ShardError(f"{path}: dataset {name} has shape {shape}, expected {num_sequences} rows")
+        width = max_predictions_per_seq if name in _PER_PREDICTION else max_seq_length
+        if len(shape) == 2 and shape[1] != width:
+            what = "max_predictions_per_seq" if name in _PER_PREDICTION else "max_seq_length"
+            raise ShardError(
+                f"{path}: dataset {name} has width {shape[1]}, but the phase's {what} is {width}"
+            )
+    return Shard(path, num_sequences)
+
+
+def load_shard(shard: Shard, vocab_size: int) -> Arrays:
+    """All datasets of one shard as numpy arrays, checked to be valid token ids and positions.
+
+    Raises:
+        ShardError: the file cannot be read, or holds ids outside ``[0, vocab_size)`` or masked
+            positions outside the sequence.
+    """
+    try:
+        with h5py.File(shard.path, "r") as file:
+            arrays = {name: file[name][()] for name in _SCHEMA}
+    except (OSError, KeyError) as error:
+        raise ShardError(f"{shard.path}: cannot read ({error})") from None
+    for name in ("input_ids", "masked_lm_ids"):
+        values = arrays[name]
+        if values.size and (values.min() < 0 or values.max() >= vocab_size):
+            raise ShardError(
+                f"{shard.path}: {name} holds ids in [{values.min()}, {values.max()}], "
+                f"outside the vocabulary of {vocab_size}"
+            )
+    positions = arrays["masked_lm_positions"]
+    if positions.size and (positions.min() < 0 or positions.max() >= arrays["input_ids"].shape[1]):
+        raise ShardError(f"{shard.path}: masked_lm_positions outside the sequence")
+    return arrays
+
+
+def to_batch(arrays: Arrays) -> Batch:
+    """Model inputs from shard rows: every tensor int64, ``masked_lm_labels`` -100 at padding.
+
+    Shapes: ``input_ids``, ``token_type_ids``, ``attention_mask`` [B, L];
+    ``masked_lm_positions``, ``masked_lm_labels`` [B, P]; ``next_sentence_labels`` [B].
+    """
+    positions = arrays["masked_lm_positions"].astype(np.int64)
+    labels = np.where(positions == 0, IGNORE_INDEX, arrays["masked_lm_ids"]).astype(np.int64)
+    return {
+        "input_ids": torch.from_numpy(arrays["input_ids"].astype(np.int64)),
+        "token_type_ids": torch.from_numpy(arrays["segment_ids"].astype(np.int64)),
+        "attention_mask": torch.from_numpy(arrays["input_mask"].astype(np.int64)),
+        "masked_lm_positions": torch.from_numpy(positions),
+        "masked_lm_labels": torch.from_numpy(labels),
+        "next_sentence_labels": torch.from_numpy(arrays["next_sentence_labels"].astype(np.int64)),
+    }
+
+
+class PretrainingBatches(IterableDataset[Batch]):
+    """The endless stream of one rank's batches of ``micro_batch_size`` instances (see the module).
+
+    ``skip_batches`` starts the stream after that many batches, where a resumed run left off,
+    without reading the shards that are skipped whole. With DataLoader workers, worker ``w`` of
+    ``n`` yields batches ``w, w + n, ...``, which the DataLoader interleaves back into order.
+    """
+
+    def __init__(
+        self,
+        shards: list[Shard],
+        vocab_size: int,
+        micro_batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        skip_batches: int = 0,
+    ):
+        self.shards = shards
+        self.vocab_size = vocab_size
+        self.micro_batch_size = micro_batch_size
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.skip_batches = skip_batches
+        self.sequences_per_epoch = sum(shard.num_sequences // world_size for shard in shards)
+        if self.sequences_per_epoch == 0:
+            raise ShardError(
+                f"{shards[0].path.parent}: {sum(s.num_sequences for s in shards)} sequences "
+                f"cannot be split across world size {world_size}"
+            )
+
+    def __iter__(self) -> Iterator[Batch]:
+        worker = get_worker_info()
+        worker_id, num_workers = (worker.id, worker.num_workers) if worker else (0, 1)
+        for index, arrays in enumerate(self._batches()):
+            if index % num_workers == worker_id:
+                yield to_batch(arrays)
+
+    def _rows(self, epoch: int, shard_index: int) -> np.ndarray:
+        """This rank's rows of a shard in this epoch, in shuffled order."""
+        count = self.shards[shard_index].num_sequences
+        order = np.random.default_rng([self.seed, epoch, shard_index]).permutation(count)
+        return order[self.rank :: self.world_size][: count // self.world_size]
+
+    def _batches(self) -> Iterator[Arrays]:
+        epoch, skip = divmod(self.skip_batches * self.micro_batch_size, self.sequences_per_epoch)
+        carry: Arrays = {}
+        while True:
+            for shard_index in np.random.default_rng([self.seed, epoch]).permutation(len(self.shards)):
+                shard = self.shards[shard_index]
+                rows = self._rows(epoch, shard_index)
+                if skip >= len(rows):
+                    skip -= len(rows)
+                    continue
+                rows, skip = rows[skip:], 0
+                arrays = {name: values[rows] for name, values in load_shard(shard, self.vocab_size).items()}
+                if carry:
+                    arrays = {name: np.concatenate([carry[name], arrays[name]]) for name in arrays}
+                start = 0
+                while start + self.micro_batch_size <= len(arrays["input_ids"]):
+                    yield {
+                        name: values[start : start + self.micro_batch_size] for name, values in arrays.items()
+                    }
+                    start += self.micro_batch_size
+                carry = {name: values[start:] for name, values in arrays.items()}
+            epoch += 1
+
+
+def build_loader(
+    shard_dir: Path,
+    max_seq_length: int,
+    max_predictions_per_seq: int,
+    vocab_size: int,
+    micro_batch_size: int,
+    rank: int = 0,
+    world_size: int = 1,
+    seed: int = 0,
+    skip_batches: int = 0,
+    num_workers: int = 0,
+    pin_memory: bool = False,
+) -> DataLoader[Batch]:
+    """An endless DataLoader of one rank's batches (dicts of int64 tensors, see :func:`to_batch`).
+
+    Raises:
+        ShardError: see :func:`find_shards`; later, while iterating, see :func:`load_shard`.
+    """
+    shards = find_shards(shard_dir, max_seq_length, max_predictions_per_seq)
+    dataset = PretrainingBatches(shards, vocab_size, micro_batch_size, rank, world_size, seed, skip_batches)
+    # A generator of its own: otherwise starting the iterator draws from the global RNG, and a
+    # resumed run's dropout would no longer follow the RNG state restored from the checkpoint.
+    generator = torch.Generator().manual_seed(seed)
+    return DataLoader(
+        dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory, generator=generator
+    )

@@ -1,0 +1,366 @@
+"""BERT for pretraining: masked language modelling (MLM) and next sentence prediction (NSP).
+
+Devlin et al. 2019, "BERT: Pre-training of Deep Bidirectional Transformers for Language
+Understanding". The modules and their attribute names mirror Hugging Face's
+``BertForPreTraining`` (``modeling_bert.py``) one for one, so that a ``state_dict`` of this model
+loads into transformers and back without renaming. Two things differ from that code: attention
+is one call to :func:`torch.nn.functional.scaled_dot_product_attention`, and the MLM head can run
+on the masked positions only, as NVIDIA's DeepLearningExamples BERT does, which saves most of the
+``[tokens, vocabulary]`` projection during pretraining.
+
+Read top to bottom: config, embeddings, one encoder layer, the encoder, pooler, heads, the whole
+model, the loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertjob.defaults import ModelDims
+
+PAD_TOKEN_ID = 0
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    """A BERT's shape and its initialisation and regularisation constants.
+
+    Raises:
+        ValueError: ``hidden_size`` is not a multiple of ``num_attention_heads``.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    max_position_embeddings: int = 512
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    layer_norm_eps: float = 1e-12
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not a multiple of "
+                f"num_attention_heads {self.num_attention_heads}"
+            )
+
+    @classmethod
+    def from_dims(cls, dims: ModelDims, vocab_size: int) -> BertConfig:
+        """The config of a model with the job's dimensions and the vocabulary's size."""
+        return cls(vocab_size=vocab_size, **dataclasses.asdict(dims))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as plain Python values (for checkpoints)."""
+        return dataclasses.asdict(self)
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """A ``config.json`` that ``transformers.BertConfig`` reads as this same model."""
+        return {
+            "architectures": ["BertForPreTraining"],
+            "model_type": "bert",
+            **self.to_dict(),
+            "hidden_act": "gelu",
+            "pad_token_id": PAD_TOKEN_ID,
+            "position_embedding_type": "absolute",
+            "tie_word_embeddings": True,
+            "classifier_dropout": None,
+            "dtype": "float32",
+        }
+
+
+class BertEmbeddings(nn.Module):
+    """Sum of token, position and segment embeddings, then LayerNorm and dropout.
+
+    ``(input_ids [B, L] int64, token_type_ids [B, L] int64) -> [B, L, H]``.
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=PAD_TOKEN_ID)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = (
+            self.word_embeddings(input_ids)
+            + self.position_embeddings(positions)
+            + self.token_type_embeddings(token_type_ids)
+        )
+        return self.dropout(self.LayerNorm(x))
+
+
+class BertSelfAttention(nn.Module):
+    """Multi-head scaled dot-product attention over the unpadded keys.
+
+    ``(x [B, L, H], key_mask [B, 1, 1, L] bool, True = attend) -> [B, L, H]``.
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout_p = config.attention_probs_dropout_prob
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        batch, length, hidden = x.shape
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(batch, length, self.num_heads, hidden // self.num_heads).transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(
+            heads(self.query(x)),
+            heads(self.key(x)),
+            heads(self.value(x)),
+            attn_mask=key_mask,
+            dropout_p=self.dropout_p if self.training else 0.0,
+        )
+        return out.transpose(1, 2).reshape(batch, length, hidden)
+
+
+class BertSelfOutput(nn.Module):
+    """Projection after attention, dropout, residual and post-LayerNorm."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(x)) + residual)
+
+
+class BertAttention(nn.Module):
+    """Self-attention block: ``[B, L, H] -> [B, L, H]``."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        # "self" is the submodule name in Hugging Face's checkpoints (attention.self.query ...).
+        self.self = BertSelfAttention(config)
+        self.output = BertSelfOutput(config)
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        return self.output(self.self(x, key_mask), x)
+
+
+class BertIntermediate(nn.Module):
+    """First feed-forward layer with exact (erf) GELU: ``[B, L, H] -> [B, L, I]``."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.dense(x))
+
+
+class BertOutput(nn.Module):
+    """Second feed-forward layer, dropout, residual and post-LayerNorm: ``[B, L, I] -> [B, L, H]``."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(x)) + residual)
+
+
+class BertLayer(nn.Module):
+    """One post-LayerNorm Transformer encoder layer: ``[B, L, H] -> [B, L, H]``."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        x = self.attention(x, key_mask)
+        return self.output(self.intermediate(x), x)
+
+
+class BertEncoder(nn.Module):
+    """The stack of ``num_hidden_layers`` encoder layers."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        for layer in self.layer:
+            x = layer(x, key_mask)
+        return x
+
+
+class BertPooler(nn.Module):
+    """``tanh(dense(h_[CLS]))``: ``[B, L, H] -> [B, H]``, the input of the NSP classifier."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(x[:, 0]))
+
+
+class BertModel(nn.Module):
+    """The encoder: ``(input_ids, token_type_ids, attention_mask) -> ([B, L, H], pooled [B, H])``.
+
+    ``attention_mask`` is ``[B, L]``, 1 for tokens and 0 for padding (any integer or bool dtype).
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config)
+
+    def forward(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        key_mask = attention_mask.bool()[:, None, None, :]
+        hidden = self.encoder(self.embeddings(input_ids, token_type_ids), key_mask)
+        return hidden, self.pooler(hidden)
+
+
+class BertPredictionHeadTransform(nn.Module):
+    """Dense, GELU and LayerNorm before the vocabulary projection."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(F.gelu(self.dense(x)))
+
+
+class BertLMPredictionHead(nn.Module):
+    """MLM head: ``[..., H] -> [..., V]`` logits; the decoder weight is the word embedding matrix."""
+
+    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        # Both ties are Hugging Face's: its checkpoints hold decoder.weight and decoder.bias as
+        # aliases of these two tensors.
+        self.decoder.weight = word_embeddings.weight
+        self.decoder.bias = self.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.transform(x))
+
+
+class BertPreTrainingHeads(nn.Module):
+    """The MLM head and the NSP classifier (``[B, H] -> [B, 2]``, class 1 = random next)."""
+
+    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config, word_embeddings)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+class BertForPreTraining(nn.Module):
+    """BERT with its two pretraining heads, parameter for parameter Hugging Face's model."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        # Google's BERT and Hugging Face: truncation-free normal(0, 0.02) for every matrix, zero
+        # biases, LayerNorm as identity, and a zero [PAD] embedding.
+        std = self.config.initializer_range
+        if module is self.cls.predictions.decoder:
+            return  # both of its tensors are tied to others, initialised with those
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=std)
+            if module.padding_idx is not None:
+                with torch.no_grad():
+                    module.weight[module.padding_idx].zero_()
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, BertLMPredictionHead):
+            nn.init.zeros_(module.bias)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        masked_lm_positions: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """MLM and NSP logits.
+
+        Args:
+            input_ids, token_type_ids: ``[B, L]`` int64.
+            attention_mask: ``[B, L]``, 1 for tokens, 0 for padding.
+            masked_lm_positions: optional ``[B, P]`` int64 indices into ``L``.
+
+        Returns:
+            ``mlm_logits``: ``[B, P, V]`` at ``masked_lm_positions`` if given, else ``[B, L, V]``;
+            ``nsp_logits``: ``[B, 2]``. In the parameters' dtype, or autocast's.
+        """
+        hidden, pooled = self.bert(input_ids, token_type_ids, attention_mask)
+        if masked_lm_positions is not None:
+            index = masked_lm_positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
+            hidden = torch.gather(hidden, 1, index)
+        return self.cls.predictions(hidden), self.cls.seq_relationship(pooled)
+
+
+def pretraining_loss(
+    mlm_logits: torch.Tensor,
+    masked_lm_labels: torch.Tensor,
+    nsp_logits: torch.Tensor,
+    next_sentence_labels: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """BERT's pretraining loss: mean MLM cross-entropy plus mean NSP cross-entropy (Devlin et al.).
+
+    Args:
+        mlm_logits: ``[B, P, V]`` (or ``[B, L, V]``) float.
+        masked_lm_labels: ``[B, P]`` (or ``[B, L]``) int64 token ids, ``-100`` where nothing is
+            predicted.
+        nsp_logits: ``[B, 2]`` float.
+        next_sentence_labels: ``[B]`` int64, 1 = random next sentence.
+
+    Returns:
+        ``(total, mlm_loss, nsp_loss)``, fp32 scalars in nats per prediction.
+    """
+    vocab_size = mlm_logits.shape[-1]
+    mlm_loss = F.cross_entropy(
+        mlm_logits.reshape(-1, vocab_size).float(), masked_lm_labels.reshape(-1), ignore_index=IGNORE_INDEX
+    )
+    nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_labels)
+    return mlm_loss + nsp_loss, mlm_loss, nsp_loss
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of parameter elements, tied tensors counted once."""
+    return sum(p.numel() for p in model.parameters())
