@@ -80,6 +80,11 @@ def _cpu_has_native(precision: Precision) -> bool:
     return bool(supported()) if supported is not None else True
 
 
+def init_process_group(device: torch.device) -> None:
+    """Join torchrun's process group: NCCL for CUDA devices, gloo for the CPU."""
+    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+
+
 class Engine:
     """Runs forward/backward and optimizer steps on one device, in one precision, on one rank.
 
@@ -96,7 +101,7 @@ class Engine:
         self.device = select_device(accelerator, self.env.local_rank)
         self._owns_process_group = self.distributed and not dist.is_initialized()
         if self._owns_process_group:
-            dist.init_process_group(backend="nccl" if self.device.type == "cuda" else "gloo")
+            init_process_group(self.device)
         self.autocast_dtype = _AUTOCAST_DTYPES.get(precision)
         if self.device.type == "cpu" and precision != "fp32" and not _cpu_has_native(precision):
             warnings.warn(

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from bertjob.defaults import resolve_model, with_defaults
 from bertjob.spec import BertPretrainJob, JobSpec, SpecError, load_job
 from bertjob.validation import check
-from bertpretrain.engine import DistributedEnv, select_device
+from bertpretrain.engine import DistributedEnv, init_process_group, select_device
 from bertpretrain.export import export_hf, fill_mask
 from bertpretrain.prepare import PreparedData, prepare
 from bertpretrain.train import train_phase
@@ -72,8 +72,7 @@ def _prepare_on_rank_zero(spec: JobSpec, env: DistributedEnv) -> PreparedData:
     if env.world_size == 1:
         return prepare(spec)
     if not dist.is_initialized():
-        select_device(spec.accelerator, env.local_rank)  # NCCL must know this rank's GPU first
-        dist.init_process_group(backend="cpu:gloo,cuda:nccl")
+        init_process_group(select_device(spec.accelerator, env.local_rank))
     result = [prepare(spec) if env.rank == 0 else None]
     dist.broadcast_object_list(result, src=0, group=dist.new_group(backend="gloo"))
     assert isinstance(result[0], PreparedData)
