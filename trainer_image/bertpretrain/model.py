@@ -28,22 +28,16 @@ PAD_TOKEN_ID = 0
 IGNORE_INDEX = -100
 
 
-@dataclass(frozen=True)
-class BertConfig:
-    """A BERT's shape and its initialisation and regularisation constants.
+@dataclass(frozen=True, kw_only=True)
+class BertConfig(ModelDims):
+    """A BERT's shape (the job's :class:`~bertjob.defaults.ModelDims` and the vocabulary's size)
+    and its initialisation and regularisation constants.
 
     Raises:
         ValueError: ``hidden_size`` is not a multiple of ``num_attention_heads``.
     """
 
     vocab_size: int
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    intermediate_size: int
-    max_position_embeddings: int = 512
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
     layer_norm_eps: float = 1e-12
     type_vocab_size: int = 2
     initializer_range: float = 0.02
@@ -133,12 +127,16 @@ class BertSelfAttention(nn.Module):
         return out.transpose(1, 2).reshape(batch, length, hidden)
 
 
-class BertSelfOutput(nn.Module):
-    """Projection after attention, dropout, residual and post-LayerNorm."""
+class BertOutput(nn.Module):
+    """Projection back to the hidden size, dropout, residual and post-LayerNorm.
 
-    def __init__(self, config: BertConfig):
+    ``(x [B, L, in_features], residual [B, L, H]) -> [B, L, H]``; after attention ``in_features``
+    is H (Hugging Face's ``BertSelfOutput``), after the feed-forward it is I (``BertOutput``).
+    """
+
+    def __init__(self, config: BertConfig, in_features: int):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = nn.Linear(in_features, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
@@ -153,7 +151,7 @@ class BertAttention(nn.Module):
         super().__init__()
         # "self" is the submodule name in Hugging Face's checkpoints (attention.self.query ...).
         self.self = BertSelfAttention(config)
-        self.output = BertSelfOutput(config)
+        self.output = BertOutput(config, config.hidden_size)
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         return self.output(self.self(x, key_mask), x)
@@ -170,19 +168,6 @@ class BertIntermediate(nn.Module):
         return F.gelu(self.dense(x))
 
 
-class BertOutput(nn.Module):
-    """Second feed-forward layer, dropout, residual and post-LayerNorm: ``[B, L, I] -> [B, L, H]``."""
-
-    def __init__(self, config: BertConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(self.dense(x)) + residual)
-
-
 class BertLayer(nn.Module):
     """One post-LayerNorm Transformer encoder layer: ``[B, L, H] -> [B, L, H]``."""
 
@@ -190,7 +175,7 @@ class BertLayer(nn.Module):
         super().__init__()
         self.attention = BertAttention(config)
         self.intermediate = BertIntermediate(config)
-        self.output = BertOutput(config)
+        self.output = BertOutput(config, config.intermediate_size)
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         x = self.attention(x, key_mask)
