@@ -67,9 +67,7 @@ def with_defaults(spec: JobSpec) -> JobSpec:
     """
     world_size = spec.topology.world_size
     phases = [
-        phase
-        if phase.micro_batch_size is not None
-        else phase.model_copy(update={"micro_batch_size": max(phase.global_batch_size // world_size, 1)})
+        phase.model_copy(update={"micro_batch_size": micro_batch_size(phase, world_size)})
         for phase in spec.phases
     ]
     export = spec.export
@@ -78,11 +76,16 @@ def with_defaults(spec: JobSpec) -> JobSpec:
     return spec.model_copy(update={"phases": phases, "export": export})
 
 
+def micro_batch_size(phase: PhaseSpec, world_size: int) -> int:
+    """Sequences per process per forward/backward pass: ``microBatchSize``, or by default
+    ``globalBatchSize // world size`` (no gradient accumulation)."""
+    return phase.micro_batch_size or max(phase.global_batch_size // world_size, 1)
+
+
 def gradient_accumulation_steps(phase: PhaseSpec, world_size: int) -> int:
     """Forward/backward passes per optimizer step on each process.
 
     ``globalBatchSize / (world size x microBatchSize)``; :func:`bertjob.validation.check`
     guarantees that this divides exactly.
     """
-    micro = phase.micro_batch_size or max(phase.global_batch_size // world_size, 1)
-    return max(phase.global_batch_size // (world_size * micro), 1)
+    return max(phase.global_batch_size // (world_size * micro_batch_size(phase, world_size)), 1)

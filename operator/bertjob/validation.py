@@ -6,7 +6,7 @@ names the field at fault in its YAML spelling, so a user or a status condition c
 
 from __future__ import annotations
 
-from bertjob.defaults import resolve_model
+from bertjob.defaults import micro_batch_size, resolve_model
 from bertjob.spec import JobSpec, SpecError
 
 
@@ -29,7 +29,7 @@ def problems(spec: JobSpec) -> list[tuple[str, str]]:
 
     for index, phase in enumerate(spec.phases):
         where = f"spec.phases[{index}]"
-        micro = phase.micro_batch_size or 1
+        micro = micro_batch_size(phase, world_size)
         if phase.global_batch_size % (world_size * micro):
             found.append(
                 (

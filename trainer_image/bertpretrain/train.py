@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from bertjob.defaults import gradient_accumulation_steps, resolve_model
+from bertjob.defaults import gradient_accumulation_steps, micro_batch_size, resolve_model
 from bertjob.spec import JobSpec, PhaseSpec
 from bertpretrain.checkpoint import (
     checkpoint_path,
@@ -123,7 +123,7 @@ def _build(
         phase.max_seq_length,
         phase.max_predictions_per_seq,
         vocab_size,
-        phase.micro_batch_size or phase.global_batch_size // engine.world_size,
+        micro_batch_size(phase, engine.world_size),
         rank=engine.rank,
         world_size=engine.world_size,
         seed=_seed(spec.seed, index),
