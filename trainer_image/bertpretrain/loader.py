@@ -25,20 +25,11 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from bertpretrain.model import IGNORE_INDEX
+from bertpretrain.shards import PREDICTION_DATASETS, SHARD_DTYPES, shard_shapes
 
 Batch = dict[str, torch.Tensor]
 Arrays = dict[str, np.ndarray]
 
-# Dataset name -> number of dimensions; the second dimension is L or P.
-_SCHEMA = {
-    "input_ids": 2,
-    "input_mask": 2,
-    "segment_ids": 2,
-    "masked_lm_positions": 2,
-    "masked_lm_ids": 2,
-    "next_sentence_labels": 1,
-}
-_PER_PREDICTION = ("masked_lm_positions", "masked_lm_ids")
 
 
 class ShardError(ValueError):
@@ -74,21 +65,23 @@ def find_shards(shard_dir: Path, max_seq_length: int, max_predictions_per_seq: i
 def _inspect(path: Path, max_seq_length: int, max_predictions_per_seq: int) -> Shard:
     try:
         with h5py.File(path, "r") as file:
-            shapes = {name: file[name].shape for name in _SCHEMA if isinstance(file.get(name), h5py.Dataset)}
+            shapes = {
+                name: file[name].shape for name in SHARD_DTYPES if isinstance(file.get(name), h5py.Dataset)
+            }
     except OSError as error:
         raise ShardError(f"{path}: not a readable HDF5 file ({error})") from None
-    missing = sorted(set(_SCHEMA) - set(shapes))
+    missing = sorted(set(SHARD_DTYPES) - set(shapes))
     if missing:
         raise ShardError(f"{path}: missing dataset(s) {', '.join(missing)}")
     num_sequences = shapes["input_ids"][0]
+    expected = shard_shapes(num_sequences, max_seq_length, max_predictions_per_seq)
     for name, shape in shapes.items():
-        if len(shape) != _SCHEMA[name] or shape[0] != num_sequences:
+        if len(shape) != len(expected[name]) or shape[0] != num_sequences:
             raise ShardError(f"{path}: dataset {name} has shape {shape}, expected {num_sequences} rows")
-        width = max_predictions_per_seq if name in _PER_PREDICTION else max_seq_length
-        if len(shape) == 2 and shape[1] != width:
-            what = "max_predictions_per_seq" if name in _PER_PREDICTION else "max_seq_length"
+        if shape != expected[name]:
+            what = "max_predictions_per_seq" if name in PREDICTION_DATASETS else "max_seq_length"
             raise ShardError(
-                f"{path}: dataset {name} has width {shape[1]}, but the phase's {what} is {width}"
+                f"{path}: dataset {name} has width {shape[1]}, but the phase's {what} is {expected[name][1]}"
             )
     return Shard(path, num_sequences)
 
@@ -102,7 +95,7 @@ def load_shard(shard: Shard, vocab_size: int) -> Arrays:
     """
     try:
         with h5py.File(shard.path, "r") as file:
-            arrays = {name: file[name][()] for name in _SCHEMA}
+            arrays = {name: file[name][()] for name in SHARD_DTYPES}
     except (OSError, KeyError) as error:
         raise ShardError(f"{shard.path}: cannot read ({error})") from None
     for name in ("input_ids", "masked_lm_ids"):

@@ -39,6 +39,22 @@ SHARD_DTYPES: dict[str, type[np.integer]] = {
     "masked_lm_ids": np.int32,
     "next_sentence_labels": np.int8,
 }
+# The other datasets hold one value per instance.
+SEQUENCE_DATASETS = ("input_ids", "input_mask", "segment_ids")  # [N, max_seq_length]
+PREDICTION_DATASETS = ("masked_lm_positions", "masked_lm_ids")  # [N, max_predictions_per_seq]
+
+
+def shard_shapes(
+    num_sequences: int, max_seq_length: int, max_predictions_per_seq: int
+) -> dict[str, tuple[int, ...]]:
+    """The shape of each dataset of a shard holding ``num_sequences`` instances."""
+    widths = {
+        **dict.fromkeys(SEQUENCE_DATASETS, max_seq_length),
+        **dict.fromkeys(PREDICTION_DATASETS, max_predictions_per_seq),
+    }
+    return {
+        name: (num_sequences, widths[name]) if name in widths else (num_sequences,) for name in SHARD_DTYPES
+    }
 
 
 def write_shard(
@@ -53,9 +69,7 @@ def write_shard(
         ValueError: an instance is longer than ``max_seq_length`` or has more than
             ``max_predictions_per_seq`` masked positions.
     """
-    n = len(instances)
-    seq, pred = (n, max_seq_length), (n, max_predictions_per_seq)
-    shapes = dict(zip(SHARD_DTYPES, (seq, seq, seq, pred, pred, (n,)), strict=True))
+    shapes = shard_shapes(len(instances), max_seq_length, max_predictions_per_seq)
     arrays = {name: np.zeros(shapes[name], dtype=dtype) for name, dtype in SHARD_DTYPES.items()}
     for row, instance in enumerate(instances):
         length = len(instance.input_ids)
