@@ -48,10 +48,16 @@ def checkpoint_path(root: Path, phase_index: int, step: int) -> Path:
 
 def latest(directory: Path) -> Path | None:
     """The checkpoint with the highest step in a phase directory, or None if there is none."""
+    found = _by_step(directory)
+    return found[-1] if found else None
+
+
+def _by_step(directory: Path) -> list[Path]:
+    """The checkpoints in ``directory``, oldest step first; none if it does not exist."""
     if not directory.is_dir():
-        return None
+        return []
     found = [(int(match[1]), path) for path in directory.iterdir() if (match := _NAME.match(path.name))]
-    return max(found)[1] if found else None
+    return [path for _, path in sorted(found)]
 
 
 def save_checkpoint(
@@ -94,8 +100,7 @@ def save_checkpoint(
 
 
 def _prune(directory: Path, keep: int) -> None:
-    found = sorted((int(match[1]), path) for path in directory.iterdir() if (match := _NAME.match(path.name)))
-    for _, path in found[:-keep]:
+    for path in _by_step(directory)[:-keep]:
         path.unlink(missing_ok=True)
 
 
