@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 
 from bertpretrain.checkpoint import read_checkpoint
 from bertpretrain.model import BertConfig
+from bertpretrain.vocab import TOKENIZER_FILE, VOCAB_FILE
 
 # Aliases of other tensors in the state_dict (see BertLMPredictionHead).
 _TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
@@ -45,7 +46,7 @@ def export_hf(checkpoint: Path, vocab_dir: Path, out_dir: Path, lowercase: bool)
     """
     state = read_checkpoint(checkpoint)
     config = BertConfig(**state["config"])
-    vocab = vocab_dir / "vocab.txt"
+    vocab = vocab_dir / VOCAB_FILE
     if not vocab.is_file():
         raise FileNotFoundError(f"{vocab_dir}: no vocab.txt to export with the model")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -56,9 +57,9 @@ def export_hf(checkpoint: Path, vocab_dir: Path, out_dir: Path, lowercase: bool)
             name: tensor.contiguous() for name, tensor in state["model"].items() if name not in _TIED_KEYS
         }
         save_file(weights, staging / "model.safetensors", metadata={"format": "pt"})
-        shutil.copyfile(vocab, staging / "vocab.txt")
-        if (vocab_dir / "tokenizer.json").is_file():
-            shutil.copyfile(vocab_dir / "tokenizer.json", staging / "tokenizer.json")
+        shutil.copyfile(vocab, staging / VOCAB_FILE)
+        if (vocab_dir / TOKENIZER_FILE).is_file():
+            shutil.copyfile(vocab_dir / TOKENIZER_FILE, staging / TOKENIZER_FILE)
         _write_json(staging / "tokenizer_config.json", _tokenizer_config(config, lowercase))
         _write_json(staging / "special_tokens_map.json", SPECIAL_TOKENS)
         _replace_dir(staging, out_dir)
