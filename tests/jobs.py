@@ -21,7 +21,7 @@ def valid_job() -> dict[str, Any]:
         "spec": {
             "image": "ghcr.io/bertjob/trainer:0.1.0",
             "topology": {"nodes": 1, "processesPerNode": 1},
-            "data": {"corpus": "builtin:python-docs", "shards": "/data/shards"},
+            "data": {"sources": [{"path": "builtin:python-docs"}], "shards": "/data/shards"},
             "phases": [
                 {"maxSeqLength": 128, "maxPredictionsPerSeq": 20, "globalBatchSize": 64,
                  "learningRate": 0.006, "steps": 100},

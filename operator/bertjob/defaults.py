@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from bertjob.spec import JobSpec, ModelSpec, PhaseSpec
 
+DEFAULT_NUM_SHARDS = 4
+
 
 @dataclass(frozen=True)
 class ModelDims:
@@ -46,9 +48,7 @@ MODEL_PRESETS: dict[str, ModelDims] = {
 def resolve_model(model: ModelSpec) -> ModelDims:
     """The preset's dimensions with the spec's overrides applied."""
     overrides = {
-        name: value
-        for name, value in model.model_dump(exclude={"preset"}).items()
-        if value is not None
+        name: value for name, value in model.model_dump(exclude={"preset"}).items() if value is not None
     }
     base = MODEL_PRESETS[model.preset]
     if "hidden_size" in overrides:
@@ -62,7 +62,8 @@ def with_defaults(spec: JobSpec) -> JobSpec:
     """The spec with every field that depends on others filled in.
 
     Each phase without ``microBatchSize`` gets ``globalBatchSize // world size`` (no gradient
-    accumulation); the export path defaults to ``<checkpoint.path>/hf``. Call
+    accumulation); the export path defaults to ``<checkpoint.path>/hf``; the data gets
+    ``DEFAULT_NUM_SHARDS`` shards unless ``maxShardMB`` sizes them. Call
     :func:`bertjob.validation.check` on the result.
     """
     world_size = spec.topology.world_size
@@ -73,7 +74,10 @@ def with_defaults(spec: JobSpec) -> JobSpec:
     export = spec.export
     if export.path is None:
         export = export.model_copy(update={"path": spec.checkpoint.path.rstrip("/") + "/hf"})
-    return spec.model_copy(update={"phases": phases, "export": export})
+    data = spec.data
+    if data.num_shards is None and data.max_shard_mb is None:
+        data = data.model_copy(update={"num_shards": DEFAULT_NUM_SHARDS})
+    return spec.model_copy(update={"phases": phases, "export": export, "data": data})
 
 
 def micro_batch_size(phase: PhaseSpec, world_size: int) -> int:

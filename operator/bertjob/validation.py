@@ -10,9 +10,10 @@ from bertjob.defaults import micro_batch_size, resolve_model
 from bertjob.spec import JobSpec, SpecError
 
 
-def problems(spec: JobSpec) -> list[tuple[str, str]]:
+def problems(spec: JobSpec, training: bool = True) -> list[tuple[str, str]]:
     """Every cross-field problem of ``spec`` (run on the output of ``with_defaults``), as
-    ``(field path, message)`` pairs; empty when the spec is consistent."""
+    ``(field path, message)`` pairs; empty when the spec is consistent. ``training=False``
+    checks the spec for the data stage alone (``python -m bertpretrain prepare``)."""
     found: list[tuple[str, str]] = []
     world_size = spec.topology.world_size
     dims = resolve_model(spec.model)
@@ -24,6 +25,22 @@ def problems(spec: JobSpec) -> list[tuple[str, str]]:
             (
                 "spec.model.numAttentionHeads",
                 f"hidden size {dims.hidden_size} is not divisible by {dims.num_attention_heads} heads",
+            )
+        )
+
+    data = spec.data
+    if data.num_shards is not None and data.max_shard_mb is not None:
+        found.append(("spec.data.maxShardMB", "set numShards or maxShardMB, not both"))
+    if data.packing != "none" and data.masking == "dynamic":
+        found.append(
+            ("spec.data.packing", "packing needs static masking: packs are made of masked instances")
+        )
+    if data.packing != "none" and training:
+        found.append(
+            (
+                "spec.data.packing",
+                "the trainer does not read packed shards yet; make them with "
+                "`python -m bertpretrain prepare --config FILE`",
             )
         )
 
@@ -47,19 +64,17 @@ def problems(spec: JobSpec) -> list[tuple[str, str]]:
                 )
             )
     if len(spec.phases) == 2 and spec.phases[1].max_seq_length < spec.phases[0].max_seq_length:
-        found.append(
-            ("spec.phases[1].maxSeqLength", "phase 2 must not use shorter sequences than phase 1")
-        )
+        found.append(("spec.phases[1].maxSeqLength", "phase 2 must not use shorter sequences than phase 1"))
     return found
 
 
-def check(spec: JobSpec, source: str = "<spec>") -> JobSpec:
-    """Return ``spec`` unchanged if it is consistent.
+def check(spec: JobSpec, source: str = "<spec>", training: bool = True) -> JobSpec:
+    """Return ``spec`` unchanged if it is consistent (``training``: see :func:`problems`).
 
     Raises:
         SpecError: listing every problem found by :func:`problems`.
     """
-    found = problems(spec)
+    found = problems(spec, training)
     if found:
         raise SpecError(source, found)
     return spec

@@ -143,7 +143,7 @@ HOSTILE = [
 @pytest.mark.parametrize("value", HOSTILE)
 def test_hostile_values_come_out_verbatim(value: str) -> None:
     document = _job(
-        nodes=2, changes={"spec.image": value, "spec.data.corpus": value, "metadata.namespace": value}
+        nodes=2, changes={"spec.image": value, "spec.data.shards": value, "metadata.namespace": value}
     )
 
     rendered = render(parse_job(document))
@@ -153,7 +153,7 @@ def test_hostile_values_come_out_verbatim(value: str) -> None:
     assert {obj["metadata"]["namespace"] for obj in rendered} == {value}
     assert {pod["spec"]["containers"][0]["image"] for pod in _pods(pytorchjob).values()} == {value}
     job_file = yaml.safe_load(config_map["data"]["job.yaml"])
-    assert (job_file["spec"]["image"], job_file["spec"]["data"]["corpus"]) == (value, value)
+    assert (job_file["spec"]["image"], job_file["spec"]["data"]["shards"]) == (value, value)
     assert (job_file["metadata"]["namespace"], pytorchjob["metadata"]["name"]) == (value, "demo")
 
 

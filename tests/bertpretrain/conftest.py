@@ -183,7 +183,7 @@ def make_spec(tmp_path: Path) -> SpecMaker:
             "accelerator": "xeon-cpu",
             "precision": "fp32",
             "model": {"preset": "bert-tiny", **TINY_MODEL},
-            "data": {"corpus": "unused", "shards": str(tmp_path)},
+            "data": {"sources": [{"path": "unused"}], "shards": str(tmp_path)},
             "phases": phases,
             "checkpoint": {"path": str(tmp_path / "checkpoints"), "everySteps": 5, "keep": 2},
             "logging": {"everySteps": 5},

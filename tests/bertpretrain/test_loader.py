@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from bertpretrain.loader import PretrainingBatches, ShardError, build_loader, find_shards
+from bertpretrain.loader import DynamicMasking, PretrainingBatches, ShardError, build_loader, find_shards
+from bertpretrain.vocab import SpecialIds
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -148,3 +149,59 @@ def test_wrong_sequence_length_is_named(shard_dir: Path) -> None:
 def test_ids_outside_the_vocabulary_are_named(shard_dir: Path, vocab_size: int) -> None:
     with pytest.raises(ShardError, match=r"shard_000\d.hdf5: input_ids holds ids .* vocabulary of 20"):
         take(shard_dir, 1, 20)
+
+
+@pytest.fixture
+def dynamic_dir(shard_dir: Path) -> Path:
+    """The fixture's shards as dynamic masking stores them: unmasked ids, no masked_lm_* datasets."""
+    for path in shard_dir.glob("shard_*.hdf5"):
+        with h5py.File(path, "a") as file:
+            ids = file["input_ids"][()]
+            positions, labels = file["masked_lm_positions"][()], file["masked_lm_ids"][()]
+            rows_, columns = np.nonzero(positions)
+            ids[rows_, positions[rows_, columns]] = labels[rows_, columns]
+            file["input_ids"][...] = ids
+            del file["masked_lm_positions"], file["masked_lm_ids"]
+    return shard_dir
+
+
+DYNAMIC = DynamicMasking(masked_lm_prob=0.15, special=SpecialIds(0, 1, 2, 3, 4), continuation=None)
+
+
+def test_dynamic_shards_are_masked_by_the_loader(dynamic_dir: Path, vocab_size: int) -> None:
+    batches = take(dynamic_dir, 15, vocab_size, masking=DYNAMIC)
+    for batch in batches:
+        real = batch["masked_lm_positions"] > 0
+        assert real.sum(dim=1).min() >= 1 and real.sum(dim=1).max() <= PRED
+        shown = torch.gather(batch["input_ids"], 1, batch["masked_lm_positions"])[real]
+        labels = batch["masked_lm_labels"][real]
+        assert (labels >= 5).all()  # never [CLS], [SEP] or padding
+        assert 0.6 < (shown == 4).float().mean() < 0.95
+    # Unmasking gives back the stored rows, so the same sequences come in the same order.
+    with h5py.File(dynamic_dir / "shard_0000.hdf5") as file:
+        stored = {row.tobytes() for row in file["input_ids"][()].astype(np.int64)}
+    assert set(rows(batches)) & stored
+
+
+def test_dynamic_masks_change_each_epoch_and_survive_resumption(dynamic_dir: Path, vocab_size: int) -> None:
+    per_epoch = 3 * 40 // 8
+    batches = take(dynamic_dir, 2 * per_epoch, vocab_size, masking=DYNAMIC)
+    first, second = batches[:per_epoch], batches[per_epoch:]
+    assert sorted(rows(first)) == sorted(rows(second))
+    masks = [torch.cat([b["masked_lm_positions"] for b in epoch]) for epoch in (first, second)]
+    assert not all(torch.equal(a, b) for a, b in zip(masks[0], masks[1], strict=True))
+    resumed = take(dynamic_dir, 7, vocab_size, masking=DYNAMIC, skip_batches=per_epoch + 4)
+    for again, original in zip(resumed, batches[per_epoch + 4 :], strict=False):
+        assert all(torch.equal(again[name], original[name]) for name in original)
+
+
+def test_dynamic_shards_without_masking_are_refused(dynamic_dir: Path, vocab_size: int) -> None:
+    with pytest.raises(ShardError, match="unmasked \\(dynamic\\) shards, but no masking was given"):
+        take(dynamic_dir, 1, vocab_size)
+
+
+def test_packed_shards_are_named(shard_dir: Path) -> None:
+    with h5py.File(shard_dir / "shard_0001.hdf5", "a") as file:
+        file["next_sentence_positions"] = np.zeros((40, 3), np.int32)
+    with pytest.raises(ShardError, match=r"shard_0001\.hdf5: a packed shard"):
+        find_shards(shard_dir, SEQ, PRED)

@@ -23,23 +23,43 @@ from jobs import valid_job, with_value
 CONFIG_IN_POD = "/etc/bertjob/job.yaml"
 
 
-def _small_job(tmp_path: Path, processes: int) -> dict[str, Any]:
+def _small_job(tmp_path: Path, processes: int, **data: Any) -> dict[str, Any]:
     """A two-phase job on real text (40 topics of the language reference) that runs in seconds."""
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n\n".join(topics[name] for name in sorted(topics)[:40]), encoding="utf-8")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in sorted(topics)[:40]:
+        (corpus / f"{name}.txt").write_text(topics[name], encoding="utf-8")
     document = valid_job()
     changes = {
         "spec.accelerator": "xeon-cpu",
         "spec.precision": "fp32",
         "spec.topology": {"nodes": 1, "processesPerNode": processes},
         "spec.model": {"preset": "bert-tiny", "numHiddenLayers": 1},
-        "spec.data": {"corpus": str(corpus), "shards": str(tmp_path / "data"), "vocab": {"trainSize": 600},
-                      "numShards": 2},
+        "spec.data": {
+            "sources": [{"path": str(corpus), "format": "text"}],
+            "shards": str(tmp_path / "data"),
+            "vocab": {"trainSize": 600},
+            "numShards": 2,
+            "workers": 1,
+            **data,
+        },
         "spec.phases": [
-            {"maxSeqLength": 64, "maxPredictionsPerSeq": 10, "globalBatchSize": 16, "microBatchSize": 4,
-             "learningRate": 0.01, "warmupProportion": 0.1, "steps": 30},
-            {"maxSeqLength": 128, "maxPredictionsPerSeq": 20, "globalBatchSize": 8,
-             "learningRate": 0.004, "steps": 4},
+            {
+                "maxSeqLength": 64,
+                "maxPredictionsPerSeq": 10,
+                "globalBatchSize": 16,
+                "microBatchSize": 4,
+                "learningRate": 0.01,
+                "warmupProportion": 0.1,
+                "steps": 30,
+            },
+            {
+                "maxSeqLength": 128,
+                "maxPredictionsPerSeq": 20,
+                "globalBatchSize": 8,
+                "learningRate": 0.004,
+                "steps": 4,
+            },
         ],
         "spec.checkpoint": {"path": str(tmp_path / "checkpoints"), "everySteps": 10, "keep": 2},
         "spec.logging": {"everySteps": 5},
@@ -89,11 +109,14 @@ def test_rendered_pytorchjob_command_trains_two_ranks(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "masking", [{}, {"masking": "dynamic", "wholeWordMask": True}], ids=["static", "dynamic-whole-word"]
+)
 def test_bertjob_run_trains_exports_and_fills_masks(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], masking: dict[str, Any]
 ) -> None:
     job_file = tmp_path / "job.yaml"
-    job_file.write_text(yaml.safe_dump(_small_job(tmp_path, processes=1)))
+    job_file.write_text(yaml.safe_dump(_small_job(tmp_path, processes=1, **masking)))
     assert bertjob_main(["run", str(job_file)]) == 0
     output = capsys.readouterr().out
     losses = _mlm_losses(output, 1)

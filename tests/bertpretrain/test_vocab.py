@@ -2,30 +2,34 @@
 
 from __future__ import annotations
 
+import collections
 from itertools import islice
 from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer, models
 
-from bertpretrain.corpus import BUILTIN_PYTHON_DOCS, documents
+from bertjob.spec import SourceSpec
+from bertpretrain import corpus
 from bertpretrain.vocab import (
     SPECIAL_TOKENS,
     SpecialIds,
+    continuation_table,
     import_vocab,
     load_tokenizer,
-    tokenize_documents,
     train_vocab,
 )
 
 
 @pytest.fixture(scope="module")
-def small_corpus() -> list[list[str]]:
-    return list(islice(documents(BUILTIN_PYTHON_DOCS), 80))
+def small_corpus() -> list[str]:
+    """The sentences of 80 documents of the Python docs."""
+    builtin = corpus.read_source(SourceSpec(path=corpus.BUILTIN_PYTHON_DOCS), collections.Counter())
+    return [s for document in islice(builtin, 80) for s in corpus.sentences(document)]
 
 
 @pytest.fixture(scope="module")
-def vocab_dir(small_corpus: list[list[str]], tmp_path_factory: pytest.TempPathFactory) -> Path:
+def vocab_dir(small_corpus: list[str], tmp_path_factory: pytest.TempPathFactory) -> Path:
     return train_vocab(small_corpus, 1000, True, tmp_path_factory.mktemp("vocab"))
 
 
@@ -49,20 +53,38 @@ def test_vocab_txt_and_tokenizer_json_tokenize_alike(vocab_dir: Path) -> None:
     assert from_json.decode(encoding.ids) == text.lower()
 
 
-def test_cased_vocabulary_keeps_case(small_corpus: list[list[str]], tmp_path: Path) -> None:
+def test_cased_vocabulary_keeps_case(small_corpus: list[str], tmp_path: Path) -> None:
     cased = load_tokenizer(train_vocab(small_corpus, 1000, False, tmp_path))
     assert cased.encode("Return", add_special_tokens=False).tokens[0].startswith("R")
 
 
-def test_tokenize_documents_adds_no_special_tokens(vocab_dir: Path) -> None:
+@pytest.mark.parametrize("source", ["vocab.txt", "tokenizer.json"])
+def test_padding_appends_unused_tokens_to_a_multiple(vocab_dir: Path, tmp_path: Path, source: str) -> None:
+    out = import_vocab(vocab_dir / source, True, tmp_path / "padded", pad_to_multiple_of=24)
+    lines = (out / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 1008 and lines[:1000] == (vocab_dir / "vocab.txt").read_text().splitlines()
+    assert lines[1000:] == [f"[unused{k}]" for k in range(8)]
+    padded = load_tokenizer(out)
+    assert padded.get_vocab_size(with_added_tokens=False) == 1008
+    text = "Return the number of items in a container."
+    assert padded.encode(text).ids == load_tokenizer(vocab_dir).encode(text).ids
+    assert import_vocab(vocab_dir / source, True, tmp_path / "same", pad_to_multiple_of=8) and (
+        (tmp_path / "same" / "vocab.txt").read_text() == (vocab_dir / "vocab.txt").read_text()
+    )
+
+
+def test_trained_vocabulary_can_be_padded(small_corpus: list[str], tmp_path: Path) -> None:
+    tokenizer = load_tokenizer(train_vocab(small_corpus, 997, True, tmp_path, pad_to_multiple_of=8))
+    assert tokenizer.get_vocab_size(with_added_tokens=False) == 1000
+    assert tokenizer.token_to_id("[unused2]") == 999
+
+
+def test_continuation_table_marks_word_pieces(vocab_dir: Path) -> None:
     tokenizer = load_tokenizer(vocab_dir)
-    special = SpecialIds.of(tokenizer, vocab_dir)
-    ids = tokenize_documents(tokenizer, [["Read the file.", "   ", "Use [MASK] and [SEP] here."], ["\t"]])
-    assert len(ids) == 1 and len(ids[0]) == 2  # blank sentence and empty document dropped
-    assert ids[0][0] == tokenizer.encode("Read the file.", add_special_tokens=False).ids
-    # Text that spells a special token is ordinary text, as for Google's tokenizer.
-    assert not {special.cls, special.sep, special.mask} & {t for s in ids[0] for t in s}
-    assert tokenizer.encode_special_tokens is False
+    table = continuation_table(tokenizer)
+    pieces = {tokenizer.id_to_token(i) for i in range(len(table)) if table[i]}
+    assert pieces and all(piece.startswith("##") for piece in pieces)
+    assert not table[tokenizer.token_to_id("the")]
 
 
 def test_import_vocab_txt_writes_both_files(vocab_dir: Path, tmp_path: Path) -> None:

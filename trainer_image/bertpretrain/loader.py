@@ -4,6 +4,9 @@ The shards follow NVIDIA DeepLearningExamples' BERT schema: ``input_ids`` int32 
 ``input_mask`` int8 [N, L], ``segment_ids`` int8 [N, L], ``masked_lm_positions`` int32 [N, P],
 ``masked_lm_ids`` int32 [N, P] and ``next_sentence_labels`` int8 [N] (1 = random next sentence),
 zero-padded. Position 0 holds [CLS] and is never masked, so a masked position of 0 is padding.
+Shards made with dynamic masking lack the two ``masked_lm_*`` datasets: the loader masks their
+rows each time it reads them (RoBERTa's dynamic masking, Liu et al. 2019), with draws seeded by
+``(seed, epoch, shard, rank)``, so every epoch sees new masks and a resumed run the same ones.
 
 Each epoch visits the shards in a shuffled order and each shard's instances in a shuffled order,
 both drawn from ``(seed, epoch)``; every rank draws the same permutation and takes every
@@ -24,12 +27,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from bertpretrain.masking import mask_tokens
 from bertpretrain.model import IGNORE_INDEX
-from bertpretrain.shards import PREDICTION_DATASETS, SHARD_DTYPES, shard_shapes
+from bertpretrain.shards import DYNAMIC_DTYPES, PREDICTION_DATASETS, SHARD_DTYPES, shard_shapes
+from bertpretrain.vocab import SpecialIds, continuation_table, load_tokenizer
 
 Batch = dict[str, torch.Tensor]
 Arrays = dict[str, np.ndarray]
-
 
 
 class ShardError(ValueError):
@@ -38,10 +42,31 @@ class ShardError(ValueError):
 
 @dataclass(frozen=True)
 class Shard:
-    """One HDF5 file and the number of instances (sequences) in it."""
+    """One HDF5 file, the number of instances (sequences) in it, and whether it is unmasked."""
 
     path: Path
     num_sequences: int
+    dynamic: bool = False
+
+
+@dataclass(frozen=True)
+class DynamicMasking:
+    """What the loader needs to mask the rows of dynamic shards (see ``bertpretrain.masking``)."""
+
+    masked_lm_prob: float
+    special: SpecialIds
+    continuation: np.ndarray | None  # bool [vocab size] for whole-word masking, else None
+
+    @classmethod
+    def from_vocab(cls, vocab_dir: Path, masked_lm_prob: float, whole_word_mask: bool) -> DynamicMasking:
+        """Read the special ids (and ``##`` pieces) from the vocabulary the shards were made with.
+
+        Raises:
+            FileNotFoundError, ValueError: see ``bertpretrain.vocab.load_tokenizer``.
+        """
+        tokenizer = load_tokenizer(vocab_dir)
+        continuation = continuation_table(tokenizer) if whole_word_mask else None
+        return cls(masked_lm_prob, SpecialIds.of(tokenizer, vocab_dir), continuation)
 
 
 def find_shards(shard_dir: Path, max_seq_length: int, max_predictions_per_seq: int) -> list[Shard]:
@@ -65,12 +90,15 @@ def find_shards(shard_dir: Path, max_seq_length: int, max_predictions_per_seq: i
 def _inspect(path: Path, max_seq_length: int, max_predictions_per_seq: int) -> Shard:
     try:
         with h5py.File(path, "r") as file:
-            shapes = {
-                name: file[name].shape for name in SHARD_DTYPES if isinstance(file.get(name), h5py.Dataset)
-            }
+            shapes = {name: file[name].shape for name in file if isinstance(file[name], h5py.Dataset)}
     except OSError as error:
         raise ShardError(f"{path}: not a readable HDF5 file ({error})") from None
-    missing = sorted(set(SHARD_DTYPES) - set(shapes))
+    if "next_sentence_positions" in shapes:
+        raise ShardError(f"{path}: a packed shard; this trainer does not read packed shards yet")
+    dynamic = not any(name in shapes for name in PREDICTION_DATASETS)
+    schema = DYNAMIC_DTYPES if dynamic else SHARD_DTYPES
+    shapes = {name: shape for name, shape in shapes.items() if name in schema}
+    missing = sorted(set(schema) - set(shapes))
     if missing:
         raise ShardError(f"{path}: missing dataset(s) {', '.join(missing)}")
     num_sequences = shapes["input_ids"][0]
@@ -83,7 +111,7 @@ def _inspect(path: Path, max_seq_length: int, max_predictions_per_seq: int) -> S
             raise ShardError(
                 f"{path}: dataset {name} has width {shape[1]}, but the phase's {what} is {expected[name][1]}"
             )
-    return Shard(path, num_sequences)
+    return Shard(path, num_sequences, dynamic)
 
 
 def load_shard(shard: Shard, vocab_size: int) -> Arrays:
@@ -95,17 +123,17 @@ def load_shard(shard: Shard, vocab_size: int) -> Arrays:
     """
     try:
         with h5py.File(shard.path, "r") as file:
-            arrays = {name: file[name][()] for name in SHARD_DTYPES}
+            arrays = {name: file[name][()] for name in (DYNAMIC_DTYPES if shard.dynamic else SHARD_DTYPES)}
     except (OSError, KeyError) as error:
         raise ShardError(f"{shard.path}: cannot read ({error})") from None
     for name in ("input_ids", "masked_lm_ids"):
-        values = arrays[name]
+        values = arrays.get(name, np.zeros(0, np.int32))
         if values.size and (values.min() < 0 or values.max() >= vocab_size):
             raise ShardError(
                 f"{shard.path}: {name} holds ids in [{values.min()}, {values.max()}], "
                 f"outside the vocabulary of {vocab_size}"
             )
-    positions = arrays["masked_lm_positions"]
+    positions = arrays.get("masked_lm_positions", np.zeros(0, np.int32))
     if positions.size and (positions.min() < 0 or positions.max() >= arrays["input_ids"].shape[1]):
         raise ShardError(f"{shard.path}: masked_lm_positions outside the sequence")
     return arrays
@@ -132,7 +160,8 @@ def to_batch(arrays: Arrays) -> Batch:
 class PretrainingBatches(IterableDataset[Batch]):
     """The endless stream of one rank's batches of ``micro_batch_size`` instances (see the module).
 
-    ``skip_batches`` starts the stream after that many batches, where a resumed run left off,
+    ``masking`` is required when a shard is dynamic; ``max_predictions_per_seq`` is then the P of
+    the masks drawn. ``skip_batches`` starts the stream after that many batches, where a resumed run left off,
     without reading the shards that are skipped whole. With DataLoader workers, worker ``w`` of
     ``n`` yields batches ``w, w + n, ...``, which the DataLoader interleaves back into order.
     """
@@ -146,8 +175,14 @@ class PretrainingBatches(IterableDataset[Batch]):
         world_size: int = 1,
         seed: int = 0,
         skip_batches: int = 0,
+        masking: DynamicMasking | None = None,
+        max_predictions_per_seq: int = 0,
     ):
+        if masking is None and any(shard.dynamic for shard in shards):
+            raise ShardError(f"{shards[0].path.parent}: unmasked (dynamic) shards, but no masking was given")
         self.shards = shards
+        self.masking = masking
+        self.max_predictions_per_seq = max_predictions_per_seq
         self.vocab_size = vocab_size
         self.micro_batch_size = micro_batch_size
         self.rank = rank
@@ -174,6 +209,17 @@ class PretrainingBatches(IterableDataset[Batch]):
         order = np.random.default_rng([self.seed, epoch, shard_index]).permutation(count)
         return order[self.rank :: self.world_size][: count // self.world_size]
 
+    def _mask(self, arrays: Arrays, epoch: int, shard_index: int) -> Arrays:
+        """Masks for a dynamic shard's rows (all of this rank's, so that resuming draws the same)."""
+        assert self.masking is not None
+        rng = np.random.default_rng([self.seed, epoch, shard_index, self.rank])
+        masking = self.masking
+        masked = mask_tokens(
+            arrays["input_ids"], arrays["input_mask"], self.max_predictions_per_seq,
+            masking.masked_lm_prob, masking.special, self.vocab_size, rng, masking.continuation,
+        )  # fmt: skip
+        return {**arrays, **masked}
+
     def _batches(self) -> Iterator[Arrays]:
         epoch, skip = divmod(self.skip_batches * self.micro_batch_size, self.sequences_per_epoch)
         carry: Arrays = {}
@@ -184,8 +230,10 @@ class PretrainingBatches(IterableDataset[Batch]):
                 if skip >= len(rows):
                     skip -= len(rows)
                     continue
-                rows, skip = rows[skip:], 0
                 arrays = {name: values[rows] for name, values in load_shard(shard, self.vocab_size).items()}
+                if shard.dynamic:
+                    arrays = self._mask(arrays, epoch, shard_index)
+                arrays, skip = {name: values[skip:] for name, values in arrays.items()}, 0
                 if carry:
                     arrays = {name: np.concatenate([carry[name], arrays[name]]) for name in arrays}
                 start = 0
@@ -210,14 +258,27 @@ def build_loader(
     skip_batches: int = 0,
     num_workers: int = 0,
     pin_memory: bool = False,
+    masking: DynamicMasking | None = None,
 ) -> DataLoader[Batch]:
     """An endless DataLoader of one rank's batches (dicts of int64 tensors, see :func:`to_batch`).
+
+    ``masking`` is needed for shards made with dynamic masking.
 
     Raises:
         ShardError: see :func:`find_shards`; later, while iterating, see :func:`load_shard`.
     """
     shards = find_shards(shard_dir, max_seq_length, max_predictions_per_seq)
-    dataset = PretrainingBatches(shards, vocab_size, micro_batch_size, rank, world_size, seed, skip_batches)
+    dataset = PretrainingBatches(
+        shards,
+        vocab_size,
+        micro_batch_size,
+        rank,
+        world_size,
+        seed,
+        skip_batches,
+        masking,
+        max_predictions_per_seq,
+    )
     # A generator of its own: otherwise starting the iterator draws from the global RNG, and a
     # resumed run's dropout would no longer follow the RNG state restored from the checkpoint.
     generator = torch.Generator().manual_seed(seed)

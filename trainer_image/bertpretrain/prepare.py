@@ -1,43 +1,72 @@
-"""The data stage of a BertPretrainJob: corpus -> vocabulary -> instances -> HDF5 shards.
+"""The data stage of a BertPretrainJob: corpus -> vocabulary -> documents -> instances -> shards.
 
 Everything goes under ``spec.data.shards``::
 
-    vocab/vocab.txt, vocab/tokenizer.json           the WordPiece vocabulary (bertpretrain.vocab)
-    seq_len_{L}_max_pred_{P}/shard_{i:05d}.hdf5     one dataset per phase (bertpretrain.shards)
-    seq_len_{L}_max_pred_{P}/metadata.json          counts and parameters, written last
+    vocab/vocab.txt, vocab/tokenizer.json         the WordPiece vocabulary (bertpretrain.vocab)
+    documents/piece_{i:06d}.npz                   the corpus, tokenized, in ~1 MB pieces
+    documents/manifest.json                       counts per piece, written last
+    <dataset>/shard_{i:05d}.hdf5                  training shards of a phase (bertpretrain.shards)
+    <dataset>/heldout_{i:05d}.hdf5                held-out shards, when heldoutFraction > 0
+    <dataset>/metadata.json                       parameters and counts, written last
 
-The corpus is read and tokenized once; each phase's (max_seq_length, max_predictions_per_seq)
-then gets its own instances, made with a fresh ``random.Random(spec.seed)`` so that a phase's data
-does not depend on which other phases were made in the same run. Instances are dealt to the
-shards in turn, as Google's script deals them to its output files.
+``<dataset>`` is ``seq_len_{L}_max_pred_{P}`` as NVIDIA names it, with ``_dynamic`` or
+``_packed_{algorithm}`` appended for those modes.
 
-Resuming: a phase whose ``metadata.json`` records the same parameters (including the vocabulary's
-SHA-256) is kept as it is, and an existing trained vocabulary is reused when its lower-casing
-matches; delete a directory to have it made again. A corpus whose files changed under the same
-name is not noticed.
+Two passes, each spread over ``workers`` processes:
+
+1. *Documents.* The main process reads the corpus (``bertpretrain.corpus``) and cuts it into
+   pieces of about ``PIECE_BYTES`` of text; workers split sentences and tokenize each piece
+   (``bertpretrain.documents``). Both phases use these pieces.
+2. *Shards.* The pieces (cut into finer units when there are fewer pieces than shards) are
+   dealt to the shards in a seeded random order, so every shard draws from all over the corpus.
+   A worker makes each shard from its units alone: sentence pairs (``bertpretrain.instances``),
+   masks (``bertpretrain.masking``), optional packing (``bertpretrain.packing``), one HDF5 file.
+
+Memory is bounded by a piece in the main process and by a shard in a worker, never by the corpus.
+What is made depends only on the corpus, the vocabulary, the parameters and the seed, not on the
+number of workers: pieces are cut by bytes, and each shard's draws come from a generator seeded
+with ``(seed, max_seq_length, max_predictions_per_seq, split, shard index)``.
+
+Resuming: every file is written under a temporary name and renamed, and each directory records
+its parameters first. A re-run keeps the vocabulary, the pieces and the shards already made with
+the same parameters and makes only what is missing; changed parameters remake that stage. A
+corpus whose files changed under the same name is not noticed: delete ``documents/``.
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
+import math
 import os
-import random
 import time
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from bertjob.spec import JobSpec, PhaseSpec
-from bertpretrain import corpus, vocab
-from bertpretrain.instances import InstanceParams, create_training_instances
-from bertpretrain.shards import write_shard
+from bertjob.spec import DataSpec, JobSpec, PhaseSpec
+from bertpretrain import corpus, documents, vocab
+from bertpretrain.instances import InstanceParams, assemble, create_pairs
+from bertpretrain.masking import mask_tokens
+from bertpretrain.packing import pack_instances, padding_fraction
+from bertpretrain.shards import read_attrs, write_shard
 
 VOCAB_DIR = "vocab"
+DOCUMENTS_DIR = "documents"
 METADATA_FILE = "metadata.json"
+PARAMETERS_FILE = "parameters.json"
+MANIFEST_FILE = "manifest.json"
+PIECE_BYTES = 1 << 20
+SPLITS = ("train", "heldout")
+_SHARD_PREFIX = {"train": "shard", "heldout": "heldout"}
 
 
 @dataclass(frozen=True)
@@ -54,74 +83,109 @@ class PreparedData:
     phase_dirs: list[Path]
 
 
-def phase_dir_name(max_seq_length: int, max_predictions_per_seq: int) -> str:
-    """Name of a phase's dataset directory, as NVIDIA names its datasets' directories."""
-    return f"seq_len_{max_seq_length}_max_pred_{max_predictions_per_seq}"
+def dataset_dir_name(phase: PhaseSpec, data: DataSpec) -> str:
+    """Name of a phase's dataset directory: NVIDIA's ``seq_len_{L}_max_pred_{P}``, plus the mode."""
+    name = f"seq_len_{phase.max_seq_length}_max_pred_{phase.max_predictions_per_seq}"
+    if data.masking == "dynamic":
+        return name + "_dynamic"
+    if data.packing != "none":
+        return f"{name}_packed_{data.packing}"
+    return name
 
 
 def prepare(spec: JobSpec) -> PreparedData:
     """Make (or find already made) the vocabulary and every phase's shards for ``spec``.
 
+    Prints progress bars and a report (documents, sentences, tokens, instances, padding,
+    seconds) per stage.
+
     Raises:
-        FileNotFoundError: the corpus or the vocabulary file does not exist.
-        ValueError: a corpus file is not UTF-8, or the vocabulary lacks a special token.
+        FileNotFoundError: a corpus source or the vocabulary file does not exist.
+        PermissionError: ``spec.data.shards`` cannot be written.
+        ValueError: a corpus file is unreadable (the message names it), or the vocabulary lacks
+            a special token.
     """
     data = spec.data
     root = Path(data.shards)
+    _check_writable(root)
     vocab_dir = root / VOCAB_DIR
-    documents = _make_vocab(spec, vocab_dir)
+    _make_vocab(spec, vocab_dir)
     tokenizer = vocab.load_tokenizer(vocab_dir)
     special = vocab.SpecialIds.of(tokenizer, vocab_dir / vocab.VOCAB_FILE)
-    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=False)
     vocab_sha256 = hashlib.sha256((vocab_dir / vocab.VOCAB_FILE).read_bytes()).hexdigest()
-    _report(f"vocabulary: {vocab_size} tokens, lowercase={_lowercase(tokenizer)}")
+    _report(f"vocabulary: {vocab_size} tokens, lowercase={vocab.has_lowercase(tokenizer)}")
 
-    phase_dirs = [root / phase_dir_name(p.max_seq_length, p.max_predictions_per_seq) for p in spec.phases]
+    phase_dirs = [root / dataset_dir_name(phase, data) for phase in spec.phases]
     pending = {}
     for phase, directory in zip(spec.phases, phase_dirs, strict=True):
-        parameters = _parameters(spec, phase, vocab_sha256, vocab_size)
-        if _read_metadata(directory).get("parameters") == parameters:
+        parameters = _dataset_parameters(spec, phase, vocab_sha256, vocab_size)
+        if _read_json(directory / METADATA_FILE).get("parameters") == parameters:
             _report(f"{directory}: already made with these parameters, kept")
         else:
             pending[directory] = parameters
     if pending:
-        if documents is None:
-            documents = _read_corpus(data.corpus)
-        started = time.perf_counter()
-        token_ids = vocab.tokenize_documents(tokenizer, documents)
-        counts = {
-            "documents": len(token_ids),
-            "sentences": sum(len(d) for d in token_ids),
-            "tokens": sum(len(s) for d in token_ids for s in d),
-        }
-        seconds = time.perf_counter() - started
-        _report(
-            f"tokenized {counts['documents']} documents, {counts['sentences']} sentences, "
-            f"{counts['tokens']} tokens in {seconds:.1f} s"
-        )
+        pieces = _make_documents(spec, tokenizer, vocab_sha256, root / DOCUMENTS_DIR)
         for directory, parameters in pending.items():
-            _make_dataset(directory, parameters, token_ids, counts, special, vocab_size)
+            _make_dataset(directory, parameters, pieces, special, tokenizer, _workers(data))
     return PreparedData(vocab_dir, vocab_size, phase_dirs)
 
 
-def _make_vocab(spec: JobSpec, vocab_dir: Path) -> list[list[str]] | None:
-    """Train, copy or reuse the vocabulary; returns the corpus when it had to be read."""
+def _workers(data: DataSpec) -> int:
+    return data.workers or available_cpus()
+
+
+def available_cpus(cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """CPUs this process may use: its affinity, capped by a cgroup v2 CPU quota.
+
+    In a pod with ``resources.limits.cpu: 4`` on a 64-core node, the affinity still lists 64 cores;
+    the quota (``cpu.max``: ``400000 100000``) is what says 4.
+    """
+    cpus = len(os.sched_getaffinity(0))
+    try:
+        quota, period = cgroup_cpu_max.read_text().split()[:2]
+    except (OSError, ValueError):
+        return cpus
+    if quota == "max":
+        return cpus
+    return max(1, min(cpus, math.ceil(int(quota) / int(period))))
+
+
+def _check_writable(root: Path) -> None:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise PermissionError(f"data.shards {root}: cannot write there ({error.strerror})") from None
+
+
+# Vocabulary -------------------------------------------------------------------------------------
+
+
+def _make_vocab(spec: JobSpec, vocab_dir: Path) -> None:
+    """Train, copy or reuse the vocabulary (padded to ``padToMultipleOf`` when asked)."""
     data = spec.data
     reason = _vocab_to_make(spec, vocab_dir)
     if reason is None:
         _report(f"vocabulary: reusing {vocab_dir}")
-        return None
+        return
+    pad = data.vocab.pad_to_multiple_of
     if data.vocab.file is not None:
-        vocab.import_vocab(Path(data.vocab.file), data.lowercase, vocab_dir)
+        vocab.import_vocab(Path(data.vocab.file), data.lowercase, vocab_dir, pad)
         _report(f"vocabulary: {data.vocab.file} copied to {vocab_dir}")
-        return None
+        return
     assert data.vocab.train_size is not None  # VocabSpec holds exactly one of the two
     _report(f"vocabulary: training {data.vocab.train_size} tokens ({reason})")
-    documents = _read_corpus(data.corpus)
     started = time.perf_counter()
-    vocab.train_vocab(documents, data.vocab.train_size, data.lowercase, vocab_dir)
-    _report(f"vocabulary: trained in {time.perf_counter() - started:.1f} s -> {vocab_dir}")
-    return documents
+    skipped: collections.Counter[str] = collections.Counter()
+    # Sentence splitting runs here, in one process: training needs one pass over the text, and
+    # tokenizers' trainer holds word counts, not the corpus.
+    documents_read = tqdm(corpus.read_corpus(data.sources, spec.seed, skipped), desc="vocabulary", unit="doc")
+    sentences = (s for document in documents_read for s in corpus.sentences(document))
+    vocab.train_vocab(sentences, data.vocab.train_size, data.lowercase, vocab_dir, pad)
+    _report(f"vocabulary: trained in {time.perf_counter() - started:.1f} s -> {vocab_dir}{_skips(skipped)}")
 
 
 def _vocab_to_make(spec: JobSpec, vocab_dir: Path) -> str | None:
@@ -131,26 +195,162 @@ def _vocab_to_make(spec: JobSpec, vocab_dir: Path) -> str | None:
         return "from file"
     if not all((vocab_dir / name).is_file() for name in (vocab.VOCAB_FILE, vocab.TOKENIZER_FILE)):
         return "none yet"
-    existing = _lowercase(vocab.load_tokenizer(vocab_dir))
+    tokenizer = vocab.load_tokenizer(vocab_dir)
+    existing = vocab.has_lowercase(tokenizer)
     if existing != spec.data.lowercase:
         return f"the one in {vocab_dir} has lowercase={existing}"
+    pad = spec.data.vocab.pad_to_multiple_of
+    if pad and tokenizer.get_vocab_size(with_added_tokens=False) % pad:
+        return f"the one in {vocab_dir} is not padded to a multiple of {pad}"
     return None
 
 
-def _lowercase(tokenizer: Tokenizer) -> bool | None:
-    return getattr(tokenizer.normalizer, "lowercase", None)
+# Pass 1: documents ------------------------------------------------------------------------------
 
 
-def _parameters(spec: JobSpec, phase: PhaseSpec, vocab_sha256: str, vocab_size: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Piece:
+    """One tokenized piece of the corpus and its counts (per split: train, held-out)."""
+
+    file: str
+    documents: list[int]
+    sentences: list[int]
+    tokens: list[int]
+    text_bytes: list[int]
+
+
+def _piece_counts(file: str, tokenized: documents.TokenizedDocuments) -> Piece:
+    sentences_per_document = np.diff(tokenized.document_starts)
+    tokens_per_document = (
+        np.add.reduceat(np.diff(tokenized.sentence_starts), tokenized.document_starts[:-1])
+        if tokenized.num_documents
+        else np.zeros(0, np.int64)
+    )
+    counts: dict[str, list[int]] = {"documents": [], "sentences": [], "tokens": [], "text_bytes": []}
+    for heldout in (False, True):
+        chosen = tokenized.heldout == heldout
+        counts["documents"].append(int(chosen.sum()))
+        counts["sentences"].append(int(sentences_per_document[chosen].sum()))
+        counts["tokens"].append(int(tokens_per_document[chosen].sum()))
+        counts["text_bytes"].append(int(tokenized.text_bytes[chosen].sum()))
+    return Piece(file, **counts)
+
+
+def _make_documents(spec: JobSpec, tokenizer: Tokenizer, vocab_sha256: str, directory: Path) -> list[Piece]:
+    """Pass 1: the corpus, tokenized, as pieces under ``directory`` (made or found)."""
+    data = spec.data
+    piece_bytes = _piece_bytes(data)
+    parameters = {
+        "sources": [source.model_dump(mode="json") for source in data.sources],
+        "vocab_sha256": vocab_sha256,
+        "seed": spec.seed,
+        "heldout_fraction": data.heldout_fraction,
+        "piece_bytes": piece_bytes,
+    }
+    manifest = _read_json(directory / MANIFEST_FILE)
+    if manifest.get("parameters") == parameters:
+        _report(f"{directory}: already tokenized with these parameters, kept")
+        return [Piece(**piece) for piece in manifest["pieces"]]
+    _start_directory(directory, parameters, "piece_*.npz")
+    started = time.perf_counter()
+    skipped: collections.Counter[str] = collections.Counter()
+    raw_documents = corpus.read_corpus(data.sources, spec.seed, skipped)
+    tasks = (
+        (_make_piece, (directory / f"piece_{index:06d}.npz", piece))
+        for index, piece in enumerate(_cut(raw_documents, piece_bytes))
+    )
+    initializer = (_init_encoder, (tokenizer.to_str(), spec.seed, data.heldout_fraction))
+    pieces: list[Piece] = []
+    with tqdm(desc="documents", unit="MB", unit_scale=True) as progress:
+        for piece, text_bytes in _run_parallel(tasks, _workers(data), initializer):
+            pieces.append(piece)
+            progress.update(round(text_bytes / 1e6, 3))
+    totals = {
+        name: sum(sum(getattr(p, name)) for p in pieces) for name in ("documents", "sentences", "tokens")
+    }
+    megabytes = sum(sum(p.text_bytes) for p in pieces) / 1e6
+    seconds = time.perf_counter() - started
+    manifest = {"parameters": parameters, "seconds": round(seconds, 2), "skipped": dict(skipped)}
+    _write_json(directory / MANIFEST_FILE, {**manifest, "pieces": [asdict(p) for p in pieces]})
+    _report(
+        f"documents: {totals['documents']} documents, {totals['sentences']} sentences, {totals['tokens']} "
+        f"tokens from {megabytes:.1f} MB of text in {len(pieces)} pieces, {seconds:.1f} s "
+        f"({megabytes / max(seconds, 1e-9):.2f} MB/s){_skips(skipped)}"
+    )
+    if not totals["documents"]:
+        raise ValueError(f"data.sources: no document with any text was found{_skips(skipped)}")
+    return pieces
+
+
+def _piece_bytes(data: DataSpec) -> int:
+    if data.max_shard_mb is None:
+        return PIECE_BYTES
+    return max(1, min(PIECE_BYTES, int(data.max_shard_mb * 1e6)))
+
+
+def _cut(raw_documents: Iterable[corpus.RawDocument], piece_bytes: int) -> Iterator[list[corpus.RawDocument]]:
+    """Consecutive runs of documents of at most ``piece_bytes`` of UTF-8 text.
+
+    A document is never cut, so one larger than ``piece_bytes`` makes a piece on its own.
+    """
+    piece: list[corpus.RawDocument] = []
+    size = 0
+    for document in raw_documents:
+        document_bytes = len(document.text.encode("utf-8", "surrogatepass"))
+        if piece and size + document_bytes > piece_bytes:
+            yield piece
+            piece, size = [], 0
+        piece.append(document)
+        size += document_bytes
+    if piece:
+        yield piece
+
+
+_encoder: documents.DocumentEncoder | None = None
+_PARALLELISM = "TOKENIZERS_PARALLELISM"
+
+
+def _init_encoder(tokenizer_json: str, seed: int, heldout_fraction: float) -> None:
+    """Worker start-up: one encoder per process, on one thread (the processes are the parallelism)."""
+    global _encoder
+    os.environ[_PARALLELISM] = "false"
+    _encoder = documents.DocumentEncoder(Tokenizer.from_str(tokenizer_json), seed, heldout_fraction)
+
+
+def _make_piece(path: Path, raw_documents: list[corpus.RawDocument]) -> tuple[Piece, int]:
+    """Worker: split, tokenize and save one piece, unless an earlier run saved it already."""
+    text_bytes = sum(len(document.text) for document in raw_documents)
+    if path.is_file():
+        try:
+            return _piece_counts(path.name, documents.load_piece(path)), text_bytes
+        except ValueError:
+            path.unlink()
+    assert _encoder is not None
+    tokenized = _encoder.encode([corpus.sentences(document) for document in raw_documents])
+    documents.save_piece(tokenized, path)
+    return _piece_counts(path.name, tokenized), text_bytes
+
+
+# Pass 2: shards ---------------------------------------------------------------------------------
+
+
+def _dataset_parameters(
+    spec: JobSpec, phase: PhaseSpec, vocab_sha256: str, vocab_size: int
+) -> dict[str, Any]:
     data = spec.data
     return {
-        "corpus": data.corpus,
+        "sources": [source.model_dump(mode="json") for source in data.sources],
         "vocab_sha256": vocab_sha256,
         "vocab_size": vocab_size,
-        "lowercase": data.lowercase,
         **asdict(_instance_params(spec, phase)),
-        "seed": spec.seed,
+        "whole_word_mask": data.whole_word_mask,
+        "masking": data.masking,
+        "packing": data.packing,
+        "max_sequences_per_pack": data.max_sequences_per_pack if data.packing != "none" else None,
         "num_shards": data.num_shards,
+        "max_shard_mb": data.max_shard_mb,
+        "heldout_fraction": data.heldout_fraction,
+        "seed": spec.seed,
     }
 
 
@@ -165,65 +365,282 @@ def _instance_params(spec: JobSpec, phase: PhaseSpec) -> InstanceParams:
     )
 
 
-def _read_metadata(directory: Path) -> dict[str, Any]:
-    try:
-        return dict(json.loads((directory / METADATA_FILE).read_text(encoding="utf-8")))
-    except (OSError, ValueError):
-        return {}
+@dataclass(frozen=True)
+class Unit:
+    """Documents ``[first, last)`` of one piece: what is dealt to the shards."""
+
+    file: str
+    first: int
+    last: int
+    text_bytes: tuple[int, int]  # train, held-out
 
 
-def _read_corpus(name: str) -> list[list[str]]:
-    started = time.perf_counter()
-    documents = list(tqdm(corpus.documents(name), desc="reading corpus", unit="document"))
-    seconds = time.perf_counter() - started
-    sentences = sum(len(d) for d in documents)
-    _report(f"corpus {name}: {len(documents)} documents, {sentences} sentences in {seconds:.1f} s")
-    return documents
+@dataclass(frozen=True)
+class ShardTask:
+    """Everything a worker needs to make one shard file."""
+
+    path: Path
+    split: str
+    index: int
+    units: list[Unit]
+    parameters: dict[str, Any]
+
+
+def plan_shards(pieces: list[Piece], parameters: dict[str, Any]) -> dict[str, list[list[Unit]]]:
+    """The units of each shard of each split (``train``, ``heldout``), dealt in a seeded order.
+
+    With ``num_shards``, units are dealt in turn to that many training shards (and
+    ``ceil(num_shards x heldout_fraction)`` held-out ones); pieces are cut into as many units as
+    it takes for every shard to get one. With ``max_shard_mb``, units are added to a shard until
+    the next one would take it over that much text. Empty shards are dropped.
+    """
+    fraction = parameters["heldout_fraction"]
+    num_shards = parameters["num_shards"]
+    counts = {"train": num_shards, "heldout": math.ceil(num_shards * fraction) if num_shards else None}
+    if not fraction:
+        counts["heldout"] = 0
+    groups = 1
+    if num_shards:
+        groups = max(1, math.ceil(max(counts.values()) / max(len(pieces), 1)))
+    units = [
+        Unit(piece.file, *_group_bounds(sum(piece.documents), groups, g), _group_bytes(piece, groups, g))
+        for piece in pieces
+        for g in range(groups)
+    ]
+    order = np.random.default_rng([parameters["seed"], 0x5EED]).permutation(len(units))
+    dealt = [units[i] for i in order]
+    plan: dict[str, list[list[Unit]]] = {}
+    for split_index, split in enumerate(SPLITS):
+        if counts[split] == 0:
+            plan[split] = []
+        elif num_shards:
+            plan[split] = [dealt[s :: counts[split]] for s in range(counts[split])]
+        else:
+            plan[split] = _fill(dealt, split_index, int(parameters["max_shard_mb"] * 1e6))
+        plan[split] = [shard for shard in plan[split] if any(u.text_bytes[split_index] for u in shard)]
+    return plan
+
+
+def _group_bounds(count: int, groups: int, group: int) -> tuple[int, int]:
+    return count * group // groups, count * (group + 1) // groups
+
+
+def _group_bytes(piece: Piece, groups: int, group: int) -> tuple[int, int]:
+    # Exact per-document sizes are in the piece file; an even share is close enough for planning.
+    return (piece.text_bytes[0] // groups, piece.text_bytes[1] // groups)
+
+
+def _fill(units: list[Unit], split_index: int, max_bytes: int) -> list[list[Unit]]:
+    shards: list[list[Unit]] = [[]]
+    size = 0
+    for unit in units:
+        unit_bytes = unit.text_bytes[split_index]
+        if not unit_bytes:
+            continue
+        if shards[-1] and size + unit_bytes > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(unit)
+        size += unit_bytes
+    return shards
 
 
 def _make_dataset(
     directory: Path,
     parameters: dict[str, Any],
-    token_ids: list[list[list[int]]],
-    counts: dict[str, int],
+    pieces: list[Piece],
     special: vocab.SpecialIds,
-    vocab_size: int,
+    tokenizer: Tokenizer,
+    workers: int,
 ) -> None:
+    """Pass 2 for one phase: every shard of every split, then ``metadata.json``."""
     started = time.perf_counter()
-    params = InstanceParams(**{field.name: parameters[field.name] for field in fields(InstanceParams)})
-    instances = create_training_instances(
-        token_ids, params, special, vocab_size, random.Random(parameters["seed"])
-    )
-    directory.mkdir(parents=True, exist_ok=True)
-    # The metadata goes first and comes back last, so that an interrupted run is never taken
-    # for a finished one; shards of an earlier, larger num_shards must not be read as ours.
-    (directory / METADATA_FILE).unlink(missing_ok=True)
-    for stale in directory.glob("shard_*.hdf5"):
-        stale.unlink()
-    num_shards = parameters["num_shards"]
-    if len(instances) < num_shards:
-        _report(f"{directory}: warning: only {len(instances)} instances for {num_shards} shards")
-    shards = []
-    for i in tqdm(range(num_shards), desc=f"writing {directory.name}", unit="shard"):
-        path = directory / f"shard_{i:05d}.hdf5"
-        part = instances[i::num_shards]
-        write_shard(path, part, params.max_seq_length, params.max_predictions_per_seq)
-        shards.append({"file": path.name, "instances": len(part)})
+    _start_directory(directory, parameters, "*.hdf5")
+    plan = plan_shards(pieces, parameters)
+    documents_dir = directory.parent / DOCUMENTS_DIR
+    tasks = [
+        ShardTask(directory / f"{_SHARD_PREFIX[split]}_{index:05d}.hdf5", split, index, units, parameters)
+        for split, shards in plan.items()
+        for index, units in enumerate(shards)
+    ]
+    continuation = vocab.continuation_table(tokenizer) if parameters["whole_word_mask"] else None
+    initializer = (_init_shard_worker, (documents_dir, special, continuation))
+    results: dict[str, list[dict[str, Any]]] = {split: [] for split in SPLITS}
+    calls = ((_make_shard, (task,)) for task in tasks)
+    for task, counts in zip(
+        tasks,
+        tqdm(_run_parallel(calls, workers, initializer), total=len(tasks), desc=directory.name, unit="shard"),
+        strict=True,
+    ):
+        results[task.split].append({"file": task.path.name, **counts})
     metadata = {
-        "instances": len(instances),
-        "random_next": sum(instance.is_random_next for instance in instances),
-        **counts,
+        **_totals(results["train"]),
+        "heldout": _totals(results["heldout"]),
         "seconds": round(time.perf_counter() - started, 2),
         "parameters": parameters,
-        "shards": shards,
+        "shards": results["train"],
+        "heldout_shards": results["heldout"],
     }
-    tmp = directory / (METADATA_FILE + ".tmp")
-    tmp.write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, directory / METADATA_FILE)
-    _report(
-        f"{directory}: {len(instances)} instances ({metadata['random_next']} random next) "
-        f"in {num_shards} shards, {metadata['seconds']:.1f} s"
+    _write_json(directory / METADATA_FILE, metadata)
+    packed = (
+        f", {metadata['rows']} packed rows of {metadata['sequences_per_row']:.2f} sequences, padding "
+        f"{metadata['padding_before_packing']:.1%} -> {metadata['padding']:.1%}"
+        if parameters["packing"] != "none"
+        else f", padding {metadata['padding']:.1%}"
     )
+    heldout = f" (+{metadata['heldout']['instances']} held out)" if results["heldout"] else ""
+    _report(
+        f"{directory}: {metadata['instances']} instances{heldout} ({metadata['random_next']} random next) "
+        f"in {len(results['train'])} shards{packed}, {metadata['seconds']:.1f} s "
+        f"({metadata['instances'] / max(metadata['seconds'], 1e-9):.0f} instances/s)"
+    )
+
+
+def _totals(shards: list[dict[str, Any]]) -> dict[str, Any]:
+    total = {
+        name: sum(shard[name] for shard in shards)
+        for name in ("documents", "instances", "random_next", "masked", "tokens", "rows", "slots")
+    }
+    unpacked_slots = sum(shard["instances"] * shard["max_seq_length"] for shard in shards)
+    return {
+        **total,
+        "padding": 1 - total["tokens"] / total["slots"] if total["slots"] else 0.0,
+        "padding_before_packing": 1 - total["tokens"] / unpacked_slots if unpacked_slots else 0.0,
+        "sequences_per_row": total["instances"] / total["rows"] if total["rows"] else 0.0,
+    }
+
+
+_shard_context: dict[str, Any] = {}
+
+
+def _init_shard_worker(
+    documents_dir: Path, special: vocab.SpecialIds, continuation: np.ndarray | None
+) -> None:
+    _shard_context.update(documents_dir=documents_dir, special=special, continuation=continuation)
+
+
+def _make_shard(task: ShardTask) -> dict[str, Any]:
+    """Worker: one shard file from its units, unless an earlier run left it complete."""
+    if task.path.is_file():
+        try:
+            return read_attrs(task.path)
+        except OSError:
+            task.path.unlink()
+    parameters = task.parameters
+    params = InstanceParams(**{name: parameters[name] for name in InstanceParams.__dataclass_fields__})
+    split_index = SPLITS.index(task.split)
+    parts = []
+    for unit in task.units:
+        piece = documents.load_piece(_shard_context["documents_dir"] / unit.file)
+        in_unit = np.zeros(piece.num_documents, bool)
+        in_unit[unit.first : unit.last] = True
+        parts.append(piece.select(in_unit & (piece.heldout == bool(split_index))))
+    docs = documents.concatenate(parts)
+    rng = np.random.default_rng(
+        [parameters["seed"], params.max_seq_length, params.max_predictions_per_seq, split_index, task.index]
+    )
+    pairs = create_pairs(docs, params, rng)
+    arrays = assemble(pairs, docs.tokens, params.max_seq_length, _shard_context["special"])
+    tokens = int(pairs.lengths.sum())
+    if parameters["masking"] == "static":
+        arrays.update(
+            mask_tokens(
+                arrays["input_ids"], arrays["input_mask"], params.max_predictions_per_seq,
+                params.masked_lm_prob, _shard_context["special"], parameters["vocab_size"], rng,
+                _shard_context["continuation"],
+            )
+        )  # fmt: skip
+    if parameters["packing"] != "none":
+        arrays = pack_instances(arrays, parameters["max_sequences_per_pack"], parameters["packing"], rng)
+    rows = len(arrays["input_ids"])
+    counts = {
+        "documents": docs.num_documents,
+        "text_bytes": int(docs.text_bytes.sum()),
+        "instances": len(pairs),
+        "random_next": int(pairs.is_random_next.sum()),
+        "masked": int((arrays["masked_lm_positions"] > 0).sum()) if "masked_lm_positions" in arrays else 0,
+        "tokens": tokens,
+        "rows": rows,
+        "slots": rows * params.max_seq_length,
+        "max_seq_length": params.max_seq_length,
+        "padding": padding_fraction(pairs.lengths, rows, params.max_seq_length) if rows else 0.0,
+    }
+    write_shard(task.path, arrays, counts)
+    return counts
+
+
+# Shared plumbing --------------------------------------------------------------------------------
+
+
+def _run_parallel(
+    calls: Iterable[tuple[Callable[..., Any], tuple[Any, ...]]],
+    workers: int,
+    initializer: tuple[Callable[..., None], tuple[Any, ...]],
+) -> Iterator[Any]:
+    """Results of ``function(*arguments)`` for each call, in order, over ``workers`` processes.
+
+    At most ``2 x workers`` calls are in flight, so a lazy ``calls`` is read only as fast as the
+    workers keep up (memory stays bounded by the pieces in flight). Processes are spawned, not
+    forked: the parent may hold threads (tokenizers, torch) that a fork would copy half-way. One
+    worker means this process, on one thread, with no start-up cost.
+    """
+    if workers == 1:
+        saved = os.environ.get(_PARALLELISM)
+        try:
+            initializer[0](*initializer[1])
+            for function, arguments in calls:
+                yield function(*arguments)
+        finally:
+            if saved is None:
+                os.environ.pop(_PARALLELISM, None)
+            else:
+                os.environ[_PARALLELISM] = saved
+        return
+    window: collections.deque[Future[Any]] = collections.deque()
+    with ProcessPoolExecutor(
+        workers, mp_context=get_context("spawn"), initializer=initializer[0], initargs=initializer[1]
+    ) as pool:
+        for function, arguments in calls:
+            window.append(pool.submit(function, *arguments))
+            if len(window) >= 2 * workers:
+                yield window.popleft().result()
+        while window:
+            yield window.popleft().result()
+
+
+def _start_directory(directory: Path, parameters: dict[str, Any], pattern: str) -> None:
+    """Record ``parameters`` in ``directory`` before anything else is written there.
+
+    Files left by an interrupted run with the same parameters are kept (they are complete: each
+    was renamed into place); with other parameters they are deleted, and so is the old
+    metadata, so that an interrupted run is never taken for a finished one.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in (METADATA_FILE, MANIFEST_FILE):
+        (directory / name).unlink(missing_ok=True)
+    if _read_json(directory / PARAMETERS_FILE) != parameters:
+        for stale in directory.glob(pattern):
+            stale.unlink()
+        _write_json(directory / PARAMETERS_FILE, parameters)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_json(path: Path, content: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _skips(skipped: collections.Counter[str]) -> str:
+    if not skipped:
+        return ""
+    return "; skipped: " + ", ".join(f"{count} {reason}" for reason, count in sorted(skipped.items()))
 
 
 def _report(message: str) -> None:

@@ -52,7 +52,9 @@ def run_job(spec: JobSpec) -> JobOutputs:
     checkpoints: list[Path] = []
     for index in range(len(spec.phases)):
         init_from = checkpoints[-1] if checkpoints else None
-        checkpoints.append(train_phase(spec, index, data.phase_dirs[index], data.vocab_size, init_from))
+        checkpoints.append(
+            train_phase(spec, index, data.phase_dirs[index], data.vocab_size, init_from, data.vocab_dir)
+        )
     assert spec.export.path is not None
     export_dir = Path(spec.export.path)
     if env.rank == 0:
@@ -115,20 +117,29 @@ def run_local(job: BertPretrainJob, source: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m bertpretrain run --config FILE``: the trainer container's entry point.
+    """``python -m bertpretrain run|prepare --config FILE``: the trainer container's entry point.
 
-    Every rank started by torchrun runs this. Returns the exit code: 0 done, 2 an invalid job file.
+    ``run``: the whole job; every rank started by torchrun runs this. ``prepare``: the data stage
+    alone (vocabulary and shards), in this process and its workers. Returns the exit code: 0
+    done, 1 bad input data (the message names the file), 2 an invalid job file.
     """
     parser = argparse.ArgumentParser(prog="bertpretrain", description="Run a BertPretrainJob's trainer.")
-    parser.add_argument("command", choices=["run"])
+    parser.add_argument("command", choices=["run", "prepare"])
     parser.add_argument("--config", required=True, help="the job file, mounted from its ConfigMap")
     args = parser.parse_args(argv)
     try:
         job = load_job(args.config)
-        spec = check(with_defaults(job.spec), args.config)
+        spec = check(with_defaults(job.spec), args.config, training=args.command == "run")
     except SpecError as error:
         print(error, file=sys.stderr)
         return 2
+    if args.command == "prepare":
+        try:
+            prepare(spec)
+        except (OSError, ValueError) as error:
+            print(f"bertpretrain prepare: {error}", file=sys.stderr)
+            return 1
+        return 0
     is_main = DistributedEnv.from_environ().rank == 0
     if is_main:
         print(f"bertpretrain: {_describe(job, spec)}", flush=True)

@@ -29,7 +29,7 @@ from bertpretrain.checkpoint import (
     save_checkpoint,
 )
 from bertpretrain.engine import Engine
-from bertpretrain.loader import Batch, build_loader
+from bertpretrain.loader import Batch, DynamicMasking, build_loader
 from bertpretrain.model import BertConfig, BertForPreTraining, count_parameters
 from bertpretrain.optimizer import build_optimizer
 from bertpretrain.schedule import poly_warmup_schedule
@@ -65,13 +65,19 @@ class _Phase:
 
 
 def train_phase(
-    spec: JobSpec, phase_index: int, shard_dir: Path, vocab_size: int, init_from: Path | None = None
+    spec: JobSpec,
+    phase_index: int,
+    shard_dir: Path,
+    vocab_size: int,
+    init_from: Path | None = None,
+    vocab_dir: Path | None = None,
 ) -> Path:
     """Train phase ``phase_index`` (0-based) of ``spec`` on the shards in ``shard_dir``.
 
     ``spec`` must have been through :func:`bertjob.defaults.with_defaults`. The model starts
     from ``init_from``'s weights (phase 1's final checkpoint, for phase 2) or from random
-    initialisation, unless a checkpoint of this phase exists, which is resumed. Every rank calls
+    initialisation, unless a checkpoint of this phase exists, which is resumed. ``vocab_dir`` (the
+    vocabulary the shards were made with) is needed for dynamic masking. Every rank calls
     this; rank 0 prints progress to stdout and writes the checkpoints, which must be on storage
     all ranks share.
 
@@ -85,7 +91,7 @@ def train_phase(
     """
     engine = Engine(spec.accelerator, spec.precision)
     try:
-        run = _build(spec, phase_index, shard_dir, vocab_size, init_from, engine)
+        run = _build(spec, phase_index, shard_dir, vocab_size, init_from, vocab_dir, engine)
         _train(run)
         engine.barrier()
         return checkpoint_path(run.root, phase_index, run.phase.steps)
@@ -98,7 +104,13 @@ def _seed(*parts: int) -> int:
 
 
 def _build(
-    spec: JobSpec, index: int, shard_dir: Path, vocab_size: int, init_from: Path | None, engine: Engine
+    spec: JobSpec,
+    index: int,
+    shard_dir: Path,
+    vocab_size: int,
+    init_from: Path | None,
+    vocab_dir: Path | None,
+    engine: Engine,
 ) -> _Phase:
     phase = spec.phases[index]
     torch.manual_seed(_seed(spec.seed, index))
@@ -130,10 +142,20 @@ def _build(
         skip_batches=start_step * accumulation_steps,
         num_workers=1 if engine.device.type == "cuda" else 0,
         pin_memory=engine.device.type == "cuda",
+        masking=_dynamic_masking(spec, vocab_dir),
     )
     run = _Phase(spec, index, engine, model, loader, accumulation_steps, start_step)
     _announce(run, resume or init_from)
     return run
+
+
+def _dynamic_masking(spec: JobSpec, vocab_dir: Path | None) -> DynamicMasking | None:
+    data = spec.data
+    if data.masking != "dynamic":
+        return None
+    if vocab_dir is None:
+        raise ValueError("data.masking is dynamic, but the trainer was given no vocabulary to mask with")
+    return DynamicMasking.from_vocab(vocab_dir, data.masked_lm_prob, data.whole_word_mask)
 
 
 def _announce(run: _Phase, source: Path | None) -> None:

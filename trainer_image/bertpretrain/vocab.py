@@ -19,17 +19,16 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-from tqdm import tqdm
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 VOCAB_FILE = "vocab.txt"
 TOKENIZER_FILE = "tokenizer.json"
-_ENCODE_BATCH = 8192
 
 
 @dataclass(frozen=True)
@@ -57,36 +56,50 @@ class SpecialIds:
         return cls(*(vocab[token] for token in SPECIAL_TOKENS))
 
 
-def train_vocab(documents: Iterable[list[str]], size: int, lowercase: bool, out_dir: Path) -> Path:
+def train_vocab(
+    sentences: Iterable[str], size: int, lowercase: bool, out_dir: Path, pad_to_multiple_of: int | None = None
+) -> Path:
     """Train a WordPiece vocabulary of at most ``size`` tokens and save it into ``out_dir``.
 
-    ``documents`` are lists of sentences (as :func:`bertpretrain.corpus.documents` yields them).
     Uses ``tokenizers``' ``WordPieceTrainer`` (which, like Google's vocabularies, counts the
     five special tokens within ``size``); a small corpus may give fewer than ``size`` tokens.
-    Writes ``vocab.txt`` and ``tokenizer.json`` (under temporary names, then renamed) and returns
-    ``out_dir``.
+    ``sentences`` is read once, as a stream. With ``pad_to_multiple_of``, ``[unused{k}]`` tokens
+    are appended until the size is a multiple of it. Writes ``vocab.txt`` and ``tokenizer.json``
+    (under temporary names, then renamed) and returns ``out_dir``.
     """
     tokenizer = _bert_pipeline(models.WordPiece(unk_token="[UNK]"), lowercase)
     trainer = trainers.WordPieceTrainer(
         vocab_size=size, special_tokens=list(SPECIAL_TOKENS), show_progress=False
     )
-    tokenizer.train_from_iterator((s for document in documents for s in document), trainer=trainer)
-    _save(_with_special_tokens(tokenizer), out_dir, "trained vocabulary")
+    tokenizer.train_from_iterator(sentences, trainer=trainer)
+    _save(_with_special_tokens(_padded(tokenizer, pad_to_multiple_of)), out_dir, "trained vocabulary")
     return out_dir
 
 
-def import_vocab(file: Path, lowercase: bool, out_dir: Path) -> Path:
+def import_vocab(file: Path, lowercase: bool, out_dir: Path, pad_to_multiple_of: int | None = None) -> Path:
     """Copy an existing ``vocab.txt`` or ``tokenizer.json`` into ``out_dir`` as both files.
 
     ``lowercase`` applies to a ``vocab.txt`` (which does not record it); a ``tokenizer.json``
-    keeps its own normalizer. Returns ``out_dir``.
+    keeps its own normalizer. ``pad_to_multiple_of`` appends ``[unused{k}]`` tokens as
+    :func:`train_vocab` does. Returns ``out_dir``.
 
     Raises:
         FileNotFoundError: ``file`` does not exist.
         ValueError: ``file`` is not a WordPiece vocabulary, or lacks a special token.
     """
-    _save(load_tokenizer(file, lowercase), out_dir, str(file))
+    _save(
+        _with_special_tokens(_padded(load_tokenizer(file, lowercase), pad_to_multiple_of)), out_dir, str(file)
+    )
     return out_dir
+
+
+def continuation_table(tokenizer: Tokenizer) -> np.ndarray:
+    """bool [vocab size]: true for the ids of ``##`` pieces (continuations of a word)."""
+    table = np.zeros(tokenizer.get_vocab_size(with_added_tokens=False), bool)
+    for token, index in tokenizer.get_vocab(with_added_tokens=False).items():
+        if token.startswith("##"):
+            table[index] = True
+    return table
 
 
 def load_tokenizer(path: Path, lowercase: bool = True) -> Tokenizer:
@@ -121,35 +134,9 @@ def load_tokenizer(path: Path, lowercase: bool = True) -> Tokenizer:
     return _with_special_tokens(_bert_pipeline(model, lowercase))
 
 
-def tokenize_documents(tokenizer: Tokenizer, documents: Sequence[list[str]]) -> list[list[list[int]]]:
-    """Token ids of every sentence: ``result[document][sentence] -> list[int]``.
-
-    No special tokens are added (instances add ``[CLS]``/``[SEP]`` themselves), and text that
-    spells a special token (``"[MASK]"``) is tokenized as ordinary text, as Google's tokenizer
-    does, so that ``[CLS]``/``[SEP]``/``[MASK]`` ids only ever come from instance creation.
-    Sentences with no token are dropped, then documents with no sentence (as Google does).
-    Sentences are encoded in parallel batches by ``tokenizers`` (Rust threads).
-    """
-    sentences = [s for document in documents for s in document]
-    saved = tokenizer.encode_special_tokens
-    tokenizer.encode_special_tokens = True
-    try:
-        ids: list[list[int]] = []
-        with tqdm(total=len(sentences), desc="tokenizing", unit="sentence") as progress:
-            for start in range(0, len(sentences), _ENCODE_BATCH):
-                batch = sentences[start : start + _ENCODE_BATCH]
-                ids.extend(e.ids for e in tokenizer.encode_batch(batch, add_special_tokens=False))
-                progress.update(len(batch))
-    finally:
-        tokenizer.encode_special_tokens = saved
-    result = []
-    position = 0
-    for document in documents:
-        tokenized = [s for s in ids[position : position + len(document)] if s]
-        position += len(document)
-        if tokenized:
-            result.append(tokenized)
-    return result
+def has_lowercase(tokenizer: Tokenizer) -> bool | None:
+    """Whether the tokenizer's normalizer lower-cases (None: it has no BertNormalizer)."""
+    return getattr(tokenizer.normalizer, "lowercase", None)
 
 
 def _bert_pipeline(model: models.Model, lowercase: bool) -> Tokenizer:
@@ -158,6 +145,32 @@ def _bert_pipeline(model: models.Model, lowercase: bool) -> Tokenizer:
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.decoder = decoders.WordPiece(prefix="##")
     return tokenizer
+
+
+def _padded(tokenizer: Tokenizer, multiple: int | None) -> Tokenizer:
+    """The tokenizer with ``[unused{k}]`` tokens appended until its size is a multiple of ``multiple``.
+
+    NVIDIA pads BERT's 30522 tokens to 30528 so that the embedding and output matrices have
+    tensor-core-friendly shapes; Google's vocabularies name spare tokens ``[unused{k}]``.
+    """
+    vocab = tokenizer.get_vocab(with_added_tokens=False)
+    if not multiple or len(vocab) % multiple == 0:
+        return tokenizer
+    assert isinstance(tokenizer.model, models.WordPiece)
+    k = 0
+    while len(vocab) % multiple:
+        while f"[unused{k}]" in vocab:
+            k += 1
+        vocab[f"[unused{k}]"] = len(vocab)
+    model = models.WordPiece(
+        vocab, unk_token="[UNK]", continuing_subword_prefix="##",
+        max_input_chars_per_word=tokenizer.model.max_input_chars_per_word,
+    )  # fmt: skip
+    padded = Tokenizer(model)
+    padded.normalizer = tokenizer.normalizer
+    padded.pre_tokenizer = tokenizer.pre_tokenizer
+    padded.decoder = tokenizer.decoder
+    return padded
 
 
 def _with_special_tokens(tokenizer: Tokenizer) -> Tokenizer:
