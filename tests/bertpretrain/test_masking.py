@@ -313,6 +313,7 @@ def test_whole_word_statistics_match_google(words: Words) -> None:
             if len(word) == 2 and word[0] in positions
         ]
         return {
+            "two_piece_words": len(two_piece),
             "masked_per_token": len(chosen) / sum(len(row) - 3 for row in rows),
             "continuations": np.mean([words.continuation[row[p]] for row, _, p in chosen]),
             "mask": np.mean([output[p] == SPECIAL.mask for _, output, p in chosen]),
@@ -321,10 +322,15 @@ def test_whole_word_statistics_match_google(words: Words) -> None:
         }
 
     ours_statistics, google_statistics = statistics(ours), statistics(google)
+    # Two-piece words are a few hundred per run (which varies with the trained vocabulary), too
+    # few for 0.01: allow four standard errors of a share near 0.64.
+    two_piece_error = 4 * np.sqrt(0.64 * 0.36 / ours_statistics.pop("two_piece_words"))
+    google_statistics.pop("two_piece_words")
     for name, value in google_statistics.items():
-        assert ours_statistics[name] == pytest.approx(value, abs=0.01), name
+        tolerance = np.sqrt(2) * two_piece_error if name == "both_pieces_mask" else 0.01
+        assert ours_statistics[name] == pytest.approx(value, abs=tolerance), name
     assert ours_statistics["continuations"] > 0.1  # ## pieces are common in this vocabulary
-    assert ours_statistics["both_pieces_mask"] == pytest.approx(0.64, abs=0.03)
+    assert ours_statistics["both_pieces_mask"] == pytest.approx(0.64, abs=two_piece_error)
     # Words that overshoot are skipped, but one-piece words mostly fill the rest: about as many
     # tokens are masked as without whole words.
     by_tokens_share = np.count_nonzero(by_tokens["masked_lm_positions"]) / sum(len(row) - 3 for row in rows)
