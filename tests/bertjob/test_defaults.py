@@ -1,6 +1,12 @@
 import pytest
 
-from bertjob.defaults import MODEL_PRESETS, gradient_accumulation_steps, resolve_model, with_defaults
+from bertjob.defaults import (
+    DEFAULT_NUM_SHARDS,
+    MODEL_PRESETS,
+    gradient_accumulation_steps,
+    resolve_model,
+    with_defaults,
+)
 from bertjob.spec import ModelSpec, parse_job
 from jobs import valid_job, with_value
 
@@ -51,3 +57,11 @@ def test_gradient_accumulation_steps_are_derived(global_batch, micro, world, ste
 
 def test_export_path_defaults_under_checkpoints():
     assert with_defaults(parse_job(valid_job()).spec).export.path == "/data/checkpoints/hf"
+
+
+def test_shards_default_to_four_unless_sized_by_megabytes():
+    spec = parse_job(valid_job()).spec
+    assert spec.data.num_shards is None and with_defaults(spec).data.num_shards == DEFAULT_NUM_SHARDS == 4
+    sized = parse_job(with_value(valid_job(), "spec.data.maxShardMB", 64.0)).spec
+    assert with_defaults(sized).data.num_shards is None
+    assert with_defaults(sized).data.max_shard_mb == 64.0

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from bertjob.cli import main as bertjob_main
 from bertjob.render import render
 from bertjob.spec import parse_job
+from bertpretrain.run import main as bertpretrain_main
 from jobs import valid_job, with_value
 
 CONFIG_IN_POD = "/etc/bertjob/job.yaml"
@@ -128,3 +129,22 @@ def test_bertjob_run_trains_exports_and_fills_masks(
     assert scores == sorted(scores, reverse=True) and 0 < sum(scores) <= 1.0001
     for name in ("config.json", "model.safetensors", "vocab.txt", "tokenizer.json"):
         assert (tmp_path / "checkpoints" / "hf" / name).exists(), name
+
+
+def test_prepare_command_makes_the_data_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    document = _small_job(tmp_path, processes=1, packing="nnlshp")
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(document))
+    # Packing is refused for training but fine for the data stage alone.
+    assert bertpretrain_main(["run", "--config", str(job_file)]) == 2
+    assert bertpretrain_main(["prepare", "--config", str(job_file)]) == 0
+    assert sorted(p.name for p in (tmp_path / "data").glob("seq_len_*")) == [
+        "seq_len_128_max_pred_20_packed_nnlshp",
+        "seq_len_64_max_pred_10_packed_nnlshp",
+    ]
+    assert not (tmp_path / "checkpoints").exists()
+    document["spec"]["data"]["sources"] = [{"path": str(tmp_path / "missing")}]
+    job_file.write_text(yaml.safe_dump(document))
+    capsys.readouterr()
+    assert bertpretrain_main(["prepare", "--config", str(job_file)]) == 1
+    assert "missing" in capsys.readouterr().err
