@@ -150,17 +150,13 @@ class DocumentEncoder:
         ]
         full = sorted(set(range(len(texts))) - set(fast))
         ids: list[list[int]] = [[] for _ in texts]
-        if fast:
-            prepared = [texts[i].lower() if self.lowercase else texts[i] for i in fast]
-            for i, encoding in zip(
-                fast, self._fast.encode_batch_fast(prepared, add_special_tokens=False), strict=True
-            ):
-                ids[i] = encoding.ids
-        if full:
-            batch = [texts[i] for i in full]
-            for i, encoding in zip(
-                full, self._full.encode_batch_fast(batch, add_special_tokens=False), strict=True
-            ):
+        batches = (
+            (self._fast, fast, [texts[i].lower() if self.lowercase else texts[i] for i in fast]),
+            (self._full, full, [texts[i] for i in full]),
+        )
+        for tokenizer, indices, batch in batches:
+            encodings = tokenizer.encode_batch_fast(batch, add_special_tokens=False) if batch else []
+            for i, encoding in zip(indices, encodings, strict=True):
                 ids[i] = encoding.ids
         return self._to_arrays(texts, ids)
 

@@ -262,9 +262,9 @@ def _make_documents(spec: JobSpec, tokenizer: Tokenizer, vocab_sha256: str, dire
     initializer = (_init_encoder, (tokenizer.to_str(), spec.seed, data.heldout_fraction))
     pieces: list[Piece] = []
     with tqdm(desc="documents", unit="MB", unit_scale=True) as progress:
-        for piece, text_bytes in _run_parallel(tasks, _workers(data), initializer):
+        for piece in _run_parallel(tasks, _workers(data), initializer):
             pieces.append(piece)
-            progress.update(round(text_bytes / 1e6, 3))
+            progress.update(round(sum(piece.text_bytes) / 1e6, 3))
     totals = {
         name: sum(sum(getattr(p, name)) for p in pieces) for name in ("documents", "sentences", "tokens")
     }
@@ -317,18 +317,17 @@ def _init_encoder(tokenizer_json: str, seed: int, heldout_fraction: float) -> No
     _encoder = documents.DocumentEncoder(Tokenizer.from_str(tokenizer_json), seed, heldout_fraction)
 
 
-def _make_piece(path: Path, raw_documents: list[corpus.RawDocument]) -> tuple[Piece, int]:
+def _make_piece(path: Path, raw_documents: list[corpus.RawDocument]) -> Piece:
     """Worker: split, tokenize and save one piece, unless an earlier run saved it already."""
-    text_bytes = sum(len(document.text) for document in raw_documents)
     if path.is_file():
         try:
-            return _piece_counts(path.name, documents.load_piece(path)), text_bytes
+            return _piece_counts(path.name, documents.load_piece(path))
         except ValueError:
             path.unlink()
     assert _encoder is not None
     tokenized = _encoder.encode([corpus.sentences(document) for document in raw_documents])
     documents.save_piece(tokenized, path)
-    return _piece_counts(path.name, tokenized), text_bytes
+    return _piece_counts(path.name, tokenized)
 
 
 # Pass 2: shards ---------------------------------------------------------------------------------
@@ -529,9 +528,14 @@ def _make_shard(task: ShardTask) -> dict[str, Any]:
     parameters = task.parameters
     params = InstanceParams(**{name: parameters[name] for name in InstanceParams.__dataclass_fields__})
     split_index = SPLITS.index(task.split)
+    # A shard may hold several units of one piece: read each piece once.
+    pieces = {
+        file: documents.load_piece(_shard_context["documents_dir"] / file)
+        for file in dict.fromkeys(unit.file for unit in task.units)
+    }
     parts = []
     for unit in task.units:
-        piece = documents.load_piece(_shard_context["documents_dir"] / unit.file)
+        piece = pieces[unit.file]
         in_unit = np.zeros(piece.num_documents, bool)
         in_unit[unit.first : unit.last] = True
         parts.append(piece.select(in_unit & (piece.heldout == bool(split_index))))
