@@ -48,7 +48,9 @@ MODEL_PRESETS: dict[str, ModelDims] = {
 def resolve_model(model: ModelSpec) -> ModelDims:
     """The preset's dimensions with the spec's overrides applied."""
     overrides = {
-        name: value for name, value in model.model_dump(exclude={"preset"}).items() if value is not None
+        name: value
+        for name, value in model.model_dump(exclude={"preset", "init_from"}).items()
+        if value is not None
     }
     base = MODEL_PRESETS[model.preset]
     if "hidden_size" in overrides:
@@ -62,7 +64,8 @@ def with_defaults(spec: JobSpec) -> JobSpec:
     """The spec with every field that depends on others filled in.
 
     Each phase without ``microBatchSize`` gets ``globalBatchSize // world size`` (no gradient
-    accumulation); the export path defaults to ``<checkpoint.path>/hf``; the data gets
+    accumulation); the export path defaults to ``<checkpoint.path>/hf`` and the log directory to
+    ``<checkpoint.path>/logs``; the data gets
     ``DEFAULT_NUM_SHARDS`` shards unless ``maxShardMB`` sizes them. Call
     :func:`bertjob.validation.check` on the result.
     """
@@ -71,13 +74,17 @@ def with_defaults(spec: JobSpec) -> JobSpec:
         phase.model_copy(update={"micro_batch_size": micro_batch_size(phase, world_size)})
         for phase in spec.phases
     ]
+    checkpoints = spec.checkpoint.path.rstrip("/")
     export = spec.export
     if export.path is None:
-        export = export.model_copy(update={"path": spec.checkpoint.path.rstrip("/") + "/hf"})
+        export = export.model_copy(update={"path": checkpoints + "/hf"})
+    logging = spec.logging
+    if logging.path is None:
+        logging = logging.model_copy(update={"path": checkpoints + "/logs"})
     data = spec.data
     if data.num_shards is None and data.max_shard_mb is None:
         data = data.model_copy(update={"num_shards": DEFAULT_NUM_SHARDS})
-    return spec.model_copy(update={"phases": phases, "export": export, "data": data})
+    return spec.model_copy(update={"phases": phases, "export": export, "logging": logging, "data": data})
 
 
 def micro_batch_size(phase: PhaseSpec, world_size: int) -> int:

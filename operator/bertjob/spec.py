@@ -88,6 +88,13 @@ class ModelSpec(_Spec):
     )
     hidden_dropout_prob: float | None = Field(None, ge=0, lt=1, description="Default 0.1.")
     attention_probs_dropout_prob: float | None = Field(None, ge=0, lt=1, description="Default 0.1.")
+    init_from: str | None = Field(
+        None,
+        min_length=1,
+        description="Continue pretraining a Hugging Face BERT: a directory with config.json and "
+        "model.safetensors (or pytorch_model.bin). Its dimensions must equal this model's, and "
+        "data.vocab.file must name its vocabulary.",
+    )
 
 
 class VocabSpec(_Spec):
@@ -167,7 +174,8 @@ class DataSpec(_Spec):
     packing: Literal["none", "spfhp", "nnlshp"] = Field(
         "none",
         description="Pack several short sequences per row (Krell et al. 2021): spfhp (shortest-pack-"
-        "first histogram packing) or nnlshp (non-negative least squares). Needs static masking.",
+        "first histogram packing) or nnlshp (non-negative least squares). Needs static masking. "
+        "A phase's globalBatchSize then counts rows.",
     )
     max_sequences_per_pack: int = Field(3, ge=2, le=16, description="Most sequences in one packed row.")
     num_shards: int | None = Field(
@@ -224,6 +232,12 @@ class OptimizerSpec(_Spec):
     beta2: float = Field(0.999, ge=0, lt=1, description="Second-moment decay.")
     eps: float = Field(1e-6, gt=0, description="Added to the second-moment root.")
     max_grad_norm: float = Field(1.0, gt=0, description="Global gradient-norm clipping before the update.")
+    schedule: Literal["poly", "linear"] = Field(
+        "poly",
+        description="Learning rate after warm-up: poly (NVIDIA's PolyWarmUpScheduler, (1 - step / "
+        "steps) ** polyPower) or linear (to 0 from the end of warm-up, Hugging Face's default).",
+    )
+    poly_power: float = Field(0.5, gt=0, description="Exponent of the poly schedule's decay.")
 
 
 class CheckpointSpec(_Spec):
@@ -240,10 +254,28 @@ class ExportSpec(_Spec):
     path: str | None = Field(None, min_length=1, description="Default: <checkpoint.path>/hf.")
 
 
+class EvaluationSpec(_Spec):
+    """Masked-LM and NSP accuracy on the held-out shards (made with data.heldoutFraction)."""
+
+    every_steps: int | None = Field(
+        None, ge=1, description="Evaluate every this many optimizer steps. Always at the end of a phase."
+    )
+    max_sequences: int | None = Field(
+        None, ge=1, description="Held-out sequences per evaluation. Default: all of them."
+    )
+
+
 class LoggingSpec(_Spec):
-    """What the trainer prints."""
+    """What the trainer prints and writes."""
 
     every_steps: int = Field(10, ge=1, description="Print one progress line every this many optimizer steps.")
+    path: str | None = Field(
+        None,
+        min_length=1,
+        description="Directory for the JSON-lines log and TensorBoard scalars. Default: "
+        "<checkpoint.path>/logs.",
+    )
+    tensorboard: bool = Field(True, description="Write TensorBoard scalars beside the JSON-lines log.")
 
 
 class JobSpec(_Spec):
@@ -262,9 +294,20 @@ class JobSpec(_Spec):
     )
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec, description="Optimizer settings.")
     precision: Precision = Field("bf16", description="bf16 or fp16 autocast, or fp32.")
+    tf32: bool = Field(
+        True, description="Let fp32 matrix products use TensorFloat-32 on NVIDIA GPUs (NVIDIA's default)."
+    )
+    compile: bool = Field(False, description="Compile the model with torch.compile.")
+    activation_checkpointing: bool = Field(
+        False,
+        description="Recompute each layer's activations in the backward pass: less memory, ~30% slower.",
+    )
     checkpoint: CheckpointSpec = Field(description="Checkpoint location and frequency.")
     export: ExportSpec = Field(default_factory=ExportSpec, description="Hugging Face export.")
-    logging: LoggingSpec = Field(default_factory=LoggingSpec, description="Progress output.")
+    evaluation: EvaluationSpec = Field(
+        default_factory=EvaluationSpec, description="Held-out masked-LM and NSP accuracy."
+    )
+    logging: LoggingSpec = Field(default_factory=LoggingSpec, description="Progress output and logs.")
     seed: int = Field(12345, ge=0, description="Seed for data creation, initialisation and sampling.")
 
 

@@ -35,12 +35,19 @@ def problems(spec: JobSpec, training: bool = True) -> list[tuple[str, str]]:
         found.append(
             ("spec.data.packing", "packing needs static masking: packs are made of masked instances")
         )
-    if data.packing != "none" and training:
+    if spec.model.init_from is not None and data.vocab.file is None:
         found.append(
             (
-                "spec.data.packing",
-                "the trainer does not read packed shards yet; make them with "
-                "`python -m bertpretrain prepare --config FILE`",
+                "spec.data.vocab.file",
+                "model.initFrom continues a Hugging Face model, which needs its own vocabulary: "
+                "set file to its vocab.txt",
+            )
+        )
+    if training and spec.evaluation.every_steps is not None and data.heldout_fraction == 0:
+        found.append(
+            (
+                "spec.evaluation.everySteps",
+                "evaluation needs held-out shards: set spec.data.heldoutFraction above 0",
             )
         )
 

@@ -25,7 +25,11 @@ from jobs import valid_job, with_value
 def test_presets_match_the_published_sizes(preset, layers, hidden, heads, intermediate):
     dims = MODEL_PRESETS[preset]
     assert (dims.num_hidden_layers, dims.hidden_size, dims.num_attention_heads, dims.intermediate_size) == (
-        layers, hidden, heads, intermediate)
+        layers,
+        hidden,
+        heads,
+        intermediate,
+    )
 
 
 def test_overrides_replace_preset_values():
@@ -55,8 +59,11 @@ def test_gradient_accumulation_steps_are_derived(global_batch, micro, world, ste
     assert gradient_accumulation_steps(phase, world) == steps
 
 
-def test_export_path_defaults_under_checkpoints():
-    assert with_defaults(parse_job(valid_job()).spec).export.path == "/data/checkpoints/hf"
+def test_export_and_log_paths_default_under_checkpoints():
+    spec = with_defaults(parse_job(valid_job()).spec)
+    assert (spec.export.path, spec.logging.path) == ("/data/checkpoints/hf", "/data/checkpoints/logs")
+    chosen = with_value(valid_job(), "spec.logging", {"path": "/logs"})
+    assert with_defaults(parse_job(chosen).spec).logging.path == "/logs"
 
 
 def test_shards_default_to_four_unless_sized_by_megabytes():

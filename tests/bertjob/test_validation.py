@@ -17,22 +17,52 @@ def test_valid_job_has_no_problems():
 @pytest.mark.parametrize(
     ("changes", "path", "message"),
     [
-        ({"spec.phases.0.globalBatchSize": 65, "spec.phases.0.microBatchSize": 8},
-         "spec.phases[0].globalBatchSize", "not divisible by world size 1 x microBatchSize 8"),
-        ({"spec.topology": {"nodes": 3, "processesPerNode": 1}},
-         "spec.phases[0].globalBatchSize", "not divisible by world size 3"),
-        ({"spec.phases.1.maxSeqLength": 64, "spec.phases.1.maxPredictionsPerSeq": 10},
-         "spec.phases[1].maxSeqLength", "shorter sequences than phase 1"),
-        ({"spec.model": {"preset": "bert-tiny", "numAttentionHeads": 3}},
-         "spec.model.numAttentionHeads", "not divisible by 3 heads"),
-        ({"spec.model": {"preset": "bert-tiny", "maxPositionEmbeddings": 256}},
-         "spec.phases[1].maxSeqLength", "exceeds the model's maxPositionEmbeddings 256"),
+        (
+            {"spec.phases.0.globalBatchSize": 65, "spec.phases.0.microBatchSize": 8},
+            "spec.phases[0].globalBatchSize",
+            "not divisible by world size 1 x microBatchSize 8",
+        ),
+        (
+            {"spec.topology": {"nodes": 3, "processesPerNode": 1}},
+            "spec.phases[0].globalBatchSize",
+            "not divisible by world size 3",
+        ),
+        (
+            {"spec.phases.1.maxSeqLength": 64, "spec.phases.1.maxPredictionsPerSeq": 10},
+            "spec.phases[1].maxSeqLength",
+            "shorter sequences than phase 1",
+        ),
+        (
+            {"spec.model": {"preset": "bert-tiny", "numAttentionHeads": 3}},
+            "spec.model.numAttentionHeads",
+            "not divisible by 3 heads",
+        ),
+        (
+            {"spec.model": {"preset": "bert-tiny", "maxPositionEmbeddings": 256}},
+            "spec.phases[1].maxSeqLength",
+            "exceeds the model's maxPositionEmbeddings 256",
+        ),
         ({"spec.launcher": "mpijob"}, "spec.launcher", "not implemented yet"),
-        ({"spec.data.numShards": 8, "spec.data.maxShardMB": 64.0},
-         "spec.data.maxShardMB", "set numShards or maxShardMB, not both"),
-        ({"spec.data.packing": "spfhp", "spec.data.masking": "dynamic"},
-         "spec.data.packing", "packing needs static masking"),
-        ({"spec.data.packing": "nnlshp"}, "spec.data.packing", "the trainer does not read packed shards yet"),
+        (
+            {"spec.data.numShards": 8, "spec.data.maxShardMB": 64.0},
+            "spec.data.maxShardMB",
+            "set numShards or maxShardMB, not both",
+        ),
+        (
+            {"spec.data.packing": "spfhp", "spec.data.masking": "dynamic"},
+            "spec.data.packing",
+            "packing needs static masking",
+        ),
+        (
+            {"spec.model": {"preset": "bert-base", "initFrom": "/models/bert-base-uncased"}},
+            "spec.data.vocab.file",
+            "needs its own vocabulary",
+        ),
+        (
+            {"spec.evaluation": {"everySteps": 100}},
+            "spec.evaluation.everySteps",
+            "set spec.data.heldoutFraction",
+        ),
     ],
 )
 def test_inconsistent_spec_names_the_field(changes, path, message):
@@ -51,7 +81,11 @@ def test_check_raises_with_every_problem():
     assert str(caught.value).startswith("job.yaml: invalid BertPretrainJob")
 
 
-def test_packing_is_accepted_for_the_data_stage_alone():
-    spec = with_defaults(parse_job(with_value(valid_job(), "spec.data.packing", "nnlshp")).spec)
-    assert problems(spec, training=False) == []
-    assert dict(problems(spec))["spec.data.packing"].startswith("the trainer does not read packed shards")
+def test_packed_shards_train():
+    assert _problems(with_value(valid_job(), "spec.data.packing", "nnlshp")) == {}
+
+
+def test_evaluation_is_checked_only_for_training():
+    document = with_value(valid_job(), "spec.evaluation", {"everySteps": 100})
+    assert problems(with_defaults(parse_job(document).spec), training=False) == []
+    assert _problems(with_value(document, "spec.data.heldoutFraction", 0.05)) == {}
