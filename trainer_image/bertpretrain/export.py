@@ -1,28 +1,55 @@
-"""The trained model as a Hugging Face model directory, and a fill-mask check of it.
+"""Hugging Face model directories: export of a training checkpoint, a fill-mask check of the export,
+and import of a Hugging Face BERT's config and weights for continued pretraining.
 
 The directory is what ``transformers.BertForPreTraining.from_pretrained`` and
 ``AutoTokenizer.from_pretrained`` read: ``config.json``, ``model.safetensors``, ``vocab.txt``,
 ``tokenizer.json`` (when the vocabulary directory has one), ``tokenizer_config.json`` and
 ``special_tokens_map.json``. As ``save_pretrained`` does, the weights omit the MLM decoder's
 weight and bias, which are tied to the word embeddings and ``cls.predictions.bias``.
+
+Import reads ``config.json`` and ``model.safetensors`` (or, without it, ``pytorch_model.bin``)
+as written by ``save_pretrained`` from ``BertForPreTraining``, ``BertForMaskedLM`` or
+``BertModel``, and by transformers' early versions (``LayerNorm.gamma``/``beta``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import tempfile
+from collections.abc import Container
 from pathlib import Path
 from typing import Any
 
-from safetensors.torch import save_file
+import torch
+from safetensors.torch import load_file, save_file
 
-from bertpretrain.checkpoint import read_checkpoint
-from bertpretrain.model import BertConfig
+from bertpretrain.checkpoint import _SHAPE_FIELDS, CheckpointError, read_checkpoint
+from bertpretrain.model import BertConfig, BertForPreTraining
 from bertpretrain.vocab import TOKENIZER_FILE, VOCAB_FILE
 
-# Aliases of other tensors in the state_dict (see BertLMPredictionHead).
-_TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+CONFIG_FILE = "config.json"
+SAFETENSORS_FILE = "model.safetensors"
+PYTORCH_FILE = "pytorch_model.bin"
+# Aliases in the state_dict (see BertLMPredictionHead), each of the tensor it is tied to.
+_TIES = {
+    "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+    "cls.predictions.decoder.bias": "cls.predictions.bias",
+}
+# Settings of transformers' BertConfig that change what the model computes, each with the one
+# value our model implements, which is also transformers' default when config.json omits it.
+_IMPLEMENTED = {
+    "hidden_act": "gelu",
+    "position_embedding_type": "absolute",
+    "is_decoder": False,
+    "add_cross_attention": False,
+    "tie_word_embeddings": True,
+}
+# transformers' first versions kept the names of Google's TensorFlow checkpoints for LayerNorm.
+_OLD_NAMES = {"LayerNorm.gamma": "LayerNorm.weight", "LayerNorm.beta": "LayerNorm.bias"}
+# Every checkpoint import accepts holds these; only the pooler and the heads may be absent.
+_ENCODER_PREFIXES = ("bert.embeddings.", "bert.encoder.")
 SPECIAL_TOKENS = {
     "unk_token": "[UNK]",
     "sep_token": "[SEP]",
@@ -35,6 +62,8 @@ SPECIAL_TOKENS = {
 def export_hf(checkpoint: Path, vocab_dir: Path, out_dir: Path, lowercase: bool) -> Path:
     """Write the model of ``checkpoint`` and the vocabulary of ``vocab_dir`` to ``out_dir``.
 
+    ``checkpoint`` is any training checkpoint (``bertpretrain.checkpoint``), not only a phase's
+    last. The weights are written as they are stored (fp32 for every precision the trainer runs).
     The files are written to a temporary directory beside ``out_dir`` that then replaces it.
 
     Returns:
@@ -52,11 +81,9 @@ def export_hf(checkpoint: Path, vocab_dir: Path, out_dir: Path, lowercase: bool)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        _write_json(staging / "config.json", config.to_hf_dict())
-        weights = {
-            name: tensor.contiguous() for name, tensor in state["model"].items() if name not in _TIED_KEYS
-        }
-        save_file(weights, staging / "model.safetensors", metadata={"format": "pt"})
+        _write_json(staging / CONFIG_FILE, config.to_hf_dict())
+        weights = {name: tensor.contiguous() for name, tensor in state["model"].items() if name not in _TIES}
+        save_file(weights, staging / SAFETENSORS_FILE, metadata={"format": "pt"})
         shutil.copyfile(vocab, staging / VOCAB_FILE)
         if (vocab_dir / TOKENIZER_FILE).is_file():
             shutil.copyfile(vocab_dir / TOKENIZER_FILE, staging / TOKENIZER_FILE)
@@ -125,3 +152,146 @@ def fill_mask(export_dir: Path, text: str, top_k: int = 5) -> list[tuple[str, fl
         if bars:
             hf_logging.enable_progress_bar()
     return [(prediction["token_str"], float(prediction["score"])) for prediction in predictions]
+
+
+def read_hf_config(hf_dir: Path) -> BertConfig:
+    """Our config of the BERT whose transformers ``config.json`` is in ``hf_dir``.
+
+    Fields absent from the file take transformers' defaults, which are ours. A file without
+    ``model_type`` is read as a BERT: Google's ``bert_config.json`` and the early Hugging Face
+    configs (BioBERT's among them) have none.
+
+    Raises:
+        CheckpointError: naming ``config.json``, when it is missing, is not a JSON object, is of
+            another ``model_type`` than ``"bert"``, lacks a field without a default
+            (``vocab_size``, ``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``,
+            ``intermediate_size``), or sets something our model does not implement (a
+            ``hidden_act`` other than exact ``gelu``, relative position embeddings, a decoder,
+            untied word embeddings).
+    """
+    path = hf_dir / CONFIG_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no such file (a Hugging Face model directory has one)") from None
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"{path}: not a readable JSON file ({error})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: not a config (a JSON object)")
+    if data.get("model_type", "bert") != "bert":
+        raise CheckpointError(f"{path}: model_type is {data['model_type']!r}, not a BERT")
+    unsupported = [
+        f"{name} {data[name]!r} (the model implements {value!r})"
+        for name, value in _IMPLEMENTED.items()
+        if name in data and data[name] != value
+    ]
+    if unsupported:
+        raise CheckpointError(
+            f"{path}: a BERT variant the model does not implement: {', '.join(unsupported)}"
+        )
+    names = {field.name for field in dataclasses.fields(BertConfig)}
+    try:
+        return BertConfig(**{name: value for name, value in data.items() if name in names})
+    except (TypeError, ValueError) as error:
+        raise CheckpointError(f"{path}: not a BERT config ({error})") from None
+
+
+def load_hf_weights(hf_dir: Path, model: BertForPreTraining) -> list[str]:
+    """Copy the weights of the Hugging Face BERT in ``hf_dir`` into ``model``.
+
+    Reads ``model.safetensors``, or ``pytorch_model.bin`` (a pickled ``state_dict``, loaded with
+    ``torch.load(weights_only=True)``) when there is none; a sharded checkpoint is not read. The
+    file may come from ``BertForPreTraining``, ``BertForMaskedLM`` (no pooler, no NSP head) or
+    ``BertModel`` (names without the ``bert.`` prefix, no heads), and may use the old
+    ``LayerNorm.gamma``/``beta`` names. Tensors of any floating dtype are cast to the model's
+    parameters' dtype and device; tensors of other models (a fine-tuned classifier, the
+    ``position_ids`` buffer of old checkpoints) are ignored. The MLM decoder's weight and bias
+    need not be in the file: the model ties them to the word embeddings and
+    ``cls.predictions.bias``.
+
+    Returns:
+        The names of the model's parameters that the file has no weights for and that keep their
+        initialisation (the pooler, the NSP head or the MLM head), in the model's order.
+
+    Raises:
+        CheckpointError: naming the file, when ``config.json`` cannot be read (see
+            :func:`read_hf_config`) or describes a model of another shape (naming each field that
+            differs: ``vocab_size``, ``hidden_size``, ``num_hidden_layers``,
+            ``num_attention_heads``, ``intermediate_size``, ``max_position_embeddings``,
+            ``type_vocab_size``); when there is no weights file or it cannot be read; when a
+            tensor has another shape than the model's (naming the tensor), none of its names is a
+            BERT parameter's, the embeddings or an encoder layer are incomplete, or a copy of a
+            tied tensor differs from the tensor it is tied to (an untied checkpoint).
+    """
+    found = read_hf_config(hf_dir)
+    differences = [
+        f"{name} {getattr(found, name)} (the model has {getattr(model.config, name)})"
+        for name in _SHAPE_FIELDS
+        if getattr(found, name) != getattr(model.config, name)
+    ]
+    if differences:
+        raise CheckpointError(f"{hf_dir / CONFIG_FILE}: a model of another shape: {', '.join(differences)}")
+    path, weights = _read_weights(hf_dir)
+    ours = model.state_dict()
+    loaded: dict[str, torch.Tensor] = {}
+    for key, tensor in weights.items():
+        name = _our_name(key, ours.keys())
+        if name is None:
+            continue
+        if tensor.shape != ours[name].shape:
+            raise CheckpointError(
+                f"{path}: {key} has shape {list(tensor.shape)}, the model's {name} {list(ours[name].shape)}"
+            )
+        loaded[name] = tensor
+    if not loaded:
+        raise CheckpointError(
+            f"{path}: none of its {len(weights)} tensors is named as a parameter of BertForPreTraining, "
+            "BertForMaskedLM or BertModel"
+        )
+    # The aliases are the very parameters they are tied to, so loading those fills them; a copy
+    # in the file is only checked, since our model cannot hold a decoder of its own.
+    for tied, source in _TIES.items():
+        copy = loaded.pop(tied, None)
+        if copy is not None and source in loaded and not torch.equal(copy, loaded[source]):
+            raise CheckpointError(
+                f"{path}: {tied} differs from {source}, which the model ties it to (an untied checkpoint)"
+            )
+    missing = set(model.load_state_dict(loaded, strict=False).missing_keys)
+    kept = [name for name, _ in model.named_parameters() if name in missing]
+    incomplete = [name for name in kept if name.startswith(_ENCODER_PREFIXES)]
+    if incomplete:
+        raise CheckpointError(f"{path}: no weights for {', '.join(incomplete)}")
+    return kept
+
+
+def _read_weights(hf_dir: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """The weights file of ``hf_dir`` and its tensors, on the CPU."""
+    safetensors = hf_dir / SAFETENSORS_FILE
+    path = safetensors if safetensors.is_file() else hf_dir / PYTORCH_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{hf_dir}: neither {SAFETENSORS_FILE} nor {PYTORCH_FILE} to load weights from")
+    try:
+        weights = (
+            load_file(path)
+            if path == safetensors
+            else torch.load(path, map_location="cpu", weights_only=True)
+        )
+    except Exception as error:  # safetensors and torch.load raise their own or bare errors
+        raise CheckpointError(f"{path}: not a readable weights file ({error})") from None
+    if not isinstance(weights, dict) or not all(
+        isinstance(value, torch.Tensor) for value in weights.values()
+    ):
+        raise CheckpointError(f"{path}: not a state_dict (a mapping of names to tensors)")
+    return path, weights
+
+
+def _our_name(key: str, ours: Container[str]) -> str | None:
+    """The name in our ``state_dict`` (whose names are ``ours``) of a checkpoint's ``key``."""
+    for old, new in _OLD_NAMES.items():
+        if key.endswith(old):
+            key = key.removesuffix(old) + new
+    # BertModel's checkpoints name the encoder without BertForPreTraining's "bert." prefix.
+    for name in (key, f"bert.{key}"):
+        if name in ours:
+            return name
+    return None
