@@ -1,4 +1,5 @@
-"""LAMB against a per-tensor reference written from apex's FusedLAMB kernels, and the factory."""
+"""LAMB against a per-tensor reference written from apex's FusedLAMB kernels, against
+torch-optimizer's independent ``Lamb``, and the factory."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch_optimizer
 from torch import nn
 
 from bertjob.spec import OptimizerSpec
@@ -28,10 +30,12 @@ class ReferenceLamb:
         eps: float,
         max_grad_norm: float,
         use_nvlamb: bool = False,
+        bias_correction: bool = True,
     ):
         self.groups = groups
         self.lr, self.betas, self.eps = lr, betas, eps
         self.max_grad_norm, self.use_nvlamb = max_grad_norm, use_nvlamb
+        self.bias_correction = bias_correction
         self.moments = {
             id(p): (torch.zeros_like(p), torch.zeros_like(p)) for g in groups for p in g["params"]
         }
@@ -51,8 +55,10 @@ class ReferenceLamb:
                 grad = p.grad / divisor
                 m.mul_(beta1).add_((1 - beta1) * grad)
                 v.mul_(beta2).add_((1 - beta2) * grad * grad)
-                m_hat = m / (1 - beta1**self.step_count)
-                v_hat = v / (1 - beta2**self.step_count)
+                m_hat, v_hat = m, v
+                if self.bias_correction:
+                    m_hat = m / (1 - beta1**self.step_count)
+                    v_hat = v / (1 - beta2**self.step_count)
                 update = m_hat / (v_hat.sqrt() + self.eps) + decay * p
                 ratio = 1.0
                 if decay != 0 or self.use_nvlamb:
@@ -77,7 +83,8 @@ def groups_of(params: list[nn.Parameter]) -> list[dict]:
 
 @pytest.mark.parametrize("grad_scale", [0.01, 100.0], ids=["unclipped", "clipped"])
 @pytest.mark.parametrize("use_nvlamb", [False, True])
-def test_lamb_matches_reference(grad_scale: float, use_nvlamb: bool) -> None:
+@pytest.mark.parametrize("bias_correction", [True, False], ids=["debiased", "raw"])
+def test_lamb_matches_reference(grad_scale: float, use_nvlamb: bool, bias_correction: bool) -> None:
     ours_params, ref_params = make_params(0), make_params(0)
     hyper: dict[str, Any] = {
         "lr": 0.01,
@@ -85,6 +92,7 @@ def test_lamb_matches_reference(grad_scale: float, use_nvlamb: bool) -> None:
         "eps": 1e-6,
         "max_grad_norm": 1.0,
         "use_nvlamb": use_nvlamb,
+        "bias_correction": bias_correction,
     }
     ours = Lamb(groups_of(ours_params), **hyper)
     reference = ReferenceLamb(groups_of(ref_params), **hyper)
@@ -101,6 +109,60 @@ def test_lamb_matches_reference(grad_scale: float, use_nvlamb: bool) -> None:
     # The zero tensor moved (ratio 1), and parameters did move at all.
     assert ours_params[1].abs().sum() > 0
     assert not torch.equal(ours_params[0], make_params(0)[0])
+
+
+def test_lamb_matches_torch_optimizer_over_many_steps() -> None:
+    """200 steps against ``torch_optimizer.Lamb`` (torch-optimizer 0.3), written independently.
+
+    That implementation has no gradient clipping, so its gradients are clipped here first as
+    FusedLAMB clips (all divided by ``max(global_norm / max_grad_norm, 1)``). It applies the
+    trust ratio to every tensor, which is ours with ``use_nvlamb=True``, and clamps the weight norm
+    at ``clamp_value``, set out of reach. Its ``debias=True`` scales the step by the bias
+    correction after the trust ratio, where FusedLAMB corrects the moments inside it, so the two
+    agree only without bias correction: ``bias_correction=False`` here, ``debias=False`` there.
+    The bias-corrected default is checked against :class:`ReferenceLamb` above.
+    """
+    max_grad_norm, lr, betas, eps = 1.0, 0.01, (0.9, 0.999), 1e-6
+    generator = torch.Generator().manual_seed(3)
+    shapes = [(8, 6), (6,), (4, 3), (6,), (5,)]
+    initial = [torch.randn(shape, generator=generator) for shape in shapes]
+    initial[3].zero_()  # a zero tensor: trust ratio 1 in both
+    ours_params = [nn.Parameter(t.clone()) for t in initial]
+    their_params = [nn.Parameter(t.clone()) for t in initial]
+
+    def groups(params: list[nn.Parameter]) -> list[dict]:
+        return [{"params": params[:3], "weight_decay": 0.01}, {"params": params[3:], "weight_decay": 0.0}]
+
+    ours = Lamb(
+        groups(ours_params),
+        lr=lr,
+        betas=betas,
+        eps=eps,
+        max_grad_norm=max_grad_norm,
+        use_nvlamb=True,
+        bias_correction=False,
+    )
+    theirs = torch_optimizer.Lamb(
+        groups(their_params), lr=lr, betas=betas, eps=eps, clamp_value=1e30, debias=False
+    )
+    clipped = 0
+    for step in range(1, 201):
+        # Scales from 0.01 to 1 put the global norm (about 9 x scale) on both sides of 1, about half
+        # the steps each.
+        scale = 10 ** (torch.rand((), generator=generator).item() * 2 - 2)
+        grads = [torch.randn(shape, generator=generator) * scale for shape in shapes]
+        global_norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads))
+        divisor = max(global_norm / max_grad_norm, 1.0)
+        clipped += divisor > 1.0
+        for p, q, grad in zip(ours_params, their_params, grads, strict=True):
+            p.grad, q.grad = grad.clone(), grad / divisor
+        ours.step()
+        theirs.step()
+        for p, q in zip(ours_params, their_params, strict=True):
+            torch.testing.assert_close(p, q, atol=1e-6, rtol=0, msg=lambda m, step=step: f"step {step}: {m}")
+    assert 50 < clipped < 150
+    # The parameters travelled far beyond the tolerance.
+    assert all((p - t).abs().max() > 0.05 for p, t in zip(ours_params, initial, strict=True))
 
 
 def test_lamb_trust_ratio_bounds_the_step() -> None:

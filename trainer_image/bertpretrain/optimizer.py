@@ -7,11 +7,13 @@ norm is at most ``max_grad_norm``; Adam moments with bias correction give the di
 decoupled weight decay is added to it, and each tensor's step is scaled by its trust ratio
 ``||p|| / ||update||``. As in ``FusedLAMB`` (``use_nvlamb=False``), tensors without weight decay
 (biases, LayerNorm) take the plain Adam step; ``use_nvlamb=True`` gives them the trust ratio too.
+``bias_correction=False`` uses the raw moments, as ``FusedLAMB(bias_correction=False)`` does;
+when on, the bias correction is inside the update whose norm the trust ratio divides by.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -46,6 +48,17 @@ class Lamb(torch.optim.Optimizer):
     The step count is per group (``group["step"]``), as in ``FusedLAMB``. Parameters and
     gradients must be floating point of one dtype per group.
 
+    Args:
+        params: parameters, or groups of them with their own ``weight_decay`` (and other
+            hyper-parameters), as :func:`param_groups` gives.
+        lr: learning rate (the schedule multiplies it).
+        betas: decay of the first and second moments, each in ``[0, 1)``.
+        eps: added to the square root of the second moment, ``> 0``.
+        weight_decay: decoupled weight decay, added to the update before the trust ratio.
+        max_grad_norm: the global L2 norm of all gradients is clipped to this, ``> 0``.
+        use_nvlamb: apply the trust ratio to tensors without weight decay too.
+        bias_correction: divide the moments by ``1 - beta ** step`` (Adam's bias correction).
+
     Raises:
         ValueError: a hyper-parameter out of range.
     """
@@ -59,6 +72,7 @@ class Lamb(torch.optim.Optimizer):
         weight_decay: float = 0.01,
         max_grad_norm: float = 1.0,
         use_nvlamb: bool = False,
+        bias_correction: bool = True,
     ):
         if lr < 0:
             raise ValueError(f"learning rate must be >= 0, got {lr}")
@@ -70,6 +84,7 @@ class Lamb(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self.max_grad_norm = max_grad_norm
         self.use_nvlamb = use_nvlamb
+        self.bias_correction = bias_correction
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
@@ -108,10 +123,18 @@ class Lamb(torch.optim.Optimizer):
         torch._foreach_mul_(exp_avg_sqs, beta2)
         torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
 
-        # update = m_hat / (sqrt(v_hat) + eps) + weight_decay * p, hats being bias-corrected moments
-        denominators = torch._foreach_sqrt(torch._foreach_div(exp_avg_sqs, 1 - beta2 ** group["step"]))
+        # update = m_hat / (sqrt(v_hat) + eps) + weight_decay * p, hats being the moments divided
+        # by 1 - beta ** step with bias correction, the moments themselves without.
+        m_hats: Sequence[torch.Tensor]
+        v_hats: Sequence[torch.Tensor]
+        if self.bias_correction:
+            m_hats = torch._foreach_div(exp_avgs, 1 - beta1 ** group["step"])
+            v_hats = torch._foreach_div(exp_avg_sqs, 1 - beta2 ** group["step"])
+        else:
+            m_hats, v_hats = exp_avgs, exp_avg_sqs
+        denominators = torch._foreach_sqrt(v_hats)
         torch._foreach_add_(denominators, group["eps"])
-        updates = torch._foreach_div(torch._foreach_div(exp_avgs, 1 - beta1 ** group["step"]), denominators)
+        updates = torch._foreach_div(m_hats, denominators)
         if weight_decay != 0:
             torch._foreach_add_(updates, params, alpha=weight_decay)
 
