@@ -19,7 +19,10 @@ from tokenizers import BertWordPieceTokenizer
 
 from bertjob.defaults import with_defaults
 from bertjob.spec import JobSpec, parse_spec
+from bertpretrain import shards
 from bertpretrain.model import BertConfig
+from bertpretrain.packing import pack_instances
+from bertpretrain.shards import read_shard
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = [
@@ -49,9 +52,13 @@ TINY_MODEL = {
 
 
 def _instance(
-    rng: np.random.Generator, max_seq_length: int, max_predictions_per_seq: int, probs: np.ndarray
+    rng: np.random.Generator,
+    max_seq_length: int,
+    max_predictions_per_seq: int,
+    probs: np.ndarray,
+    min_length: int,
 ) -> dict[str, Any]:
-    length = int(rng.integers(max_seq_length // 2, max_seq_length + 1))
+    length = int(rng.integers(min_length, max_seq_length + 1))
     len_a = (length - 3) // 2
     random_next = int(rng.integers(0, 2))
     sentence_a = rng.choice(len(probs), size=len_a, p=probs) + len(SPECIALS)
@@ -81,8 +88,10 @@ def write_shard(
     max_seq_length: int,
     max_predictions_per_seq: int,
     seed: int,
+    min_length: int | None = None,
 ) -> None:
-    """One shard of valid random instances in NVIDIA's schema and dtypes."""
+    """One shard of valid random instances in NVIDIA's schema and dtypes, of ``min_length``
+    (default half of ``max_seq_length``) to ``max_seq_length`` tokens."""
     rng = np.random.default_rng(seed)
     ranks = np.arange(1, len(WORDS) + 1)
     probs = ranks**-1.2 / np.sum(ranks**-1.2)
@@ -95,7 +104,8 @@ def write_shard(
         "next_sentence_labels": np.zeros(num_sequences, np.int8),
     }
     for row in range(num_sequences):
-        instance = _instance(rng, max_seq_length, max_predictions_per_seq, probs)
+        shortest = max_seq_length // 2 if min_length is None else min_length
+        instance = _instance(rng, max_seq_length, max_predictions_per_seq, probs, shortest)
         length, count = len(instance["tokens"]), len(instance["positions"])
         arrays["input_ids"][row, :length] = instance["tokens"]
         arrays["input_mask"][row, :length] = 1
@@ -125,7 +135,8 @@ ShardMaker = Callable[..., Path]
 @pytest.fixture
 def make_shards(tmp_path: Path) -> ShardMaker:
     """``make_shards(name, max_seq_length, max_predictions_per_seq, num_shards=3,
-    sequences_per_shard=40) -> directory`` of ``shard_*.hdf5`` files under ``tmp_path``."""
+    sequences_per_shard=40, prefix="shard", min_length=None) -> directory`` of
+    ``<prefix>_*.hdf5`` files under ``tmp_path`` (``prefix="heldout"`` for held-out shards)."""
 
     def make(
         name: str,
@@ -133,16 +144,19 @@ def make_shards(tmp_path: Path) -> ShardMaker:
         max_predictions_per_seq: int = 5,
         num_shards: int = 3,
         sequences_per_shard: int = 40,
+        prefix: str = "shard",
+        min_length: int | None = None,
     ) -> Path:
         directory = tmp_path / name
-        directory.mkdir()
+        directory.mkdir(exist_ok=True)
         for index in range(num_shards):
             write_shard(
-                directory / f"shard_{index:04d}.hdf5",
+                directory / f"{prefix}_{index:04d}.hdf5",
                 sequences_per_shard,
                 max_seq_length,
                 max_predictions_per_seq,
-                seed=1000 * max_seq_length + index,
+                seed=1000 * max_seq_length + index + (500 if prefix != "shard" else 0),
+                min_length=min_length,
             )
         return directory
 
@@ -153,6 +167,17 @@ def make_shards(tmp_path: Path) -> ShardMaker:
 def shard_dir(make_shards: ShardMaker) -> Path:
     """Phase-1-like shards: 3 x 40 sequences of 32 tokens, 5 predictions each."""
     return make_shards("phase1")
+
+
+@pytest.fixture
+def packed_shard_dir(make_shards: ShardMaker) -> Path:
+    """Phase-1-like shards packed with SPFHP, up to 3 instances of 6-32 tokens per row."""
+    directory = make_shards("packed", min_length=6)
+    for path in sorted(directory.glob("shard_*.hdf5")):
+        packed = pack_instances(read_shard(path), 3, "spfhp", np.random.default_rng(0))
+        path.unlink()
+        shards.write_shard(path, packed)
+    return directory
 
 
 @pytest.fixture

@@ -10,11 +10,13 @@ import torch
 
 from bertpretrain.checkpoint import (
     CheckpointError,
+    ResumePoint,
     latest,
     load_model_weights,
     load_training_state,
     phase_dir,
     read_checkpoint,
+    rng_states,
     save_checkpoint,
 )
 from bertpretrain.model import BertConfig, BertForPreTraining
@@ -41,7 +43,9 @@ class Training:
             self.scheduler.step()
             self.optimizer.zero_grad()
 
-    def save(self, root: Path, step: int, keep: int = 3, phase_index: int = 0) -> Path:
+    def save(
+        self, root: Path, step: int, keep: int = 3, phase_index: int = 0, rng: list | None = None
+    ) -> Path:
         return save_checkpoint(
             root,
             phase_index,
@@ -51,10 +55,12 @@ class Training:
             scheduler=self.scheduler,
             scaler=self.scaler,
             keep=keep,
+            data_position={"epoch": 0, "shard": "shard_0001.hdf5", "sample": 3, "sequences": 8 * step},
+            rng=rng,
         )
 
-    def resume(self, path: Path) -> int:
-        return load_training_state(path, self.model, self.optimizer, self.scheduler, self.scaler)
+    def resume(self, path: Path, rank: int = 0) -> ResumePoint:
+        return load_training_state(path, self.model, self.optimizer, self.scheduler, self.scaler, rank)
 
 
 def test_layout_and_pruning(tmp_path: Path, tiny_config: BertConfig) -> None:
@@ -81,6 +87,7 @@ def test_contents(tmp_path: Path, tiny_config: BertConfig) -> None:
     assert state["config"] == tiny_config.to_dict()
     assert set(state["model"]) == set(training.model.state_dict())
     assert {"optimizer", "scheduler", "scaler", "rng"} <= state.keys()
+    assert state["data_position"] == {"epoch": 0, "shard": "shard_0001.hdf5", "sample": 3, "sequences": 16}
 
 
 def test_resume_restores_everything(tmp_path: Path, tiny_config: BertConfig) -> None:
@@ -91,7 +98,7 @@ def test_resume_restores_everything(tmp_path: Path, tiny_config: BertConfig) -> 
     expected_draw = (torch.rand(3), random.random())
 
     resumed = Training(tiny_config, steps=0, seed=1)
-    assert resumed.resume(path) == 3
+    assert resumed.resume(path) == ResumePoint(step=3, sequences=24)
     assert torch.equal(torch.rand(3), expected_draw[0])
     assert random.random() == expected_draw[1]
     for name, tensor in original.model.state_dict().items():
@@ -101,6 +108,31 @@ def test_resume_restores_everything(tmp_path: Path, tiny_config: BertConfig) -> 
     assert resumed.optimizer.param_groups[0]["lr"] == original.optimizer.param_groups[0]["lr"]
     first = next(iter(original.optimizer.state.values()))["exp_avg"]
     torch.testing.assert_close(next(iter(resumed.optimizer.state.values()))["exp_avg"], first)
+
+
+def test_each_rank_resumes_its_own_random_draws(tmp_path: Path, tiny_config: BertConfig) -> None:
+    training = Training(tiny_config)
+    states, draws = [], []
+    for seed in (10, 11):  # two ranks whose dropout differs
+        torch.manual_seed(seed)
+        states.append(rng_states())
+        draws.append(torch.rand(3))
+    path = training.save(tmp_path, 1, rng=states)
+    for rank in (0, 1, 2):
+        training.resume(path, rank)
+        assert torch.equal(torch.rand(3), draws[rank % 2])
+
+
+def test_checkpoint_without_training_state_cannot_resume(tmp_path: Path, tiny_config: BertConfig) -> None:
+    training = Training(tiny_config)
+    path = training.save(tmp_path, 1)
+    state = torch.load(path, weights_only=True)
+    del state["data_position"]
+    torch.save(state, path)
+    with pytest.raises(
+        CheckpointError, match=r"step_000001\.pt: cannot resume from it: KeyError\('data_position'"
+    ):
+        training.resume(path)
 
 
 def test_weights_of_another_model_are_refused(tmp_path: Path, tiny_config: BertConfig) -> None:

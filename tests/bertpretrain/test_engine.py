@@ -89,10 +89,13 @@ def test_accumulation_equals_one_large_batch(tiny_config: BertConfig) -> None:
     whole = make_engine(whole_model).forward_backward(batch, accumulation_steps=1)
     split = make_engine(split_model)
     halves = [{name: tensor[rows] for name, tensor in batch.items()} for rows in (slice(0, 4), slice(4, 8))]
-    losses = [split.forward_backward(half, accumulation_steps=2) for half in halves]
+    stats = [split.forward_backward(half, accumulation_steps=2) for half in halves]
 
-    # Equal-sized halves with the same number of masked tokens: the mean of means is the mean.
-    torch.testing.assert_close((losses[0] + losses[1]) / 2, whole)
+    # Equal-sized halves with the same number of masked tokens: the mean of means is the mean,
+    # and the hits and totals add up.
+    torch.testing.assert_close((stats[0][:3] + stats[1][:3]) / 2, whole[:3])
+    torch.testing.assert_close(stats[0][3:] + stats[1][3:], whole[3:])
+    assert whole[4] == 8 * 3 and whole[6] == 8  # masked positions, NSP labels
     for (name, a), b in zip(whole_model.named_parameters(), split_model.parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, msg=name)
 

@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from bertpretrain.loader import DynamicMasking, PretrainingBatches, ShardError, build_loader, find_shards
+from bertpretrain.loader import (
+    DynamicMasking,
+    PretrainingBatches,
+    ShardError,
+    build_loader,
+    find_shards,
+    heldout_batches,
+)
 from bertpretrain.vocab import SpecialIds
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -200,8 +207,72 @@ def test_dynamic_shards_without_masking_are_refused(dynamic_dir: Path, vocab_siz
         take(dynamic_dir, 1, vocab_size)
 
 
-def test_packed_shards_are_named(shard_dir: Path) -> None:
-    with h5py.File(shard_dir / "shard_0001.hdf5", "a") as file:
-        file["next_sentence_positions"] = np.zeros((40, 3), np.int32)
-    with pytest.raises(ShardError, match=r"shard_0001\.hdf5: a packed shard"):
-        find_shards(shard_dir, SEQ, PRED)
+def test_packed_shards_give_packed_batches(packed_shard_dir: Path, shard_dir: Path, vocab_size: int) -> None:
+    (shard,) = find_shards(packed_shard_dir, SEQ, PRED)[:1]
+    assert shard.kind == "packed" and shard.num_sequences < 40  # some rows hold several instances
+    (batch,) = take(packed_shard_dir, 1, vocab_size, micro_batch_size=6)
+    shapes = {name: tuple(tensor.shape) for name, tensor in batch.items()}
+    assert shapes == {
+        "input_ids": (6, SEQ),
+        "token_type_ids": (6, SEQ),
+        "attention_mask": (6, SEQ),
+        "position_ids": (6, SEQ),
+        "masked_lm_positions": (6, 3 * PRED),
+        "masked_lm_labels": (6, 3 * PRED),
+        "next_sentence_positions": (6, 3),
+        "next_sentence_labels": (6, 3),
+    }
+    empty = batch["next_sentence_labels"] == -100
+    sequences = batch["attention_mask"].amax(dim=1)
+    assert torch.equal((~empty).sum(dim=1), sequences)  # one NSP label per instance in the row
+    starts = torch.gather(batch["input_ids"], 1, batch["next_sentence_positions"])[~empty]
+    assert torch.all(starts == 2)  # each instance's [CLS]
+    assert torch.all(torch.gather(batch["position_ids"], 1, batch["next_sentence_positions"])[~empty] == 0)
+    masked = batch["masked_lm_positions"] > 0
+    assert torch.all(torch.gather(batch["input_ids"], 1, batch["masked_lm_positions"])[masked] == 4)
+    assert torch.all(batch["masked_lm_labels"][~masked] == -100)
+
+
+def test_packed_predictions_must_fit_the_phase(packed_shard_dir: Path) -> None:
+    with pytest.raises(ShardError, match=r"max_predictions_per_seq is 6 \(x 3 instances per row = 18\)"):
+        find_shards(packed_shard_dir, SEQ, 6)
+
+
+def test_position_names_shard_and_row(shard_dir: Path, vocab_size: int) -> None:
+    dataset = build_loader(shard_dir, SEQ, PRED, vocab_size, 8, seed=3).dataset
+    assert isinstance(dataset, PretrainingBatches)
+    order = [dataset.shards[i].path.name for i in np.random.default_rng([3, 0]).permutation(3)]
+    assert dataset.position(0).to_dict() == {"epoch": 0, "shard": order[0], "sample": 0, "sequences": 0}
+    assert dataset.position(6).to_dict() == {"epoch": 0, "shard": order[1], "sample": 8, "sequences": 48}
+    assert dataset.position(16).to_dict() == {"epoch": 1, "shard": dataset.position(15).shard, "sample": 8,
+                                              "sequences": 128}  # fmt: skip
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_heldout_batches_read_every_row_once_in_order(make_shards, vocab_size: int, world_size: int) -> None:
+    directory = make_shards("phase1", num_shards=2, sequences_per_shard=11, prefix="heldout")
+    shards = find_shards(directory, SEQ, PRED, pattern="heldout_*.hdf5")
+    per_rank = [
+        rows(list(heldout_batches(shards, vocab_size, 4, rank=rank, world_size=world_size)))
+        for rank in range(world_size)
+    ]
+    assert sum(len(part) for part in per_rank) == 22
+    assert len(set().union(*per_rank)) == 22
+    whole = rows(list(heldout_batches(shards, vocab_size, 4)))
+    capped = [
+        rows(list(heldout_batches(shards, vocab_size, 4, rank, world_size, max_sequences=7)))
+        for rank in range(world_size)
+    ]
+    assert [len(part) for part in capped] == ([7] if world_size == 1 else [4, 4])  # ceil(7 / 2) per rank
+    assert capped[0] == whole[: len(capped[0])] if world_size == 1 else not set(capped[0]) & set(capped[1])
+
+
+def test_heldout_masks_are_the_same_every_time(dynamic_dir: Path, vocab_size: int) -> None:
+    shards = find_shards(dynamic_dir, SEQ, PRED)
+    first, again = (
+        list(heldout_batches(shards, vocab_size, 8, seed=5, masking=DYNAMIC, max_predictions_per_seq=PRED))
+        for _ in range(2)
+    )
+    assert all(torch.equal(a[name], b[name]) for a, b in zip(first, again, strict=True) for name in a)
+    with pytest.raises(ShardError, match="no masking was given"):
+        next(heldout_batches(shards, vocab_size, 8))

@@ -4,70 +4,29 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
-from pydoc_data.topics import topics
 from typing import Any
 
 import pytest
+import torch
 import yaml
 from safetensors.torch import load_file
 
+import bertpretrain.run
 from bertjob.cli import main as bertjob_main
 from bertjob.render import render
 from bertjob.spec import parse_job
+from bertpretrain.loader import ShardError
+from bertpretrain.preemption import Preempted
 from bertpretrain.run import main as bertpretrain_main
-from jobs import valid_job, with_value
+from bertpretrain.train import DivergenceError
+from jobs import small_training_job, with_value
 
 CONFIG_IN_POD = "/etc/bertjob/job.yaml"
-
-
-def _small_job(tmp_path: Path, processes: int, **data: Any) -> dict[str, Any]:
-    """A two-phase job on real text (40 topics of the language reference) that runs in seconds."""
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for name in sorted(topics)[:40]:
-        (corpus / f"{name}.txt").write_text(topics[name], encoding="utf-8")
-    document = valid_job()
-    changes = {
-        "spec.accelerator": "xeon-cpu",
-        "spec.precision": "fp32",
-        "spec.topology": {"nodes": 1, "processesPerNode": processes},
-        "spec.model": {"preset": "bert-tiny", "numHiddenLayers": 1},
-        "spec.data": {
-            "sources": [{"path": str(corpus), "format": "text"}],
-            "shards": str(tmp_path / "data"),
-            "vocab": {"trainSize": 600},
-            "numShards": 2,
-            "workers": 1,
-            **data,
-        },
-        "spec.phases": [
-            {
-                "maxSeqLength": 64,
-                "maxPredictionsPerSeq": 10,
-                "globalBatchSize": 16,
-                "microBatchSize": 4,
-                "learningRate": 0.01,
-                "warmupProportion": 0.1,
-                "steps": 30,
-            },
-            {
-                "maxSeqLength": 128,
-                "maxPredictionsPerSeq": 20,
-                "globalBatchSize": 8,
-                "learningRate": 0.004,
-                "steps": 4,
-            },
-        ],
-        "spec.checkpoint": {"path": str(tmp_path / "checkpoints"), "everySteps": 10, "keep": 2},
-        "spec.logging": {"everySteps": 5},
-    }
-    for field, value in changes.items():
-        document = with_value(document, field, value)
-    return document
 
 
 def _free_port() -> int:
@@ -82,7 +41,7 @@ def _mlm_losses(output: str, phase: int) -> list[float]:
 
 @pytest.mark.slow
 def test_rendered_pytorchjob_command_trains_two_ranks(tmp_path: Path) -> None:
-    document = _small_job(tmp_path, processes=2)
+    document = small_training_job(tmp_path, processes=2)
     config_map, pytorchjob = render(parse_job(document))
     master = pytorchjob["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
     config = tmp_path / "job.yaml"
@@ -111,15 +70,19 @@ def test_rendered_pytorchjob_command_trains_two_ranks(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "masking", [{}, {"masking": "dynamic", "wholeWordMask": True}], ids=["static", "dynamic-whole-word"]
+    "data",
+    [{}, {"masking": "dynamic", "wholeWordMask": True, "heldoutFraction": 0.1}, {"packing": "nnlshp"}],
+    ids=["static", "dynamic-whole-word-heldout", "packed"],
 )
 def test_bertjob_run_trains_exports_and_fills_masks(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], masking: dict[str, Any]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], data: dict[str, Any]
 ) -> None:
     job_file = tmp_path / "job.yaml"
-    job_file.write_text(yaml.safe_dump(_small_job(tmp_path, processes=1, **masking)))
+    job_file.write_text(yaml.safe_dump(small_training_job(tmp_path, processes=1, **data)))
     assert bertjob_main(["run", str(job_file)]) == 0
     output = capsys.readouterr().out
+    if "heldoutFraction" in data:
+        assert re.search(r"phase 2/2 step 4/4 held-out: mlm_acc 0\.\d{4}", output), output
     losses = _mlm_losses(output, 1)
     assert losses[-1] < losses[0] - 0.5, output
     assert _mlm_losses(output, 2), output
@@ -131,12 +94,63 @@ def test_bertjob_run_trains_exports_and_fills_masks(
         assert (tmp_path / "checkpoints" / "hf" / name).exists(), name
 
 
+@pytest.mark.slow
+def test_export_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    document = small_training_job(tmp_path, processes=1)
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(with_value(document, "spec.phases", document["spec"]["phases"][:1])))
+    assert bertpretrain_main(["export", "--config", str(job_file)]) == 1
+    assert "no checkpoint under" in capsys.readouterr().err
+    assert bertpretrain_main(["run", "--config", str(job_file)]) == 0
+
+    checkpoints = tmp_path / "checkpoints" / "phase1"
+    middle = checkpoints / "step_000020.pt"
+    out = tmp_path / "step20"
+    assert (
+        bertpretrain_main(
+            ["export", "--config", str(job_file), "--checkpoint", str(middle), "--out", str(out)]
+        )
+        == 0
+    )
+    exported = load_file(out / "model.safetensors")
+    trained = torch.load(middle, weights_only=True)["model"]
+    assert all(torch.equal(exported[name], trained[name]) for name in exported)
+    assert (out / "vocab.txt").read_text() == (tmp_path / "data" / "vocab" / "vocab.txt").read_text()
+    # By default: the newest checkpoint, to spec.export.path.
+    assert bertpretrain_main(["export", "--config", str(job_file)]) == 0
+    final = torch.load(checkpoints / "step_000030.pt", weights_only=True)["model"]
+    default = load_file(tmp_path / "checkpoints" / "hf" / "model.safetensors")
+    assert all(torch.equal(default[name], final[name]) for name in default)
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "message"),
+    [
+        (ShardError("/data/shard_0001.hdf5: not a readable HDF5 file"), 1, "shard_0001.hdf5: not a readable"),
+        (DivergenceError("phase 1/2 step 7: loss is nan"), 1, "step 7: loss is nan"),
+        (Preempted(signal.SIGTERM, 12, Path("/ckpt/phase1/step_000012.pt")), 143, "stopped after step 12"),
+    ],
+)
+def test_run_exit_codes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    error: Exception, code: int, message: str,
+) -> None:  # fmt: skip
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(small_training_job(tmp_path, processes=1)))
+
+    def fail(_spec: Any) -> None:
+        raise error
+
+    monkeypatch.setattr(bertpretrain.run, "run_job", fail)
+    assert bertpretrain_main(["run", "--config", str(job_file)]) == code
+    captured = capsys.readouterr()
+    assert message in captured.err + captured.out
+
+
 def test_prepare_command_makes_the_data_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    document = _small_job(tmp_path, processes=1, packing="nnlshp")
+    document = small_training_job(tmp_path, processes=1, packing="nnlshp")
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(document))
-    # Packing is refused for training but fine for the data stage alone.
-    assert bertpretrain_main(["run", "--config", str(job_file)]) == 2
     assert bertpretrain_main(["prepare", "--config", str(job_file)]) == 0
     assert sorted(p.name for p in (tmp_path / "data").glob("seq_len_*")) == [
         "seq_len_128_max_pred_20_packed_nnlshp",

@@ -2,7 +2,9 @@
 
 A checkpoint holds the model's ``state_dict`` under Hugging Face's parameter names, the
 optimizer, schedule and gradient-scaler states, the phase index and optimizer step, the model
-config and the RNG states, all loadable with ``torch.load(weights_only=True)``. Each is written
+config, the data position (epoch, shard, row and sequences read, see
+``bertpretrain.loader.DataPosition``) and the RNG states of every rank, all loadable with
+``torch.load(weights_only=True)``. Each is written
 under a temporary name and renamed into place, so a reader never sees half a file, and only the
 newest ``keep`` of a phase are kept.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import os
 import random
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +24,7 @@ from bertpretrain.model import BertConfig, BertForPreTraining
 
 _NAME = re.compile(r"^step_(\d+)\.pt$")
 # Fields that fix the parameters' shapes; dropout may differ between a checkpoint and a model.
-_SHAPE_FIELDS = (
+SHAPE_FIELDS = (
     "vocab_size",
     "hidden_size",
     "num_hidden_layers",
@@ -70,8 +73,13 @@ def save_checkpoint(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     scaler: torch.amp.GradScaler,
     keep: int,
+    data_position: dict[str, Any] | None = None,
+    rng: list[dict[str, Any]] | None = None,
 ) -> Path:
     """Write the training state after ``step`` optimizer steps; delete all but the newest ``keep``.
+
+    ``data_position`` is rank 0's (``DataPosition.to_dict()``); ``rng`` holds every rank's
+    :func:`rng_states` in rank order (default: this process's alone).
 
     Returns:
         The path written, ``root/phase<n>/step_<step:06d>.pt``.
@@ -87,7 +95,8 @@ def save_checkpoint(
         "phase_index": phase_index,
         "step": step,
         "config": model.config.to_dict(),
-        "rng": _rng_states(),
+        "data_position": data_position or {},
+        "rng": rng if rng is not None else [rng_states()],
     }
     temporary = directory / f".{path.name}.tmp{os.getpid()}"
     with temporary.open("wb") as file:
@@ -104,7 +113,10 @@ def _prune(directory: Path, keep: int) -> None:
         path.unlink(missing_ok=True)
 
 
-def _rng_states() -> dict[str, Any]:
+def rng_states() -> dict[str, Any]:
+    """This process's random number generator states: torch (CPU, and CUDA when present) and
+    Python's ``random``. The loader's shuffling and masking draw from their own seeded
+    generators, so these are all that a resumed rank needs to draw what it would have drawn."""
     states: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
@@ -128,6 +140,15 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     return state
 
 
+def shape_differences(found: BertConfig, model: BertConfig) -> list[str]:
+    """``"<field> <found> (the model has <model's>)"`` for each of ``SHAPE_FIELDS`` that differs."""
+    return [
+        f"{name} {getattr(found, name)} (the model has {getattr(model, name)})"
+        for name in SHAPE_FIELDS
+        if getattr(found, name) != getattr(model, name)
+    ]
+
+
 def load_model_weights(path: Path, model: BertForPreTraining) -> dict[str, Any]:
     """Load a checkpoint's weights into ``model``; returns the whole checkpoint.
 
@@ -135,12 +156,7 @@ def load_model_weights(path: Path, model: BertForPreTraining) -> dict[str, Any]:
         CheckpointError: naming the file, when it cannot be read or its model has another shape.
     """
     state = read_checkpoint(path)
-    saved = BertConfig(**state["config"])
-    differences = [
-        f"{name} {getattr(saved, name)} (model has {getattr(model.config, name)})"
-        for name in _SHAPE_FIELDS
-        if getattr(saved, name) != getattr(model.config, name)
-    ]
+    differences = shape_differences(BertConfig(**state["config"]), model.config)
     if differences:
         raise CheckpointError(f"{path}: checkpoint is of another model: {', '.join(differences)}")
     try:
@@ -150,33 +166,45 @@ def load_model_weights(path: Path, model: BertForPreTraining) -> dict[str, Any]:
     return state
 
 
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a resumed phase continues: after ``step`` optimizer steps, with ``sequences`` rows
+    (instances, or packed rows) already read by each rank."""
+
+    step: int
+    sequences: int
+
+
 def load_training_state(
     path: Path,
     model: BertForPreTraining,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     scaler: torch.amp.GradScaler,
-) -> int:
-    """Restore model, optimizer, schedule, gradient scaler and RNG states to resume a phase.
+    rank: int = 0,
+) -> ResumePoint:
+    """Restore model, optimizer, schedule, gradient scaler and this rank's RNG states.
 
-    The RNG states are those of rank 0, which wrote the checkpoint.
+    A checkpoint written by fewer ranks than there are now gives the extra ranks the states of
+    rank ``rank % saved ranks``.
 
     Returns:
-        The number of optimizer steps already taken.
+        The step and data position to continue from.
 
     Raises:
-        CheckpointError: see :func:`load_model_weights`.
+        CheckpointError: see :func:`load_model_weights`; also a checkpoint without training state.
     """
     state = load_model_weights(path, model)
     try:
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         scaler.load_state_dict(state["scaler"])
-        rng = state["rng"]
-    except (KeyError, ValueError, RuntimeError) as error:
+        rng = state["rng"][rank % len(state["rng"])]
+        sequences = int(state["data_position"]["sequences"])
+    except (KeyError, ValueError, RuntimeError, TypeError, ZeroDivisionError) as error:
         raise CheckpointError(f"{path}: cannot resume from it: {error!r}") from None
     torch.set_rng_state(rng["torch"])
     random.setstate(rng["python"])
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
-    return int(state["step"])
+    return ResumePoint(int(state["step"]), sequences)

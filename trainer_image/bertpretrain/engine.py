@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from bertjob.spec import Accelerator, Precision
+from bertpretrain.metrics import prediction_counts
 from bertpretrain.model import pretraining_loss
 
 Batch = dict[str, torch.Tensor]
@@ -27,6 +29,9 @@ Batch = dict[str, torch.Tensor]
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _NATIVE_INSTRUCTIONS = {"bf16": "AVX512-BF16 or AMX-BF16", "fp16": "AVX512-FP16 or AMX-FP16"}
 _ENV_DEFAULTS = (("WORLD_SIZE", "1"), ("RANK", "0"), ("LOCAL_RANK", "0"))
+# Batch entries of packed rows, passed to the model by name.
+_PACKED_INPUTS = ("position_ids", "next_sentence_positions")
+STEP_STATS = ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_total", "nsp_correct", "nsp_total")
 
 
 @dataclass(frozen=True)
@@ -89,16 +94,20 @@ class Engine:
     """Runs forward/backward and optimizer steps on one device, in one precision, on one rank.
 
     ``precision``: ``bf16`` or ``fp16`` autocast over fp32 parameters (fp16 with a gradient
-    scaler), or ``fp32``. Call :meth:`prepare` with the model, then :meth:`attach` with its
-    optimizer and schedule.
+    scaler), or ``fp32``; ``tf32`` lets fp32 matrix products and convolutions on NVIDIA GPUs use
+    TensorFloat-32, as NVIDIA's recipe does. Call :meth:`prepare` with the model, then
+    :meth:`attach` with its optimizer and schedule.
 
     Raises:
         RuntimeError: see :func:`select_device`.
     """
 
-    def __init__(self, accelerator: Accelerator, precision: Precision):
+    def __init__(self, accelerator: Accelerator, precision: Precision, tf32: bool = True):
         self.env = DistributedEnv.from_environ()
         self.device = select_device(accelerator, self.env.local_rank)
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            torch.backends.cudnn.allow_tf32 = tf32
         self._owns_process_group = self.distributed and not dist.is_initialized()
         if self._owns_process_group:
             init_process_group(self.device)
@@ -132,14 +141,20 @@ class Engine:
         """Whether this is rank 0, the one that prints and writes checkpoints."""
         return self.env.rank == 0
 
-    def prepare(self, model: nn.Module) -> nn.Module:
-        """Move ``model`` to the device and wrap it in DDP when distributed; returns the model.
+    def prepare(self, model: nn.Module, compile: bool = False) -> nn.Module:
+        """Move ``model`` to the device, wrap it in DDP when distributed and, with ``compile``, in
+        :func:`torch.compile`; returns the model.
 
         Keep using the returned (unwrapped) module for checkpoints and optimizers.
         """
         self.module = model.to(self.device)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         self.ddp = DistributedDataParallel(model, device_ids=device_ids) if self.distributed else None
+        forward: nn.Module = self.module if self.ddp is None else self.ddp
+        # DDP first, then compile: TorchDynamo splits the graph at DDP's buckets (torch docs).
+        self.forward_module: Callable[..., tuple[torch.Tensor, torch.Tensor]] = (
+            torch.compile(forward) if compile else forward
+        )
         return self.module
 
     def attach(
@@ -154,58 +169,97 @@ class Engine:
         self.scheduler = scheduler
         self.clip_grad_norm = clip_grad_norm
 
+    def _autocast(self) -> torch.autocast:
+        return torch.autocast(self.device.type, self.autocast_dtype, enabled=self.autocast_dtype is not None)
+
+    def _forward(
+        self, model: Callable[..., tuple[torch.Tensor, torch.Tensor]], batch: Batch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        with self._autocast():
+            return model(
+                batch["input_ids"],
+                batch["token_type_ids"],
+                batch["attention_mask"],
+                batch["masked_lm_positions"],
+                **{name: batch[name] for name in _PACKED_INPUTS if name in batch},
+            )
+
+    def _stats(self, batch: Batch, logits: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """``[7]`` fp32: the three losses of ``pretraining_loss`` and ``prediction_counts``."""
+        mlm_logits, nsp_logits = logits
+        targets = (batch["masked_lm_labels"], batch["next_sentence_labels"])
+        losses = pretraining_loss(mlm_logits, targets[0], nsp_logits, targets[1])
+        counts = prediction_counts(mlm_logits.detach(), targets[0], nsp_logits.detach(), targets[1])
+        return torch.cat([torch.stack(losses), counts])
+
     def forward_backward(self, batch: Batch, accumulation_steps: int) -> torch.Tensor:
         """Forward and backward on one micro-batch, its loss weighted ``1 / accumulation_steps``.
 
-        ``batch`` as :func:`bertpretrain.loader.to_batch` makes it. Returns the detached, unweighted
-        ``[total, mlm, nsp]`` losses (fp32, nats) of this micro-batch on this rank.
+        ``batch`` as :func:`bertpretrain.loader.to_batch` makes it. Returns this micro-batch's
+        statistics on this rank, fp32 ``[7]`` named by ``STEP_STATS``: the unweighted total,
+        MLM and NSP losses (nats) and the counts of :func:`bertpretrain.metrics.prediction_counts`.
         """
         self._micro_batches += 1
         sync = self._micro_batches % accumulation_steps == 0
         batch = {name: tensor.to(self.device, non_blocking=True) for name, tensor in batch.items()}
-        model = self.module if self.ddp is None else self.ddp
         no_sync = self.ddp.no_sync() if self.ddp is not None and not sync else contextlib.nullcontext()
         with no_sync:
-            with torch.autocast(
-                self.device.type, self.autocast_dtype, enabled=self.autocast_dtype is not None
-            ):
-                mlm_logits, nsp_logits = model(
-                    batch["input_ids"],
-                    batch["token_type_ids"],
-                    batch["attention_mask"],
-                    batch["masked_lm_positions"],
-                )
-            losses = pretraining_loss(
-                mlm_logits, batch["masked_lm_labels"], nsp_logits, batch["next_sentence_labels"]
-            )
-            self.scaler.scale(losses[0] / accumulation_steps).backward()
-        return torch.stack(losses).detach()
+            stats = self._stats(batch, self._forward(self.forward_module, batch))
+            self.scaler.scale(stats[0] / accumulation_steps).backward()
+        return stats.detach()
 
-    def optimizer_step(self) -> float:
+    @torch.no_grad()
+    def evaluate(self, batch: Batch) -> torch.Tensor:
+        """Statistics of one held-out batch as :meth:`forward_backward` gives them, without
+        gradients, on the unwrapped model (no collective). Call with the model in eval mode."""
+        batch = {name: tensor.to(self.device, non_blocking=True) for name, tensor in batch.items()}
+        return self._stats(batch, self._forward(self.module, batch))
+
+    def optimizer_step(self) -> tuple[float, bool]:
         """Unscale and clip the gradients, step the optimizer and the schedule, zero the gradients.
 
-        With fp16 a step whose gradients overflowed is skipped by the scaler.
+        With fp16 a step whose gradients overflowed is skipped by the scaler, which then halves
+        the loss scale.
 
         Returns:
-            The learning rate of this step (of the first parameter group).
+            The learning rate of this step (of the first parameter group), and whether the
+            gradient scaler skipped the update.
         """
         lr = float(self.optimizer.param_groups[0]["lr"])
         self.scaler.unscale_(self.optimizer)
         if self.clip_grad_norm is not None:
             nn.utils.clip_grad_norm_(self.module.parameters(), self.clip_grad_norm)
+        scale = self.scaler.get_scale()
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return lr
+        return lr, self.scaler.is_enabled() and self.scaler.get_scale() < scale
 
-    def mean_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
-        """The element-wise mean of ``values`` over all ranks (a collective: every rank calls it)."""
+    def sum_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
+        """The element-wise sum of ``values`` over all ranks (a collective: every rank calls it)."""
         if self.distributed:
             values = values.clone()
             dist.all_reduce(values, op=dist.ReduceOp.SUM)
-            values /= self.world_size
         return values
+
+    def any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on any rank (a collective: every rank calls it)."""
+        if not self.distributed:
+            return flag
+        return bool(self.sum_over_ranks(torch.tensor([float(flag)], device=self.device)).item() > 0)
+
+    def gather(self, value: object) -> list[object]:
+        """``value`` of every rank, in rank order (a collective: every rank calls it)."""
+        if not self.distributed:
+            return [value]
+        values: list[object] = [None] * self.world_size
+        dist.all_gather_object(values, value)
+        return values
+
+    def mean_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
+        """The element-wise mean of ``values`` over all ranks (a collective: every rank calls it)."""
+        return self.sum_over_ranks(values) / self.world_size
 
     def barrier(self) -> None:
         """Wait for every rank (no-op for one process)."""

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from bertpretrain.checkpoint import _SHAPE_FIELDS, CheckpointError, read_checkpoint
+from bertpretrain.checkpoint import CheckpointError, read_checkpoint, shape_differences
 from bertpretrain.model import BertConfig, BertForPreTraining
 from bertpretrain.vocab import TOKENIZER_FILE, VOCAB_FILE
 
@@ -223,12 +223,7 @@ def load_hf_weights(hf_dir: Path, model: BertForPreTraining) -> list[str]:
             BERT parameter's, the embeddings or an encoder layer are incomplete, or a copy of a
             tied tensor differs from the tensor it is tied to (an untied checkpoint).
     """
-    found = read_hf_config(hf_dir)
-    differences = [
-        f"{name} {getattr(found, name)} (the model has {getattr(model.config, name)})"
-        for name in _SHAPE_FIELDS
-        if getattr(found, name) != getattr(model.config, name)
-    ]
+    differences = shape_differences(read_hf_config(hf_dir), model.config)
     if differences:
         raise CheckpointError(f"{hf_dir / CONFIG_FILE}: a model of another shape: {', '.join(differences)}")
     path, weights = _read_weights(hf_dir)

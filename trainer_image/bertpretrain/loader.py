@@ -8,19 +8,25 @@ Shards made with dynamic masking lack the two ``masked_lm_*`` datasets: the load
 rows each time it reads them (RoBERTa's dynamic masking, Liu et al. 2019), with draws seeded by
 ``(seed, epoch, shard, rank)``, so every epoch sees new masks and a resumed run the same ones.
 
+Packed shards (``bertpretrain.packing``, Graphcore's schema) hold several instances per row;
+their batches carry ``position_ids`` and ``next_sentence_positions`` as well, and the model
+attends within each instance only. There, "sequences" in this module means rows.
+
 Each epoch visits the shards in a shuffled order and each shard's instances in a shuffled order,
 both drawn from ``(seed, epoch)``; every rank draws the same permutation and takes every
 ``world_size``-th instance from offset ``rank``, so the ranks see disjoint parts of the data and,
 the remainder being dropped, the same number of batches. Batches run on across shard and epoch
 boundaries, and the stream never ends: the training loop counts steps, not epochs. A shard is
-read whole into memory when its turn comes.
+read whole into memory when its turn comes. Held-out shards (``heldout_*.hdf5``) are read once, in
+order, by :func:`heldout_batches`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 import h5py
 import numpy as np
@@ -29,6 +35,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from bertpretrain.masking import mask_tokens
 from bertpretrain.model import IGNORE_INDEX
+from bertpretrain.packing import PACKED_DTYPES, packed_shapes
 from bertpretrain.shards import DYNAMIC_DTYPES, PREDICTION_DATASETS, SHARD_DTYPES, shard_shapes
 from bertpretrain.vocab import SpecialIds, continuation_table, load_tokenizer
 
@@ -40,13 +47,31 @@ class ShardError(ValueError):
     """A shard directory or file that does not fit the schema or the phase; names the path."""
 
 
+ShardKind = Literal["static", "dynamic", "packed"]
+_SCHEMAS: dict[ShardKind, dict[str, type[np.integer]]] = {
+    "static": SHARD_DTYPES,
+    "dynamic": DYNAMIC_DTYPES,
+    "packed": PACKED_DTYPES,
+}
+TRAIN_PATTERN = "shard_*.hdf5"
+HELDOUT_PATTERN = "heldout_*.hdf5"
+
+
 @dataclass(frozen=True)
 class Shard:
-    """One HDF5 file, the number of instances (sequences) in it, and whether it is unmasked."""
+    """One HDF5 file, its rows (instances, or packs of them) and its schema.
+
+    ``kind``: static (NVIDIA's schema), dynamic (unmasked, masked by the loader) or packed.
+    """
 
     path: Path
     num_sequences: int
-    dynamic: bool = False
+    kind: ShardKind = "static"
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether the loader must draw this shard's masks."""
+        return self.kind == "dynamic"
 
 
 @dataclass(frozen=True)
@@ -69,21 +94,23 @@ class DynamicMasking:
         return cls(masked_lm_prob, SpecialIds.of(tokenizer, vocab_dir), continuation)
 
 
-def find_shards(shard_dir: Path, max_seq_length: int, max_predictions_per_seq: int) -> list[Shard]:
-    """The ``shard_*.hdf5`` files of ``shard_dir``, sorted by name, each checked against the phase.
+def find_shards(
+    shard_dir: Path, max_seq_length: int, max_predictions_per_seq: int, pattern: str = TRAIN_PATTERN
+) -> list[Shard]:
+    """The files of ``shard_dir`` matching ``pattern``, sorted by name, each checked against the phase.
 
     Only the datasets' shapes are read here; the values are checked when a shard is loaded.
 
     Raises:
-        ShardError: the directory is missing or holds no shards, or a shard cannot be opened,
+        ShardError: the directory is missing or holds no such file, or a shard cannot be opened,
             lacks a dataset, or has a sequence length (L) or predictions per sequence (P) other
             than the phase's.
     """
     if not shard_dir.is_dir():
         raise ShardError(f"{shard_dir}: shard directory does not exist")
-    paths = sorted(shard_dir.glob("shard_*.hdf5"))
+    paths = sorted(shard_dir.glob(pattern))
     if not paths:
-        raise ShardError(f"{shard_dir}: no shard_*.hdf5 files")
+        raise ShardError(f"{shard_dir}: no {pattern} files")
     return [_inspect(path, max_seq_length, max_predictions_per_seq) for path in paths]
 
 
@@ -93,25 +120,35 @@ def _inspect(path: Path, max_seq_length: int, max_predictions_per_seq: int) -> S
             shapes = {name: file[name].shape for name in file if isinstance(file[name], h5py.Dataset)}
     except OSError as error:
         raise ShardError(f"{path}: not a readable HDF5 file ({error})") from None
+    kind: ShardKind
     if "next_sentence_positions" in shapes:
-        raise ShardError(f"{path}: a packed shard; this trainer does not read packed shards yet")
-    dynamic = not any(name in shapes for name in PREDICTION_DATASETS)
-    schema = DYNAMIC_DTYPES if dynamic else SHARD_DTYPES
+        kind = "packed"
+    else:
+        kind = "static" if any(name in shapes for name in PREDICTION_DATASETS) else "dynamic"
+    schema = _SCHEMAS[kind]
     shapes = {name: shape for name, shape in shapes.items() if name in schema}
     missing = sorted(set(schema) - set(shapes))
     if missing:
         raise ShardError(f"{path}: missing dataset(s) {', '.join(missing)}")
-    num_sequences = shapes["input_ids"][0]
-    expected = shard_shapes(num_sequences, max_seq_length, max_predictions_per_seq)
+    rows = shapes["input_ids"][0]
+    expected: Mapping[str, tuple[int, ...]]
+    if kind == "packed":
+        per_pack = shapes["next_sentence_positions"][1]
+        expected = packed_shapes(rows, max_seq_length, per_pack, max_predictions_per_seq)
+    else:
+        expected = shard_shapes(rows, max_seq_length, max_predictions_per_seq)
     for name, shape in shapes.items():
-        if len(shape) != len(expected[name]) or shape[0] != num_sequences:
-            raise ShardError(f"{path}: dataset {name} has shape {shape}, expected {num_sequences} rows")
+        if len(shape) != len(expected[name]) or shape[0] != rows:
+            raise ShardError(f"{path}: dataset {name} has shape {shape}, expected {rows} rows")
         if shape != expected[name]:
-            what = "max_predictions_per_seq" if name in PREDICTION_DATASETS else "max_seq_length"
-            raise ShardError(
-                f"{path}: dataset {name} has width {shape[1]}, but the phase's {what} is {expected[name][1]}"
-            )
-    return Shard(path, num_sequences, dynamic)
+            if name in PREDICTION_DATASETS:
+                what = f"max_predictions_per_seq is {max_predictions_per_seq}"
+                if kind == "packed":
+                    what += f" (x {per_pack} instances per row = {expected[name][1]})"
+            else:
+                what = f"max_seq_length is {max_seq_length}"
+            raise ShardError(f"{path}: dataset {name} has width {shape[1]}, but the phase's {what}")
+    return Shard(path, rows, kind)
 
 
 def load_shard(shard: Shard, vocab_size: int) -> Arrays:
@@ -123,7 +160,7 @@ def load_shard(shard: Shard, vocab_size: int) -> Arrays:
     """
     try:
         with h5py.File(shard.path, "r") as file:
-            arrays = {name: file[name][()] for name in (DYNAMIC_DTYPES if shard.dynamic else SHARD_DTYPES)}
+            arrays = {name: file[name][()] for name in _SCHEMAS[shard.kind]}
     except (OSError, KeyError) as error:
         raise ShardError(f"{shard.path}: cannot read ({error})") from None
     for name in ("input_ids", "masked_lm_ids"):
@@ -140,21 +177,58 @@ def load_shard(shard: Shard, vocab_size: int) -> Arrays:
 
 
 def to_batch(arrays: Arrays) -> Batch:
-    """Model inputs from shard rows: every tensor int64, ``masked_lm_labels`` -100 at padding.
+    """Model inputs from shard rows: every tensor int64, labels -100 where there is nothing to predict.
 
     Shapes: ``input_ids``, ``token_type_ids``, ``attention_mask`` [B, L];
     ``masked_lm_positions``, ``masked_lm_labels`` [B, P]; ``next_sentence_labels`` [B].
+    Packed rows (S instances each) add ``position_ids`` [B, L] and ``next_sentence_positions``
+    [B, S]; their ``masked_lm_*`` are [B, S*P], ``next_sentence_labels`` [B, S] (-100 on empty
+    slots) and ``attention_mask`` holds each token's instance number (1..S, 0 on padding).
     """
     positions = arrays["masked_lm_positions"].astype(np.int64)
     labels = np.where(positions == 0, IGNORE_INDEX, arrays["masked_lm_ids"]).astype(np.int64)
-    return {
+    next_sentence_labels = arrays["next_sentence_labels"].astype(np.int64)
+    batch = {
         "input_ids": torch.from_numpy(arrays["input_ids"].astype(np.int64)),
         "token_type_ids": torch.from_numpy(arrays["segment_ids"].astype(np.int64)),
         "attention_mask": torch.from_numpy(arrays["input_mask"].astype(np.int64)),
         "masked_lm_positions": torch.from_numpy(positions),
         "masked_lm_labels": torch.from_numpy(labels),
-        "next_sentence_labels": torch.from_numpy(arrays["next_sentence_labels"].astype(np.int64)),
     }
+    if "next_sentence_positions" in arrays:
+        next_sentence_labels[arrays["next_sentence_weights"] == 0] = IGNORE_INDEX
+        batch["position_ids"] = torch.from_numpy(arrays["position_ids"].astype(np.int64))
+        batch["next_sentence_positions"] = torch.from_numpy(
+            arrays["next_sentence_positions"].astype(np.int64)
+        )
+    batch["next_sentence_labels"] = torch.from_numpy(next_sentence_labels)
+    return batch
+
+
+def _masked(
+    arrays: Arrays, masking: DynamicMasking, max_predictions_per_seq: int, vocab_size: int, seed: list[int]
+) -> Arrays:
+    """Dynamic shard rows with masks drawn from ``seed`` (see ``bertpretrain.masking``)."""
+    masked = mask_tokens(
+        arrays["input_ids"], arrays["input_mask"], max_predictions_per_seq, masking.masked_lm_prob,
+        masking.special, vocab_size, np.random.default_rng(seed), masking.continuation,
+    )  # fmt: skip
+    return {**arrays, **masked}
+
+
+@dataclass(frozen=True)
+class DataPosition:
+    """Where a rank's stream stands: the next row to read is row ``sample`` of this rank's share
+    of shard ``shard`` (a file name) in epoch ``epoch``, after ``sequences`` rows in all."""
+
+    epoch: int
+    shard: str
+    sample: int
+    sequences: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values, for checkpoints."""
+        return {"epoch": self.epoch, "shard": self.shard, "sample": self.sample, "sequences": self.sequences}
 
 
 class PretrainingBatches(IterableDataset[Batch]):
@@ -209,30 +283,42 @@ class PretrainingBatches(IterableDataset[Batch]):
         order = np.random.default_rng([self.seed, epoch, shard_index]).permutation(count)
         return order[self.rank :: self.world_size][: count // self.world_size]
 
-    def _mask(self, arrays: Arrays, epoch: int, shard_index: int) -> Arrays:
-        """Masks for a dynamic shard's rows (all of this rank's, so that resuming draws the same)."""
-        assert self.masking is not None
-        rng = np.random.default_rng([self.seed, epoch, shard_index, self.rank])
-        masking = self.masking
-        masked = mask_tokens(
-            arrays["input_ids"], arrays["input_mask"], self.max_predictions_per_seq,
-            masking.masked_lm_prob, masking.special, self.vocab_size, rng, masking.continuation,
-        )  # fmt: skip
-        return {**arrays, **masked}
+    def _shard_order(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.shards))
+
+    def _locate(self, sequences: int) -> tuple[int, int, int]:
+        """``(epoch, index into that epoch's shard order, row offset)`` after ``sequences`` rows."""
+        epoch, skip = divmod(sequences, self.sequences_per_epoch)
+        for order_index, shard_index in enumerate(self._shard_order(epoch)):
+            rows = self.shards[shard_index].num_sequences // self.world_size
+            if skip < rows:
+                return epoch, order_index, skip
+            skip -= rows
+        raise AssertionError("sequences_per_epoch counts every shard's rows")
+
+    def position(self, batches: int) -> DataPosition:
+        """The stream's position after ``batches`` batches (what a resumed run skips)."""
+        sequences = batches * self.micro_batch_size
+        epoch, order_index, sample = self._locate(sequences)
+        shard = self.shards[self._shard_order(epoch)[order_index]]
+        return DataPosition(epoch, shard.path.name, sample, sequences)
 
     def _batches(self) -> Iterator[Arrays]:
-        epoch, skip = divmod(self.skip_batches * self.micro_batch_size, self.sequences_per_epoch)
+        epoch, first, skip = self._locate(self.skip_batches * self.micro_batch_size)
         carry: Arrays = {}
         while True:
-            for shard_index in np.random.default_rng([self.seed, epoch]).permutation(len(self.shards)):
+            for shard_index in self._shard_order(epoch)[first:]:
                 shard = self.shards[shard_index]
                 rows = self._rows(epoch, shard_index)
-                if skip >= len(rows):
-                    skip -= len(rows)
-                    continue
                 arrays = {name: values[rows] for name, values in load_shard(shard, self.vocab_size).items()}
                 if shard.dynamic:
-                    arrays = self._mask(arrays, epoch, shard_index)
+                    assert self.masking is not None
+                    # Every row of this rank is masked, also those skipped, so a resumed run draws
+                    # the masks that the interrupted one drew.
+                    seed = [self.seed, epoch, int(shard_index), self.rank]
+                    arrays = _masked(
+                        arrays, self.masking, self.max_predictions_per_seq, self.vocab_size, seed
+                    )
                 arrays, skip = {name: values[skip:] for name, values in arrays.items()}, 0
                 if carry:
                     arrays = {name: np.concatenate([carry[name], arrays[name]]) for name in arrays}
@@ -243,7 +329,42 @@ class PretrainingBatches(IterableDataset[Batch]):
                     }
                     start += self.micro_batch_size
                 carry = {name: values[start:] for name, values in arrays.items()}
-            epoch += 1
+            epoch, first = epoch + 1, 0
+
+
+def heldout_batches(
+    shards: list[Shard],
+    vocab_size: int,
+    micro_batch_size: int,
+    rank: int = 0,
+    world_size: int = 1,
+    seed: int = 0,
+    masking: DynamicMasking | None = None,
+    max_predictions_per_seq: int = 0,
+    max_sequences: int | None = None,
+) -> Iterator[Batch]:
+    """One pass over held-out shards in file and row order, rank ``r`` taking rows r, r + world
+    size, ...; the last batch may be short. Dynamic shards get masks drawn from ``seed`` alone,
+    so every evaluation sees the same masks. ``max_sequences`` caps the rows of all ranks together.
+
+    Raises:
+        ShardError: see :func:`load_shard`; dynamic shards without ``masking``.
+    """
+    budget = None if max_sequences is None else -(-max_sequences // world_size)
+    for index, shard in enumerate(shards):
+        if budget is not None and budget <= 0:
+            return
+        arrays = {name: values[rank::world_size] for name, values in load_shard(shard, vocab_size).items()}
+        if shard.dynamic:
+            if masking is None:
+                raise ShardError(f"{shard.path}: unmasked (dynamic) shard, but no masking was given")
+            arrays = _masked(arrays, masking, max_predictions_per_seq, vocab_size, [seed, index, rank])
+        count = len(arrays["input_ids"]) if budget is None else min(budget, len(arrays["input_ids"]))
+        for start in range(0, count, micro_batch_size):
+            end = min(start + micro_batch_size, count)
+            yield to_batch({name: values[start:end] for name, values in arrays.items()})
+        if budget is not None:
+            budget -= count
 
 
 def build_loader(

@@ -20,10 +20,12 @@ import torch.distributed as dist
 from bertjob.defaults import resolve_model, with_defaults
 from bertjob.spec import BertPretrainJob, JobSpec, SpecError, load_job
 from bertjob.validation import check
+from bertpretrain.checkpoint import latest, phase_dir
 from bertpretrain.engine import DistributedEnv, init_process_group, select_device
 from bertpretrain.export import export_hf, fill_mask
-from bertpretrain.prepare import PreparedData, prepare
-from bertpretrain.train import train_phase
+from bertpretrain.preemption import Preempted
+from bertpretrain.prepare import VOCAB_DIR, PreparedData, prepare
+from bertpretrain.train import DivergenceError, train_phase
 
 # A sentence whose answer the standard library's documentation teaches well.
 DEMO_SENTENCE = "the [MASK] statement exits a function and gives a value back to the caller."
@@ -43,8 +45,11 @@ def run_job(spec: JobSpec) -> JobOutputs:
     """Run every stage of a job whose spec has passed ``with_defaults`` and ``check``.
 
     Raises:
-        FileNotFoundError, ValueError: bad corpus, vocabulary or shards (the message names the file).
-        RuntimeError: the requested accelerator is not available, or the loss diverged.
+        FileNotFoundError, ValueError: bad corpus, vocabulary, shards or checkpoint (the message
+            names the file).
+        bertpretrain.train.DivergenceError: the loss diverged.
+        bertpretrain.preemption.Preempted: SIGTERM stopped training after a checkpoint.
+        RuntimeError: the requested accelerator is not available.
     """
     started = time.perf_counter()
     env = DistributedEnv.from_environ()
@@ -116,16 +121,60 @@ def run_local(job: BertPretrainJob, source: str) -> int:
     return 0
 
 
+def newest_checkpoint(spec: JobSpec) -> Path | None:
+    """The newest checkpoint of the last phase that has one, or None before the first save."""
+    root = Path(spec.checkpoint.path)
+    for index in reversed(range(len(spec.phases))):
+        found = latest(phase_dir(root, index))
+        if found is not None:
+            return found
+    return None
+
+
+def _export(spec: JobSpec, checkpoint: str | None, out: str | None) -> int:
+    source = Path(checkpoint) if checkpoint else newest_checkpoint(spec)
+    if source is None:
+        print(f"bertpretrain export: no checkpoint under {spec.checkpoint.path}", file=sys.stderr)
+        return 1
+    assert spec.export.path is not None
+    target = Path(out or spec.export.path)
+    export_hf(source, Path(spec.data.shards) / VOCAB_DIR, target, spec.data.lowercase)
+    print(f"bertpretrain: exported {source} to {target}", flush=True)
+    return 0
+
+
+def _train(job: BertPretrainJob, spec: JobSpec) -> int:
+    is_main = DistributedEnv.from_environ().rank == 0
+    if is_main:
+        print(f"bertpretrain: {_describe(job, spec)}", flush=True)
+    try:
+        outputs = run_job(spec)
+    except Preempted as stop:
+        print(f"bertpretrain: {stop}; exit {stop.exit_code} so that the pod is restarted", flush=True)
+        return stop.exit_code
+    if is_main:
+        print(f"bertpretrain: exported {outputs.export_dir} in {outputs.seconds:.0f} s", flush=True)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m bertpretrain run|prepare --config FILE``: the trainer container's entry point.
+    """``python -m bertpretrain run|prepare|export --config FILE``: the trainer container's entry point.
 
     ``run``: the whole job; every rank started by torchrun runs this. ``prepare``: the data stage
-    alone (vocabulary and shards), in this process and its workers. Returns the exit code: 0
-    done, 1 bad input data (the message names the file), 2 an invalid job file.
+    alone (vocabulary and shards), in this process and its workers. ``export``: a checkpoint
+    (``--checkpoint``, default the newest) to Hugging Face format (``--out``, default
+    ``spec.export.path``).
+
+    Returns the exit code: 0 done; 1 bad input (data, checkpoint, vocabulary; the message names
+    the file) or a diverged loss, which a restart would not mend; 2 an invalid job file; 128 +
+    the signal number (143 for SIGTERM) when a signal stopped training after a checkpoint, which
+    Kubeflow's ``restartPolicy: ExitCode`` retries.
     """
     parser = argparse.ArgumentParser(prog="bertpretrain", description="Run a BertPretrainJob's trainer.")
-    parser.add_argument("command", choices=["run", "prepare"])
+    parser.add_argument("command", choices=["run", "prepare", "export"])
     parser.add_argument("--config", required=True, help="the job file, mounted from its ConfigMap")
+    parser.add_argument("--checkpoint", help="export: this checkpoint file (default: the newest)")
+    parser.add_argument("--out", help="export: this directory (default: spec.export.path)")
     args = parser.parse_args(argv)
     try:
         job = load_job(args.config)
@@ -133,17 +182,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpecError as error:
         print(error, file=sys.stderr)
         return 2
-    if args.command == "prepare":
-        try:
+    try:
+        if args.command == "prepare":
             prepare(spec)
-        except (OSError, ValueError) as error:
-            print(f"bertpretrain prepare: {error}", file=sys.stderr)
-            return 1
-        return 0
-    is_main = DistributedEnv.from_environ().rank == 0
-    if is_main:
-        print(f"bertpretrain: {_describe(job, spec)}", flush=True)
-    outputs = run_job(spec)
-    if is_main:
-        print(f"bertpretrain: exported {outputs.export_dir} in {outputs.seconds:.0f} s", flush=True)
-    return 0
+            return 0
+        if args.command == "export":
+            return _export(spec, args.checkpoint, args.out)
+        return _train(job, spec)
+    except (OSError, ValueError, DivergenceError) as error:
+        # ShardError and CheckpointError are ValueErrors; each message names its file.
+        print(f"bertpretrain {args.command}: {error}", file=sys.stderr)
+        return 1

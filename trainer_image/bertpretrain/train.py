@@ -3,13 +3,19 @@
 NVIDIA's two-phase recipe (DeepLearningExamples BERT, after You et al. 2020): phase 1 trains
 at sequence length 128, phase 2 continues from phase 1's final weights at 512 with a fresh
 optimizer, step count and schedule. A phase that finds a checkpoint of its own resumes from the
-newest one (model, optimizer, schedule, step and data position) instead.
+newest one (model, optimizer, schedule, gradient scaler, data position and every rank's RNG
+states) instead, and then computes exactly what the uninterrupted run would have computed.
+
+Each optimizer step: ``accumulation_steps`` forward/backward passes, one optimizer step, the
+statistics summed over ranks; then, as due, a progress line, a checkpoint, an evaluation on the
+held-out shards; and a stop if a rank got SIGTERM (:mod:`bertpretrain.preemption`).
 """
 
 from __future__ import annotations
 
 import datetime
 import math
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,18 +27,37 @@ from torch.utils.data import DataLoader
 from bertjob.defaults import gradient_accumulation_steps, micro_batch_size, resolve_model
 from bertjob.spec import JobSpec, PhaseSpec
 from bertpretrain.checkpoint import (
+    ResumePoint,
     checkpoint_path,
     latest,
     load_model_weights,
     load_training_state,
     phase_dir,
+    rng_states,
     save_checkpoint,
 )
 from bertpretrain.engine import Engine
-from bertpretrain.loader import Batch, DynamicMasking, build_loader
+from bertpretrain.evaluate import Evaluation, evaluate
+from bertpretrain.export import load_hf_weights
+from bertpretrain.loader import (
+    HELDOUT_PATTERN,
+    Batch,
+    DynamicMasking,
+    PretrainingBatches,
+    Shard,
+    build_loader,
+    find_shards,
+    heldout_batches,
+)
+from bertpretrain.logs import TrainingLog
+from bertpretrain.metrics import Accuracy
 from bertpretrain.model import BertConfig, BertForPreTraining, count_parameters
 from bertpretrain.optimizer import build_optimizer
-from bertpretrain.schedule import poly_warmup_schedule
+from bertpretrain.preemption import Preempted, StopSignals
+from bertpretrain.schedule import build_schedule
+
+# With fp16, this many skipped steps in a row (the loss scale halved each time) means divergence.
+MAX_CONSECUTIVE_SKIPS = 30
 
 
 class DivergenceError(RuntimeError):
@@ -48,8 +73,11 @@ class _Phase:
     engine: Engine
     model: BertForPreTraining
     loader: DataLoader[Batch]
+    heldout: list[Shard]
+    masking: DynamicMasking | None
     accumulation_steps: int
     start_step: int
+    log: TrainingLog
 
     @property
     def phase(self) -> PhaseSpec:
@@ -63,6 +91,11 @@ class _Phase:
     def root(self) -> Path:
         return Path(self.spec.checkpoint.path)
 
+    @property
+    def batches(self) -> PretrainingBatches:
+        assert isinstance(self.loader.dataset, PretrainingBatches)
+        return self.loader.dataset
+
 
 def train_phase(
     spec: JobSpec,
@@ -75,27 +108,39 @@ def train_phase(
     """Train phase ``phase_index`` (0-based) of ``spec`` on the shards in ``shard_dir``.
 
     ``spec`` must have been through :func:`bertjob.defaults.with_defaults`. The model starts
-    from ``init_from``'s weights (phase 1's final checkpoint, for phase 2) or from random
-    initialisation, unless a checkpoint of this phase exists, which is resumed. ``vocab_dir`` (the
-    vocabulary the shards were made with) is needed for dynamic masking. Every rank calls
-    this; rank 0 prints progress to stdout and writes the checkpoints, which must be on storage
-    all ranks share.
+    from ``init_from``'s weights (phase 1's final checkpoint, for phase 2), else from
+    ``spec.model.initFrom`` (a Hugging Face model), else from random initialisation, unless a
+    checkpoint of this phase exists, which is resumed. ``vocab_dir`` (the vocabulary the shards
+    were made with) is needed for dynamic masking. Every rank calls this; rank 0 prints progress
+    to stdout, writes the log and the checkpoints, which must be on storage all ranks share.
+    Held-out shards (``heldout_*.hdf5`` beside the training shards) are evaluated every
+    ``evaluation.everySteps`` steps and at the end.
 
     Returns:
         The phase's final checkpoint, ``<checkpoint.path>/phase<n>/step_<steps:06d>.pt``.
 
     Raises:
-        DivergenceError: the loss became NaN or infinite (a RuntimeError).
+        DivergenceError: the loss became NaN or infinite (a RuntimeError); the newest checkpoint
+            on disk is from before.
+        Preempted: SIGTERM arrived; a checkpoint of the last step was written.
         bertpretrain.loader.ShardError, bertpretrain.checkpoint.CheckpointError: bad input files.
         RuntimeError: an accelerator that is missing or not supported.
     """
-    engine = Engine(spec.accelerator, spec.precision)
+    engine = Engine(spec.accelerator, spec.precision, spec.tf32)
+    log = None
     try:
-        run = _build(spec, phase_index, shard_dir, vocab_size, init_from, vocab_dir, engine)
-        _train(run)
+        log = TrainingLog(
+            Path(spec.logging.path) if engine.is_main and spec.logging.path else None,
+            spec.logging.tensorboard,
+        )
+        run = _build(spec, phase_index, shard_dir, vocab_size, init_from, vocab_dir, engine, log)
+        with StopSignals() as stop:
+            _train(run, stop)
         engine.barrier()
         return checkpoint_path(run.root, phase_index, run.phase.steps)
     finally:
+        if log is not None:
+            log.close()
         engine.close()
 
 
@@ -111,42 +156,74 @@ def _build(
     init_from: Path | None,
     vocab_dir: Path | None,
     engine: Engine,
+    log: TrainingLog,
 ) -> _Phase:
     phase = spec.phases[index]
     torch.manual_seed(_seed(spec.seed, index))
     model = BertForPreTraining(BertConfig.from_dims(resolve_model(spec.model), vocab_size))
+    if spec.activation_checkpointing:
+        model.set_activation_checkpointing(True)
     resume = latest(phase_dir(Path(spec.checkpoint.path), index))
-    if resume is None and init_from is not None:
-        load_model_weights(init_from, model)
-    engine.prepare(model)
+    origin = _initialise(spec, model, resume, init_from, engine)
+    engine.prepare(model, compile=spec.compile)
     # Dropout differs between ranks; the initial weights above do not.
     torch.manual_seed(_seed(spec.seed, index, engine.rank + 1))
 
     optimizer = build_optimizer(model, spec.optimizer, phase.learning_rate)
-    scheduler = poly_warmup_schedule(optimizer, phase.steps, phase.warmup_proportion)
+    scheduler = build_schedule(
+        optimizer, spec.optimizer.schedule, phase.steps, phase.warmup_proportion, spec.optimizer.poly_power
+    )
     engine.attach(
         optimizer, scheduler, None if spec.optimizer.name == "lamb" else spec.optimizer.max_grad_norm
     )
-    start_step = load_training_state(resume, model, optimizer, scheduler, engine.scaler) if resume else 0
+    start = ResumePoint(0, 0)
+    if resume is not None:
+        start = load_training_state(resume, model, optimizer, scheduler, engine.scaler, engine.rank)
 
-    accumulation_steps = gradient_accumulation_steps(phase, engine.world_size)
+    micro_batch = micro_batch_size(phase, engine.world_size)
+    masking = _dynamic_masking(spec, vocab_dir)
     loader = build_loader(
         shard_dir,
         phase.max_seq_length,
         phase.max_predictions_per_seq,
         vocab_size,
-        micro_batch_size(phase, engine.world_size),
+        micro_batch,
         rank=engine.rank,
         world_size=engine.world_size,
         seed=_seed(spec.seed, index),
-        skip_batches=start_step * accumulation_steps,
+        skip_batches=start.sequences // micro_batch,
         num_workers=1 if engine.device.type == "cuda" else 0,
         pin_memory=engine.device.type == "cuda",
-        masking=_dynamic_masking(spec, vocab_dir),
+        masking=masking,
     )
-    run = _Phase(spec, index, engine, model, loader, accumulation_steps, start_step)
-    _announce(run, resume or init_from)
+    heldout = (
+        find_shards(shard_dir, phase.max_seq_length, phase.max_predictions_per_seq, HELDOUT_PATTERN)
+        if any(shard_dir.glob(HELDOUT_PATTERN))
+        else []
+    )
+    accumulation_steps = gradient_accumulation_steps(phase, engine.world_size)
+    run = _Phase(spec, index, engine, model, loader, heldout, masking, accumulation_steps, start.step, log)
+    _announce(run, origin)
     return run
+
+
+def _initialise(
+    spec: JobSpec, model: BertForPreTraining, resume: Path | None, init_from: Path | None, engine: Engine
+) -> str:
+    """Load the starting weights (a resumed checkpoint's are loaded later, with the rest of its
+    state); returns where they come from, for the first log line."""
+    if resume is not None:
+        return str(resume)
+    if init_from is not None:
+        load_model_weights(init_from, model)
+        return str(init_from)
+    if spec.model.init_from is None:
+        return "random initialisation"
+    source = Path(spec.model.init_from)
+    initialised = load_hf_weights(source, model)
+    if initialised and engine.is_main:
+        print(f"{source}: no weights for {', '.join(initialised)}; they start from initialisation")
+    return f"{source} (Hugging Face)"
 
 
 def _dynamic_masking(spec: JobSpec, vocab_dir: Path | None) -> DynamicMasking | None:
@@ -158,79 +235,189 @@ def _dynamic_masking(spec: JobSpec, vocab_dir: Path | None) -> DynamicMasking | 
     return DynamicMasking.from_vocab(vocab_dir, data.masked_lm_prob, data.whole_word_mask)
 
 
-def _announce(run: _Phase, source: Path | None) -> None:
-    if not run.engine.is_main:
+def _announce(run: _Phase, origin: str) -> None:
+    phase, spec, engine = run.phase, run.spec, run.engine
+    description = {
+        "phase": run.index + 1,
+        "model": spec.model.preset,
+        "parameters": count_parameters(run.model),
+        "steps": phase.steps,
+        "global_batch_size": phase.global_batch_size,
+        "micro_batch_size": micro_batch_size(phase, engine.world_size),
+        "gradient_accumulation_steps": run.accumulation_steps,
+        "world_size": engine.world_size,
+        "max_seq_length": phase.max_seq_length,
+        "learning_rate": phase.learning_rate,
+        "optimizer": spec.optimizer.name,
+        "schedule": spec.optimizer.schedule,
+        "precision": spec.precision,
+        "device": str(engine.device),
+        "packing": spec.data.packing,
+        "heldout_shards": len(run.heldout),
+        "start_step": run.start_step,
+        "init_from": origin,
+    }
+    run.log.parameters(description)
+    if not engine.is_main:
         return
-    phase, spec = run.phase, run.spec
-    origin = "random initialisation" if source is None else str(source)
+    rows = "rows of packed sequences" if spec.data.packing != "none" else "sequences"
     print(
-        f"{run.name}: {spec.model.preset} ({count_parameters(run.model):,} parameters), "
-        f"{phase.steps} steps x {phase.global_batch_size} sequences of {phase.max_seq_length} tokens "
-        f"(micro-batch {phase.micro_batch_size} x {run.accumulation_steps} accumulation steps x "
-        f"world size {run.engine.world_size}), {run.engine.device} {spec.precision} {spec.optimizer.name}; "
+        f"{run.name}: {spec.model.preset} ({description['parameters']:,} parameters), "
+        f"{phase.steps} steps x {phase.global_batch_size} {rows} of {phase.max_seq_length} tokens "
+        f"(micro-batch {description['micro_batch_size']} x {run.accumulation_steps} accumulation steps x "
+        f"world size {engine.world_size}), {engine.device} {spec.precision} {spec.optimizer.name}; "
         f"from {origin} at step {run.start_step}",
         flush=True,
     )
 
 
-def _train(run: _Phase) -> None:
-    phase, engine = run.phase, run.engine
+def _train(run: _Phase, stop: StopSignals) -> None:
+    phase, engine, spec = run.phase, run.engine, run.spec
     batches = iter(run.loader)
     progress = _Progress(run)
     for step in range(run.start_step + 1, phase.steps + 1):
-        losses = torch.zeros(3, device=engine.device)
+        stats = torch.zeros(7, device=engine.device)
         for _ in range(run.accumulation_steps):
-            losses += engine.forward_backward(next(batches), run.accumulation_steps)
-        lr = engine.optimizer_step()
-        losses = engine.mean_over_ranks(losses / run.accumulation_steps)
-        progress.record(step, losses.tolist(), lr)
-        if engine.is_main and (step % run.spec.checkpoint.every_steps == 0 or step == phase.steps):
-            save_checkpoint(
-                run.root,
-                run.index,
-                step,
-                model=run.model,
-                optimizer=engine.optimizer,
-                scheduler=engine.scheduler,
-                scaler=engine.scaler,
-                keep=run.spec.checkpoint.keep,
-            )
+            stats += engine.forward_backward(next(batches), run.accumulation_steps)
+        lr, skipped = engine.optimizer_step()
+        progress.record(step, engine.sum_over_ranks(stats).cpu(), lr, skipped)
+        stopping = engine.any_rank(stop.received is not None)
+        last = step == phase.steps
+        if stopping or last or step % spec.checkpoint.every_steps == 0:
+            saved = _save(run, step)
+            if stopping:
+                raise Preempted(stop.received or signal.SIGTERM, step, saved)
+        if run.heldout and (
+            last or (spec.evaluation.every_steps and step % spec.evaluation.every_steps == 0)
+        ):
+            _evaluate(run, step)
+
+
+def _save(run: _Phase, step: int) -> Path:
+    """Write the checkpoint of ``step`` on rank 0, with every rank's RNG states (collective)."""
+    rng = run.engine.gather(rng_states())
+    path = checkpoint_path(run.root, run.index, step)
+    if run.engine.is_main:
+        save_checkpoint(
+            run.root,
+            run.index,
+            step,
+            model=run.model,
+            optimizer=run.engine.optimizer,
+            scheduler=run.engine.scheduler,
+            scaler=run.engine.scaler,
+            keep=run.spec.checkpoint.keep,
+            data_position=run.batches.position(step * run.accumulation_steps).to_dict(),
+            rng=rng,  # type: ignore[arg-type]
+        )
+    return path
+
+
+def _evaluate(run: _Phase, step: int) -> Evaluation:
+    phase, engine = run.phase, run.engine
+    result = evaluate(
+        engine,
+        heldout_batches(
+            run.heldout,
+            run.model.config.vocab_size,
+            micro_batch_size(phase, engine.world_size),
+            engine.rank,
+            engine.world_size,
+            seed=_seed(run.spec.seed, run.index, 1),
+            masking=run.masking,
+            max_predictions_per_seq=phase.max_predictions_per_seq,
+            max_sequences=run.spec.evaluation.max_sequences,
+        ),
+    )
+    run.log.log(run.index + 1, step, "eval", result.values())
+    if engine.is_main:
+        print(
+            f"{run.name} step {step}/{phase.steps} held-out: mlm_acc {result.accuracy.mlm:.4f} "
+            f"nsp_acc {result.accuracy.nsp:.4f} loss {result.loss:.3f} (mlm {result.mlm_loss:.3f} "
+            f"nsp {result.nsp_loss:.3f}), {result.accuracy.sequences:,} sequences in {result.seconds:.1f} s",
+            flush=True,
+        )
+    return result
 
 
 class _Progress:
-    """Checks each step's loss and prints one line per ``logging.every_steps`` steps (rank 0).
+    """Checks each step's loss, prints one line per ``logging.every_steps`` steps (rank 0) and
+    logs it.
 
-    The loss shown is the mean over the steps since the last line; seq/s counts sequences of
-    all ranks per second of wall-clock time over those steps.
+    The losses shown are means over the steps since the last line (skipped fp16 steps left out);
+    mlm_acc is the training masked-LM accuracy over those steps; seq/s counts the sequences of
+    all ranks (packed ones one by one) per second of wall-clock time over those steps.
     """
 
     def __init__(self, run: _Phase):
         self.run = run
-        self.sums = [0.0, 0.0, 0.0]
+        self.consecutive_skips = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.sums = torch.zeros(7)
         self.steps = 0
+        self.skipped = 0
         self.start = time.perf_counter()
 
-    def record(self, step: int, losses: list[float], lr: float) -> None:
-        if not all(math.isfinite(value) for value in losses):
-            raise DivergenceError(
-                f"{self.run.name} step {step}: loss is {losses[0]} (mlm {losses[1]} nsp {losses[2]}); "
-                f"stopping. Lower the learning rate, or use bf16 or fp32 instead of fp16."
-            )
-        self.sums = [total + value for total, value in zip(self.sums, losses, strict=True)]
-        self.steps += 1
-        if step % self.run.spec.logging.every_steps == 0 or step == self.run.phase.steps:
-            self._print(step, lr)
-            self.sums, self.steps, self.start = [0.0, 0.0, 0.0], 0, time.perf_counter()
+    def record(self, step: int, stats: torch.Tensor, lr: float, skipped: bool) -> None:
+        """Take the statistics of one optimizer step, summed over micro-batches and ranks.
 
-    def _print(self, step: int, lr: float) -> None:
-        if not self.run.engine.is_main:
-            return
-        phase = self.run.phase
+        Raises:
+            DivergenceError: a non-finite loss that the fp16 gradient scaler did not skip, or
+                ``MAX_CONSECUTIVE_SKIPS`` skipped steps in a row.
+        """
+        finite = bool(torch.isfinite(stats[:3]).all())
+        self.consecutive_skips = self.consecutive_skips + 1 if skipped else 0
+        if (not finite and not skipped) or self.consecutive_skips >= MAX_CONSECUTIVE_SKIPS:
+            self._diverged(step, stats, skipped)
+        if skipped:
+            self.skipped += 1
+        if finite:
+            self.sums += stats
+            self.steps += 1
+        if step % self.run.spec.logging.every_steps == 0 or step == self.run.phase.steps:
+            self._emit(step, lr)
+            self._reset()
+
+    def _diverged(self, step: int, stats: torch.Tensor, skipped: bool) -> None:
+        run = self.run
+        losses = (stats[:3] / (run.accumulation_steps * run.engine.world_size)).tolist()
+        newest = latest(phase_dir(run.root, run.index))
+        kept = (
+            f"the last good checkpoint is {newest}" if newest else "no checkpoint of this phase was written"
+        )
+        cause = (
+            f"{self.consecutive_skips} fp16 steps in a row overflowed" if skipped else f"loss is {losses[0]}"
+        )
+        raise DivergenceError(
+            f"{run.name} step {step}: {cause} (mlm {losses[1]} nsp {losses[2]}); stopping, {kept}. "
+            f"Lower the learning rate, or use bf16 or fp32 instead of fp16."
+        )
+
+    def _emit(self, step: int, lr: float) -> None:
+        run, phase = self.run, self.run.phase
         elapsed = time.perf_counter() - self.start
-        total, mlm, nsp = (value / self.steps for value in self.sums)
-        eta = datetime.timedelta(seconds=round((phase.steps - step) * elapsed / self.steps))
+        # NaN when every step since the last line was skipped.
+        micro_batches = self.steps * run.accumulation_steps * run.engine.world_size
+        loss, mlm, nsp = (
+            self.sums[:3] / micro_batches if self.steps else torch.full((3,), math.nan)
+        ).tolist()
+        accuracy = Accuracy.from_counts(self.sums[3:])
+        steps_done = self.steps + self.skipped
+        rate = accuracy.sequences / elapsed
+        values = {"loss": loss, "mlm_loss": mlm, "nsp_loss": nsp, "mlm_accuracy": accuracy.mlm}
+        values |= {"nsp_accuracy": accuracy.nsp, "learning_rate": lr, "sequences_per_second": rate}
+        values["sequences"] = float(accuracy.sequences)
+        if self.skipped:
+            values["skipped_steps"] = float(self.skipped)
+        run.log.log(run.index + 1, step, "train", values)
+        if not run.engine.is_main:
+            return
+        eta = datetime.timedelta(seconds=round((phase.steps - step) * elapsed / max(steps_done, 1)))
+        skipped = f" skipped {self.skipped} (fp16 overflow)" if self.skipped else ""
         print(
-            f"{self.run.name} step {step}/{phase.steps} loss {total:.3f} (mlm {mlm:.3f} nsp {nsp:.3f}) "
-            f"lr {lr:.1e} seq/s {self.steps * phase.global_batch_size / elapsed:.1f} eta {eta}",
+            f"{run.name} step {step}/{phase.steps} loss {loss:.3f} (mlm {mlm:.3f} nsp {nsp:.3f}) "
+            f"mlm_acc {accuracy.mlm:.3f} lr {lr:.2e} seq/s {rate:.1f} eta {eta}{skipped}",
             flush=True,
         )
