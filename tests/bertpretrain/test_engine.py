@@ -217,3 +217,5 @@ def test_two_ranks_under_torchrun(
     state = read_checkpoint(Path(finals[0]))
     assert state["step"] == 4
     assert all(torch.isfinite(tensor).all() for tensor in state["model"].values())
+    # Each rank's dropout draws differ, and the checkpoint keeps both, for an exact resume.
+    assert len(state["rng"]) == 2 and not torch.equal(state["rng"][0]["torch"], state["rng"][1]["torch"])
