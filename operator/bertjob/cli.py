@@ -1,6 +1,6 @@
 """``bertjob``: validate, render, or run a BertPretrainJob file.
 
-    bertjob validate job.yaml   check the file as the operator would
+    bertjob validate job.yaml   check the file as the operator would (volumes and paths included)
     bertjob render job.yaml     print the manifests the operator would create
     bertjob run job.yaml        run the whole job here, without a cluster
 
@@ -21,7 +21,7 @@ from bertjob.validation import check
 
 
 def _validate(job: BertPretrainJob, source: str) -> int:
-    spec = check(with_defaults(job.spec), source)
+    spec = check(with_defaults(job.spec), source, cluster=True)
     print(f"{source}: valid BertPretrainJob {job.metadata.name!r}, world size {spec.topology.world_size}")
     return 0
 

@@ -20,8 +20,18 @@ from pydantic.alias_generators import to_camel
 
 from bertjob.spec import GROUP, KIND, PLURAL, VERSION, JobSpec
 
-Phase = Literal["Pending", "Running", "Succeeded", "Failed"]
-ConditionType = Literal["Created", "Running", "Succeeded", "Failed"]
+Phase = Literal["Pending", "Preparing", "Running", "Succeeded", "Failed", "Suspended"]
+ConditionType = Literal[
+    "Created",
+    "Preparing",
+    "Prepared",
+    "Running",
+    "Restarting",
+    "Suspended",
+    "Succeeded",
+    "Failed",
+    "SpecChangeRefused",
+]
 
 
 class _Status(BaseModel):
@@ -33,8 +43,9 @@ class Condition(_Status):
     """One observation of the job, in the shape Kubernetes conditions share."""
 
     type: ConditionType = Field(
-        description="Created (children created), Running, Succeeded or Failed (from the child, "
-        "or a bad spec)."
+        description="Created (children created), Preparing/Prepared (the data Job), Running, "
+        "Restarting, Suspended, Succeeded or Failed (mirrored from the child, or a bad spec), "
+        "SpecChangeRefused (a change that cannot be applied to a running job)."
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="CamelCase reason, e.g. InvalidSpec.")
@@ -43,26 +54,44 @@ class Condition(_Status):
 
 
 class ChildRef(_Status):
-    """The training resource the job was rendered into."""
+    """A resource the job was rendered into."""
 
     api_version: str = Field(description="e.g. kubeflow.org/v1.")
     kind: str = Field(description="e.g. PyTorchJob.")
     name: str = Field(description="Name, in the job's namespace.")
 
 
-class JobStatus(_Status):
-    """``status`` of a BertPretrainJob, written by the operator."""
+class Progress(_Status):
+    """Training progress, reported by the trainer's rank 0 at each logging step."""
 
-    phase: Phase | None = Field(None, description="Pending, Running, Succeeded or Failed.")
+    phase: int = Field(ge=1, description="Training phase (1 or 2).")
+    step: int = Field(ge=0, description="Optimizer steps done in this phase.")
+    total_steps: int = Field(ge=1, description="Optimizer steps in this phase.")
+    loss: float | None = Field(None, description="Training loss (masked LM + NSP) at the last logging step.")
+    mlm_accuracy: float | None = Field(None, description="Masked-LM accuracy at the last logging step.")
+    sequences_per_second: float | None = Field(None, description="Training throughput, all ranks together.")
+    update_time: datetime = Field(description="When the trainer reported this.")
+
+
+class JobStatus(_Status):
+    """``status`` of a BertPretrainJob, written by the operator (``progress`` by the trainer)."""
+
+    phase: Phase | None = Field(
+        None, description="Pending, Preparing, Running, Succeeded, Failed or Suspended."
+    )
     conditions: list[Condition] = Field(
         default_factory=list,
         description="Latest condition of each type.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
-    child: ChildRef | None = Field(None, description="The child training job.")
+    children: list[ChildRef] = Field(
+        default_factory=list, description="The data-preparation Job, if any, and the training job."
+    )
     config_map: str | None = Field(None, description="The ConfigMap holding job.yaml.")
+    observed_generation: int | None = Field(None, description="The spec generation the status describes.")
     start_time: datetime | None = Field(None, description="When the children were created.")
-    completion_time: datetime | None = Field(None, description="When the child succeeded or failed.")
+    completion_time: datetime | None = Field(None, description="When the job succeeded or failed.")
+    progress: Progress | None = Field(None, description="Live training progress from the trainer.")
 
 
 # Keywords that mean the same in JSON Schema 2020 and the API server's OpenAPI v3 subset.
@@ -177,10 +206,17 @@ def crd() -> dict[str, Any]:
                     "schema": {"openAPIV3Schema": resource_schema()},
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": [
-                        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+                        {"name": "Status", "type": "string", "jsonPath": ".status.phase"},
                         {"name": "Launcher", "type": "string", "jsonPath": ".spec.launcher"},
                         {"name": "Nodes", "type": "integer", "jsonPath": ".spec.topology.nodes"},
-                        {"name": "Child", "type": "string", "jsonPath": ".status.child.name"},
+                        {"name": "Phase", "type": "integer", "jsonPath": ".status.progress.phase"},
+                        {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
+                        {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss"},
+                        {
+                            "name": "Seq/s",
+                            "type": "number",
+                            "jsonPath": ".status.progress.sequencesPerSecond",
+                        },
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                     ],
                 }

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bertjob.spec import JobSpec, ModelSpec, PhaseSpec
+from bertjob.spec import JobSpec, ModelSpec, PhaseSpec, VolumeSpec
 
 DEFAULT_NUM_SHARDS = 4
+# The base pod's scratch volume (kustomize/base); a job volume of this name replaces it.
+DEFAULT_VOLUME = VolumeSpec(name="data", mount_path="/data")
 
 
 @dataclass(frozen=True)
@@ -100,3 +102,11 @@ def gradient_accumulation_steps(phase: PhaseSpec, world_size: int) -> int:
     guarantees that this divides exactly.
     """
     return max(phase.global_batch_size // (world_size * micro_batch_size(phase, world_size)), 1)
+
+
+def volumes(spec: JobSpec) -> list[VolumeSpec]:
+    """Every volume a training pod mounts besides the job file and /dev/shm: the spec's own, and
+    the base's emptyDir at /data unless a volume named ``data`` replaces it."""
+    if any(volume.name == DEFAULT_VOLUME.name for volume in spec.volumes):
+        return list(spec.volumes)
+    return [DEFAULT_VOLUME, *spec.volumes]

@@ -96,7 +96,7 @@ def create_job(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: kopf
                 last_transition_time=now,
             )
         ],
-        child=ChildRef(api_version=child_kind.api_version, kind=child_kind.kind, name=child),
+        children=[ChildRef(api_version=child_kind.api_version, kind=child_kind.kind, name=child)],
         config_map=config_map,
         start_time=now,
     )
@@ -151,7 +151,7 @@ def mirror_child(launcher: Launcher, body: kopf.Body, memo: kopf.Memo, logger: k
         raise
     status = _status_of(parent if isinstance(parent, Mapping) else {})
     # Until the create handler has recorded this child, its own status patch would undo ours.
-    if status.child is None or status.child.name != body.metadata.name:
+    if not any(ref.name == body.metadata.name and ref.kind == body.get("kind") for ref in status.children):
         return
     if status.phase in TERMINAL_PHASES or status.phase == state.phase:
         return

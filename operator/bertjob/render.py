@@ -67,7 +67,7 @@ def render(job: BertPretrainJob) -> list[dict[str, Any]]:
         RenderError: no kustomize/kubectl on PATH, or kustomize failed.
     """
     name, namespace = job.metadata.name, job.metadata.namespace
-    spec = check(with_defaults(job.spec), f"{namespace}/{name}")
+    spec = check(with_defaults(job.spec), f"{namespace}/{name}", cluster=True)
     job = job.model_copy(update={"spec": spec})
     launcher = launchers.get(spec.launcher)
     labels = job_labels(name)

@@ -13,10 +13,10 @@ Checks that involve one object live here (types, ranges, enums); checks across o
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
 
 GROUP = "bertjob.dev"
@@ -29,6 +29,15 @@ Launcher = Literal["pytorchjob", "mpijob"]
 Accelerator = Literal["nvidia-gpu", "habana-hpu", "xeon-cpu"]
 Precision = Literal["bf16", "fp16", "fp32"]
 ModelPreset = Literal["bert-tiny", "bert-mini", "bert-small", "bert-medium", "bert-base", "bert-large"]
+
+# A Kubernetes object passed through to the pods as written (a toleration, an affinity, an env
+# var, a volume source): the API server keeps it whole, and the rendered manifest is validated
+# against Kubernetes' own schema, which knows these types better than a copy of it here would.
+KubernetesObject = Annotated[
+    dict[str, Any], WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True})
+]
+# A resource quantity ("500m", "64Gi", 8), as Kubernetes writes it: a string or an integer.
+Quantity = Annotated[int | str, WithJsonSchema({"x-kubernetes-int-or-string": True})]
 
 
 class SpecError(ValueError):
@@ -278,6 +287,128 @@ class LoggingSpec(_Spec):
     tensorboard: bool = Field(True, description="Write TensorBoard scalars beside the JSON-lines log.")
 
 
+class ResourcesSpec(_Spec):
+    """Compute resources of each training pod (a container's ``resources``)."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict, description="e.g. {cpu: 16, memory: 64Gi}.")
+    limits: dict[str, Quantity] = Field(
+        default_factory=dict,
+        description="e.g. {memory: 128Gi}. The accelerator's device (nvidia.com/gpu, habana.ai/gaudi) "
+        "is added, one per process, unless set here.",
+    )
+
+
+class PodSpec(_Spec):
+    """What the cluster needs to know about the training pods; passed through to every replica."""
+
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Requests and limits.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
+        None, description="Default: Kubernetes' own (Always for :latest, else IfNotPresent)."
+    )
+    image_pull_secrets: list[str] = Field(
+        default_factory=list, description="Names of Secrets for pulling the image."
+    )
+    node_selector: dict[str, str] = Field(default_factory=dict, description="The pods' nodeSelector.")
+    tolerations: list[KubernetesObject] = Field(
+        default_factory=list, description="Kubernetes tolerations, as written in a pod spec."
+    )
+    affinity: KubernetesObject | None = Field(
+        None, description="A Kubernetes affinity, as written in a pod spec."
+    )
+    env: list[KubernetesObject] = Field(
+        default_factory=list, description="Extra environment variables (Kubernetes EnvVar objects)."
+    )
+    service_account_name: str | None = Field(
+        None,
+        min_length=1,
+        description="The pods' service account. Default: one made for the job, allowed only to "
+        "report progress to this job's status.",
+    )
+    priority_class_name: str | None = Field(None, min_length=1, description="The pods' PriorityClass.")
+    scheduler_name: str | None = Field(
+        None, min_length=1, description="e.g. volcano, or scheduler-plugins' scheduler for gang scheduling."
+    )
+    security_context: KubernetesObject | None = Field(
+        None,
+        description="The pod securityContext. Default: runAsNonRoot with the RuntimeDefault seccomp "
+        "profile; set fsGroup here when a volume must be writable by the trainer's user.",
+    )
+
+
+class VolumeSpec(_Spec):
+    """A volume mounted into every training pod, e.g. a PersistentVolumeClaim for shards and checkpoints."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="Volume name; 'data' replaces the default emptyDir at /data.",
+    )
+    mount_path: str = Field(pattern=r"^/", description="Absolute path in the container.")
+    read_only: bool = Field(False, description="Mount read-only (e.g. a shared corpus).")
+    source: KubernetesObject = Field(
+        default_factory=lambda: {"emptyDir": {}},
+        description="A Kubernetes volume source, e.g. {persistentVolumeClaim: {claimName: bert-data}}. "
+        "Default: an emptyDir.",
+    )
+
+
+class SchedulingPolicySpec(_Spec):
+    """Gang scheduling (Volcano or scheduler-plugins), the training operator's schedulingPolicy."""
+
+    min_available: int | None = Field(None, ge=1, description="Pods that must be schedulable together.")
+    queue: str | None = Field(None, min_length=1, description="Volcano queue.")
+    priority_class: str | None = Field(None, min_length=1, description="PriorityClass of the pod group.")
+    schedule_timeout_seconds: int | None = Field(
+        None, ge=1, description="Seconds the pod group may wait to be scheduled."
+    )
+
+
+class RunPolicySpec(_Spec):
+    """The child job's runPolicy (Kubeflow's common RunPolicy)."""
+
+    clean_pod_policy: Literal["None", "Running", "All"] | None = Field(
+        None, description="Pods deleted when the job ends. Default: the training operator's (None)."
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        None, ge=0, description="Delete the child job this long after it ends."
+    )
+    active_deadline_seconds: int | None = Field(
+        None, ge=1, description="Fail the job after running this long."
+    )
+    backoff_limit: int | None = Field(None, ge=0, description="Retries before the job is marked failed.")
+    suspend: bool = Field(
+        False,
+        description="Suspend the job: its pods are deleted; setting it back to false resumes from "
+        "the last checkpoint.",
+    )
+    scheduling_policy: SchedulingPolicySpec | None = Field(None, description="Gang scheduling.")
+
+
+class MpiSpec(_Spec):
+    """How the mpijob launcher starts the ranks."""
+
+    command: Literal["mpirun", "horovodrun"] = Field(
+        "mpirun", description="mpirun (OpenMPI) or horovodrun, over mpi-operator's /etc/mpi/hostfile."
+    )
+    ssh_auth_mount_path: str = Field(
+        "/home/mpiuser/.ssh", pattern=r"^/", description="Where mpi-operator mounts the SSH keys."
+    )
+
+
+class PrepareSpec(_Spec):
+    """The optional data-preparation Job that runs before training."""
+
+    enabled: bool = Field(
+        False,
+        description="Run `python -m bertpretrain prepare` as a batch/v1 Job first; training starts when "
+        "it succeeds. Otherwise rank 0 of the training job prepares the data itself.",
+    )
+    resources: ResourcesSpec = Field(
+        default_factory=ResourcesSpec, description="Requests and limits of the preparation pod."
+    )
+
+
 class JobSpec(_Spec):
     """``spec`` of a BertPretrainJob."""
 
@@ -308,6 +439,18 @@ class JobSpec(_Spec):
         default_factory=EvaluationSpec, description="Held-out masked-LM and NSP accuracy."
     )
     logging: LoggingSpec = Field(default_factory=LoggingSpec, description="Progress output and logs.")
+    pod: PodSpec = Field(default_factory=PodSpec, description="Pod settings passed through to every replica.")
+    volumes: list[VolumeSpec] = Field(
+        default_factory=list,
+        description="Volumes for corpus, shards and checkpoints. Default: an emptyDir at /data. Every "
+        "path the job writes (data.shards, checkpoint.path, export.path, logging.path) must lie on one.",
+    )
+    run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec, description="The child job's runPolicy.")
+    queue_name: str | None = Field(
+        None, min_length=1, description="Kueue LocalQueue: sets the kueue.x-k8s.io/queue-name label."
+    )
+    mpi: MpiSpec = Field(default_factory=MpiSpec, description="mpijob launcher settings.")
+    prepare: PrepareSpec = Field(default_factory=PrepareSpec, description="Data preparation as its own Job.")
     seed: int = Field(12345, ge=0, description="Seed for data creation, initialisation and sampling.")
 
 

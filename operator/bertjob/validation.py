@@ -6,8 +6,13 @@ names the field at fault in its YAML spelling, so a user or a status condition c
 
 from __future__ import annotations
 
-from bertjob.defaults import micro_batch_size, resolve_model
+from pathlib import PurePosixPath
+
+from bertjob.defaults import micro_batch_size, resolve_model, volumes
 from bertjob.spec import JobSpec, SpecError
+
+# Volumes the base pod template mounts itself (kustomize/base): a job volume may not take their names.
+RESERVED_VOLUMES = {"job-config": "/etc/bertjob", "dshm": "/dev/shm"}
 
 
 def problems(spec: JobSpec, training: bool = True) -> list[tuple[str, str]]:
@@ -18,8 +23,6 @@ def problems(spec: JobSpec, training: bool = True) -> list[tuple[str, str]]:
     world_size = spec.topology.world_size
     dims = resolve_model(spec.model)
 
-    if spec.launcher == "mpijob":
-        found.append(("spec.launcher", "mpijob (Horovod) is not implemented yet; use pytorchjob"))
     if dims.hidden_size % dims.num_attention_heads:
         found.append(
             (
@@ -75,13 +78,53 @@ def problems(spec: JobSpec, training: bool = True) -> list[tuple[str, str]]:
     return found
 
 
-def check(spec: JobSpec, source: str = "<spec>", training: bool = True) -> JobSpec:
-    """Return ``spec`` unchanged if it is consistent (``training``: see :func:`problems`).
+def cluster_problems(spec: JobSpec) -> list[tuple[str, str]]:
+    """What only matters when the job runs as pods (not for ``bertjob run`` on this machine):
+    volume names and mount paths, and every path the job writes lying on a writable volume, so
+    that shards and checkpoints outlive the container and are visible to every rank."""
+    found: list[tuple[str, str]] = []
+    seen: dict[str, int] = {}
+    for index, volume in enumerate(spec.volumes):
+        where = f"spec.volumes[{index}]"
+        if volume.name in RESERVED_VOLUMES:
+            found.append(
+                (f"{where}.name", f"{volume.name} is the operator's own volume; choose another name")
+            )
+        if volume.name in seen:
+            found.append((f"{where}.name", f"{volume.name} is also spec.volumes[{seen[volume.name]}]"))
+        seen.setdefault(volume.name, index)
+        if PurePosixPath(volume.mount_path) in {PurePosixPath(path) for path in RESERVED_VOLUMES.values()}:
+            found.append(
+                (f"{where}.mountPath", f"{volume.mount_path} is where the operator mounts its own volume")
+            )
+    writable = [PurePosixPath(volume.mount_path) for volume in volumes(spec) if not volume.read_only]
+    outputs = {
+        "spec.data.shards": spec.data.shards,
+        "spec.checkpoint.path": spec.checkpoint.path,
+        "spec.export.path": spec.export.path,
+        "spec.logging.path": spec.logging.path,
+    }
+    for field, path in outputs.items():
+        if path is None:
+            continue
+        if not path.startswith("/"):
+            found.append((field, f"{path} must be an absolute path in the container"))
+        elif not any(PurePosixPath(path).is_relative_to(mount) for mount in writable):
+            mounts = ", ".join(str(mount) for mount in writable) or "none"
+            found.append(
+                (field, f"{path} is on no writable volume (mounted: {mounts}); add one to spec.volumes")
+            )
+    return found
+
+
+def check(spec: JobSpec, source: str = "<spec>", training: bool = True, cluster: bool = False) -> JobSpec:
+    """Return ``spec`` unchanged if it is consistent (``training``: see :func:`problems`;
+    ``cluster``: also :func:`cluster_problems`, as the operator checks it).
 
     Raises:
-        SpecError: listing every problem found by :func:`problems`.
+        SpecError: listing every problem found.
     """
-    found = problems(spec, training)
+    found = problems(spec, training) + (cluster_problems(spec) if cluster else [])
     if found:
         raise SpecError(source, found)
     return spec

@@ -234,7 +234,7 @@ def test_a_valid_job_gets_owned_children_and_a_status(
 
     status = cluster.status_when("demo", "Pending")
 
-    assert status["child"] == {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "demo"}
+    assert status["children"] == [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "demo"}]
     assert status["configMap"] == "demo-config"
     assert [(c["type"], c["status"]) for c in status["conditions"]] == [("Created", "True")]
     assert_valid(status, bertjob_schema["properties"]["status"])

@@ -142,8 +142,9 @@ HOSTILE = [
 
 @pytest.mark.parametrize("value", HOSTILE)
 def test_hostile_values_come_out_verbatim(value: str) -> None:
+    shards = f"/data/{value}"  # on the data volume, as every path the job writes must be
     document = _job(
-        nodes=2, changes={"spec.image": value, "spec.data.shards": value, "metadata.namespace": value}
+        nodes=2, changes={"spec.image": value, "spec.data.shards": shards, "metadata.namespace": value}
     )
 
     rendered = render(parse_job(document))
@@ -153,7 +154,7 @@ def test_hostile_values_come_out_verbatim(value: str) -> None:
     assert {obj["metadata"]["namespace"] for obj in rendered} == {value}
     assert {pod["spec"]["containers"][0]["image"] for pod in _pods(pytorchjob).values()} == {value}
     job_file = yaml.safe_load(config_map["data"]["job.yaml"])
-    assert (job_file["spec"]["image"], job_file["spec"]["data"]["shards"]) == (value, value)
+    assert (job_file["spec"]["image"], job_file["spec"]["data"]["shards"]) == (value, shards)
     assert (job_file["metadata"]["namespace"], pytorchjob["metadata"]["name"]) == (value, "demo")
 
 

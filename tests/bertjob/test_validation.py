@@ -2,7 +2,7 @@ import pytest
 
 from bertjob.defaults import with_defaults
 from bertjob.spec import SpecError, parse_job
-from bertjob.validation import check, problems
+from bertjob.validation import check, cluster_problems, problems
 from jobs import valid_job, with_value
 
 
@@ -42,7 +42,6 @@ def test_valid_job_has_no_problems():
             "spec.phases[1].maxSeqLength",
             "exceeds the model's maxPositionEmbeddings 256",
         ),
-        ({"spec.launcher": "mpijob"}, "spec.launcher", "not implemented yet"),
         (
             {"spec.data.numShards": 8, "spec.data.maxShardMB": 64.0},
             "spec.data.maxShardMB",
@@ -89,3 +88,55 @@ def test_evaluation_is_checked_only_for_training():
     document = with_value(valid_job(), "spec.evaluation", {"everySteps": 100})
     assert problems(with_defaults(parse_job(document).spec), training=False) == []
     assert _problems(with_value(document, "spec.data.heldoutFraction", 0.05)) == {}
+
+
+def _cluster_problems(document):
+    return dict(cluster_problems(with_defaults(parse_job(document).spec)))
+
+
+def test_the_default_data_volume_holds_every_output():
+    assert _cluster_problems(valid_job()) == {}
+
+
+PVC = {"persistentVolumeClaim": {"claimName": "bert"}}
+
+
+@pytest.mark.parametrize(
+    ("changes", "path", "message"),
+    [
+        ({"spec.checkpoint.path": "/ckpt"}, "spec.checkpoint.path", "/ckpt is on no writable volume"),
+        ({"spec.data.shards": "shards"}, "spec.data.shards", "must be an absolute path"),
+        ({"spec.export": {"path": "/models/out"}}, "spec.export.path", "mounted: /data"),
+        (
+            {"spec.volumes": [{"name": "data", "mountPath": "/data", "readOnly": True, "source": PVC}]},
+            "spec.data.shards",
+            "on no writable volume (mounted: none)",
+        ),
+        ({"spec.volumes": [{"name": "dshm", "mountPath": "/x"}]}, "spec.volumes[0].name", "operator's own"),
+        (
+            {"spec.volumes": [{"name": "a", "mountPath": "/a"}, {"name": "a", "mountPath": "/b"}]},
+            "spec.volumes[1].name",
+            "also spec.volumes[0]",
+        ),
+        ({"spec.volumes": [{"name": "a", "mountPath": "/etc/bertjob/"}]}, "spec.volumes[0].mountPath", "own"),
+    ],
+)
+def test_an_output_off_every_volume_names_the_field(changes, path, message):
+    document = valid_job()
+    for field, value in changes.items():
+        document = with_value(document, field, value)
+    found = _cluster_problems(document)
+    assert path in found and message in found[path], found
+
+
+def test_a_claim_mounted_elsewhere_holds_the_checkpoints():
+    document = with_value(valid_job(), "spec.checkpoint.path", "/ckpt/run-1")
+    document = with_value(document, "spec.volumes", [{"name": "ckpt", "mountPath": "/ckpt", "source": PVC}])
+    assert _cluster_problems(document) == {}
+
+
+def test_cluster_checks_are_only_made_when_asked():
+    spec = with_defaults(parse_job(with_value(valid_job(), "spec.data.shards", "shards")).spec)
+    assert check(spec) is spec
+    with pytest.raises(SpecError, match=r"spec\.data\.shards"):
+        check(spec, cluster=True)

@@ -42,6 +42,8 @@ def _mlm_losses(output: str, phase: int) -> list[float]:
 @pytest.mark.slow
 def test_rendered_pytorchjob_command_trains_two_ranks(tmp_path: Path) -> None:
     document = small_training_job(tmp_path, processes=2)
+    # In a pod, tmp_path would be a volume: the job writes its shards and checkpoints there.
+    document["spec"]["volumes"] = [{"name": "work", "mountPath": str(tmp_path)}]
     config_map, pytorchjob = render(parse_job(document))
     master = pytorchjob["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
     config = tmp_path / "job.yaml"
