@@ -12,7 +12,8 @@ seconds since this process opened the log. A resumed run appends: a step logged 
 last checkpoint of a killed run, then again) is read by its last line. Unlike DLLogger's
 ``DLLL `` prefix, lines hold JSON alone, so ``jq`` and ``pandas.read_json(lines=True)`` read them.
 TensorBoard (``<logging.path>/tensorboard``) gets each ``LOG`` value as the scalar
-``phase<n>/<split>/<name>`` at the optimizer step.
+``phase<n>/<split>/<name>`` at the optimizer step, and in a cluster the job's
+``status.progress`` gets the training values (:mod:`bertpretrain.status`).
 """
 
 from __future__ import annotations
@@ -24,12 +25,15 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
+from bertpretrain.status import StatusReporter
+
 Split = Literal["train", "eval"]
 LOG_FILE = "train.jsonl"
 
 
 class TrainingLog:
-    """Appends to ``directory/train.jsonl`` and, with ``tensorboard``, writes event files.
+    """Appends to ``directory/train.jsonl``, with ``tensorboard`` writes event files, and with
+    a ``status`` reporter sends the training values to the job's status.
 
     A log made with ``directory=None`` (every rank but 0) writes nothing.
 
@@ -37,10 +41,13 @@ class TrainingLog:
         OSError: the directory cannot be created or written.
     """
 
-    def __init__(self, directory: Path | None, tensorboard: bool = True):
+    def __init__(
+        self, directory: Path | None, tensorboard: bool = True, status: StatusReporter | None = None
+    ):
         self.started = time.perf_counter()
         self._file = None
         self._writer: Any = None
+        self._status = status
         if directory is None:
             return
         directory.mkdir(parents=True, exist_ok=True)
@@ -74,6 +81,8 @@ class TrainingLog:
     def log(self, phase: int, step: int, split: Split, values: dict[str, float]) -> None:
         """Record ``values`` of phase ``phase`` (counted from 1) after optimizer step ``step``."""
         self._write("LOG", [phase, step], {"split": split, **values})
+        if self._status is not None and split == "train":
+            self._status.report(phase, step, values)
         if self._writer is not None:
             for name, value in values.items():
                 if math.isfinite(value):

@@ -55,6 +55,7 @@ from bertpretrain.model import BertConfig, BertForPreTraining, count_parameters
 from bertpretrain.optimizer import build_optimizer
 from bertpretrain.preemption import Preempted, StopSignals
 from bertpretrain.schedule import build_schedule
+from bertpretrain.status import StatusReporter
 
 # With fp16, this many skipped steps in a row (the loss scale halved each time) means divergence.
 MAX_CONSECUTIVE_SKIPS = 30
@@ -129,10 +130,9 @@ def train_phase(
     engine = Engine(spec.accelerator, spec.precision, spec.tf32)
     log = None
     try:
-        log = TrainingLog(
-            Path(spec.logging.path) if engine.is_main and spec.logging.path else None,
-            spec.logging.tensorboard,
-        )
+        directory = Path(spec.logging.path) if engine.is_main and spec.logging.path else None
+        status = StatusReporter.from_environment(spec.phases[phase_index].steps) if directory else None
+        log = TrainingLog(directory, spec.logging.tensorboard, status)
         run = _build(spec, phase_index, shard_dir, vocab_size, init_from, vocab_dir, engine, log)
         with StopSignals() as stop:
             _train(run, stop)
