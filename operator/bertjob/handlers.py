@@ -1,245 +1,349 @@
-"""The operator: kopf handlers for BertPretrainJobs.
+"""The operator: kopf handlers for BertPretrainJobs and their children.
 
     kopf run --standalone --all-namespaces -m bertjob.handlers
 
-The pipeline: spec -> validate (:func:`bertjob.spec.parse_job`, then defaults and cross-field
-checks inside :func:`bertjob.render.render`) -> render -> apply (adopt and create the children
-here) -> watch the child (its Kubeflow conditions) -> status. A bad spec fails the job for good,
-with a condition and an event naming the field; the API server not being ready is retried.
+The lifecycle: spec -> validate (:func:`bertjob.spec.parse_job`, then defaults and cross-field
+checks inside :func:`bertjob.render.render`) -> render -> create the children, owned by the job
+(all of them; or, with ``spec.prepare.enabled``, all but the training job, which is created when
+the data Job completes) -> watch the data Job and the training job -> status
+(:mod:`bertjob.status`). Phase 1 and phase 2 run in the one training job. Spec changes later are
+applied only where safe (:mod:`bertjob.changes`). A bad spec fails the job for good, with a
+condition and an event naming the field; the API server not being ready is retried.
 """
 
 from __future__ import annotations
 
-import functools
+import os
+import threading
 from collections.abc import Mapping
-from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import kopf
 import kubernetes
-import pydantic
-from kubernetes.client import ApiClient, CoreV1Api, CustomObjectsApi, V1ConfigMap
+import yaml
+from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
-from bertjob import launchers
-from bertjob.crd import ChildRef, Condition, JobStatus
-from bertjob.launchers import ChildKind, ChildState, Launcher
-from bertjob.render import NAME_LABEL, RenderError, config_map_name, render
+from bertjob import changes, launchers, metrics
+from bertjob import status as lifecycle
+from bertjob.children import (
+    ForeignObjectError,
+    create_children,
+    is_prepare_job,
+    is_training_child,
+    patch_child,
+    patch_status,
+    read,
+    read_owner,
+)
+from bertjob.crd import ChildRef, JobStatus
+from bertjob.defaults import with_defaults
+from bertjob.render import JOB_FILE, NAME_LABEL, RenderError, config_map_name, render
 from bertjob.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION, SpecError, parse_job
+from bertjob.validation import check
 
 # kopf's bookkeeping goes to annotations under our own domain, never into the status.
 STORAGE_PREFIX = "bertjob.dev"
 RETRY_DELAY_S = 30
-TERMINAL_PHASES = ("Succeeded", "Failed")
-
-
-class ForeignObjectError(Exception):
-    """A child's name is taken by an object that this job does not own."""
+# Failures that a corrected spec may clear: the job is rendered again from the new spec.
+RENDERED_AGAIN = ("InvalidSpec", "RenderFailed")
+READY = threading.Event()
 
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    """Connect the Kubernetes client (in-cluster, or ``$KUBECONFIG``) and place kopf's state."""
+    """Connect the Kubernetes client (in-cluster, or ``$KUBECONFIG``), place kopf's state, and
+    serve metrics on ``$BERTJOB_METRICS_PORT`` if set.
+
+    Raises:
+        OSError: the metrics port is taken.
+    """
     kubernetes.config.load_config()
     memo.api = ApiClient()
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=STORAGE_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=STORAGE_PREFIX)
+    if port := os.environ.get(metrics.PORT_ENV):
+        memo.metrics = metrics.serve(int(port), READY)
+    READY.set()
+
+
+@kopf.on.cleanup()
+def stop_metrics(memo: kopf.Memo, **_: Any) -> None:
+    """Stop serving metrics."""
+    READY.clear()
+    if server := memo.get("metrics"):
+        server.shutdown()
+
+
+@kopf.on.probe(id="jobs")
+def jobs_seen(**_: Any) -> int:
+    """Liveness detail: how many BertPretrainJobs the operator follows."""
+    return metrics.JOBS.count()
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def count_job(body: kopf.Body, type: str | None, **_: Any) -> None:
+    """Keep ``bertjob_jobs{phase}`` up to date."""
+    namespace, name = str(body.metadata.namespace), str(body.metadata.name)
+    if type == "DELETED":
+        metrics.JOBS.gone(namespace, name)
+    else:
+        metrics.JOBS.seen(namespace, name, lifecycle.of(body).phase)
 
 
 @kopf.on.create(GROUP, VERSION, PLURAL)
-def create_job(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    """Render a new job, create its children (owned by it) and record them in its status.
+@metrics.observed("create")
+def create_job(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Render a new job and create its children; see :func:`launch`."""
+    launch(memo.api, body)
+
+
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+@metrics.observed("update")
+def update_job(body: kopf.Body, old: Any, new: Any, memo: kopf.Memo, **_: Any) -> None:
+    """Apply a spec change to a job that has children, where safe; see :func:`change`."""
+    change(memo.api, body, old, new)
+
+
+@metrics.observed("prepare")
+def prepare_finished(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """When the data Job of a job completes, create the training job; when it fails, fail the job.
+
+    Raises:
+        kopf.TemporaryError: the API server could not take the training job yet.
+    """
+    outcome = lifecycle.prepare_outcome(body.get("status") or {})
+    job = read_owner(memo.api, body) if outcome else None
+    if outcome is None or job is None:
+        return
+    current = lifecycle.of(job)
+    if current.phase in lifecycle.TERMINAL_PHASES or any(_trains(child) for child in current.children):
+        return
+    verdict, reason, message = outcome
+    if verdict == "Failed":
+        _fail(memo.api, job, current, "PrepareFailed", f"{body.metadata.name}: {reason}: {message}")
+        return
+    accepted = _accepted(memo.api, job, current) or _document(job)
+    objects = _children_of(memo.api, job, current, changes.accepted_document(accepted, job.get("spec")))
+    _create(memo.api, job, current, objects)
+    [training] = [_ref(obj) for obj in objects if is_training_child(obj)]
+    suspended = changes.suspended(job.get("spec"))
+    _write(
+        memo.api,
+        job,
+        current,
+        lifecycle.prepared(current, training, reason, message, suspended, lifecycle.now()),
+    )
+
+
+@metrics.observed("mirror")
+def mirror_child(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Copy a training job's Kubeflow conditions into its BertPretrainJob's phase and conditions."""
+    conditions = lifecycle.child_conditions(body.get("status") or {}, lifecycle.now())
+    job = read_owner(memo.api, body) if conditions else None
+    if job is None:
+        return
+    current = lifecycle.of(job)
+    # Until the job's status names this child, a status patch of the create handler may follow ours.
+    if _ref(body) not in current.children:
+        return
+    suspended = changes.suspended(job.get("spec"))
+    _write(memo.api, job, current, lifecycle.follow_child(current, conditions, suspended, lifecycle.now()))
+
+
+def launch(api: ApiClient, job: Mapping[str, Any]) -> None:
+    """Render ``job`` and create its children (owned by it): all of them, or all but the
+    training job while a data Job runs first; then record them in its status.
 
     Raises:
         kopf.PermanentError: the spec is invalid, or its children cannot be rendered or are
             refused; the status is Failed with a condition saying why.
         kopf.TemporaryError: the API server could not take the children yet; kopf retries.
     """
-    now = _now()
-    document = {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": {"name": body.metadata.name, "namespace": body.metadata.namespace},
-        "spec": body.get("spec"),
-    }
-    try:
-        job = parse_job(document, f"{body.metadata.namespace}/{body.metadata.name}")
-        objects = render(job)
-    except SpecError as error:
-        message = "; ".join(f"{path}: {problem}" for path, problem in error.problems)
-        raise _fail(body, patch, "InvalidSpec", message, now) from error
-    except RenderError as error:
-        raise _fail(body, patch, "RenderFailed", str(error), now) from error
+    current = lifecycle.of(job)
+    objects = _children_of(api, job, current, _document(job))
+    preparing = any(is_prepare_job(obj) for obj in objects)
+    first = [obj for obj in objects if not (preparing and is_training_child(obj))]
+    _create(api, job, current, first)
+    launched = lifecycle.launched(
+        current,
+        children=[_ref(obj) for obj in first if is_prepare_job(obj) or is_training_child(obj)],
+        config_map=config_map_name(job["metadata"]["name"]),
+        preparing=preparing,
+        suspended=changes.suspended(job.get("spec")),
+        generation=job["metadata"].get("generation"),
+        at=lifecycle.now(),
+    )
+    _write(api, job, current, launched)
 
-    child_kind = launchers.get(job.spec.launcher).child
-    kopf.adopt(objects, owner=body)
+
+def change(api: ApiClient, job: Mapping[str, Any], old: Any, new: Any) -> None:
+    """Apply a change of ``job``'s spec from ``old`` to ``new``.
+
+    A job that failed for its spec is rendered again. Otherwise the new spec is compared with the
+    accepted one (in the job's ConfigMap): the safe run-policy fields are patched into the
+    children, and the rest is refused with a SpecChangeRefused condition and a warning event
+    naming the fields; an invalid new spec is refused whole.
+
+    Raises:
+        kopf.PermanentError, kopf.TemporaryError: as :func:`launch`, when rendering again.
+        ApiException: the API server refused a child's patch.
+    """
+    current = lifecycle.of(job)
+    failure = next((c for c in current.conditions if c.type == "Failed" and c.status == "True"), None)
+    if current.phase == "Failed" and failure is not None and failure.reason in RENDERED_AGAIN:
+        launch(api, job)
+        return
+    if current.phase is None:
+        return
+    accepted = _accepted(api, job, current)
     try:
-        create_children(memo.api, objects, child_kind, owner_uid=str(body.metadata.uid))
+        candidate = _defaulted(_document(job))
+        fields = (
+            changes.changed_fields(accepted["spec"], candidate["spec"])
+            if accepted
+            else changes.changed_fields(old, new)
+        )
+        safe, refused = changes.split(fields)
+        why = "not applied to a job that has started"
+    except SpecError as error:
+        safe, refused = [], changes.changed_fields(old, new)
+        why = f"invalid spec ({_problems(error)}), nothing applied"
+    spec = job.get("spec")
+    if safe and current.phase not in lifecycle.TERMINAL_PHASES:
+        for ref in current.children:
+            target = {"apiVersion": ref.api_version, "kind": ref.kind, "metadata": _meta(job, ref.name)}
+            if _trains(ref):
+                patch_child(api, target, changes.training_patch(spec))
+            elif current.phase in ("Preparing", "Suspended") and not any(map(_trains, current.children)):
+                patch_child(api, target, changes.prepare_patch(spec))
+    at = lifecycle.now()
+    updated = lifecycle.spec_change(current, refused, why, job["metadata"].get("generation"), at)
+    if changes.suspended(spec) != (current.phase == "Suspended"):
+        has_training = any(map(_trains, current.children))
+        updated = lifecycle.suspension(updated, changes.suspended(spec), has_training, at)
+    _write(api, job, current, updated)
+    if refused:
+        kopf.warn(
+            _body(job), reason="SpecChangeRefused", message=lifecycle.short(f"{why}: {', '.join(refused)}")
+        )
+
+
+def _children_of(
+    api: ApiClient, job: Mapping[str, Any], current: JobStatus, document: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The rendered children of ``document``, owned by ``job``, with its safe run-policy fields."""
+    meta = job["metadata"]
+    try:
+        objects = render(parse_job(document, f"{meta['namespace']}/{meta['name']}"))
+    except SpecError as error:
+        raise _fail(api, job, current, "InvalidSpec", _problems(error)) from error
+    except RenderError as error:
+        raise _fail(api, job, current, "RenderFailed", str(error)) from error
+    spec = job.get("spec")
+    objects = [
+        changes.merged(obj, changes.training_patch(spec))
+        if is_training_child(obj)
+        else changes.merged(obj, changes.prepare_patch(spec))
+        if is_prepare_job(obj)
+        else obj
+        for obj in objects
+    ]
+    kopf.adopt(objects, owner=_body(job))
+    return objects
+
+
+def _create(
+    api: ApiClient, job: Mapping[str, Any], current: JobStatus, objects: list[dict[str, Any]]
+) -> None:
+    try:
+        create_children(api, objects, owner_uid=str(job["metadata"]["uid"]))
     except ForeignObjectError as error:
-        raise _fail(body, patch, "ChildConflict", str(error), now) from error
+        raise _fail(api, job, current, "ChildConflict", str(error)) from error
     except ApiException as error:
         answer = f"{error.status} {error.reason}"
         if error.status in (400, 422):
-            raise _fail(body, patch, "ChildRejected", f"{answer}: {error.body}", now) from error
+            raise _fail(api, job, current, "ChildRejected", f"{answer}: {error.body}") from error
         raise kopf.TemporaryError(f"the API server answered {answer}", delay=RETRY_DELAY_S) from error
 
-    child, config_map = job.metadata.name, config_map_name(job.metadata.name)
-    message = f"Created ConfigMap {config_map} and {child_kind.kind} {child}"
-    status = JobStatus(
-        phase="Pending",
-        conditions=[
-            Condition(
-                type="Created",
-                status="True",
-                reason="ChildrenCreated",
-                message=message,
-                last_transition_time=now,
-            )
-        ],
-        children=[ChildRef(api_version=child_kind.api_version, kind=child_kind.kind, name=child)],
-        config_map=config_map,
-        start_time=now,
-    )
-    patch.status.update(_dump(status))
-    logger.info(message)
 
-
-def create_children(
-    api: ApiClient, objects: list[dict[str, Any]], child: ChildKind, *, owner_uid: str
+def _write(
+    api: ApiClient, job: Mapping[str, Any], old: JobStatus, new: JobStatus, announce: bool = True
 ) -> None:
-    """Create each object in its namespace; one that exists already and is owned by ``owner_uid``
-    counts as created, so that a retried handler never duplicates anything.
-
-    Raises:
-        ForeignObjectError: an object of that name exists and belongs to someone else.
-        ApiException: the API server refused an object, or failed.
-    """
-    for obj in objects:
-        try:
-            _create(api, obj, child)
-        except ApiException as error:
-            if error.status != 409:
-                raise
-            existing = _read(api, obj, child)
-            refs = existing.get("metadata", {}).get("ownerReferences") or []
-            if not any(ref.get("uid") == owner_uid for ref in refs):
-                raise ForeignObjectError(
-                    f"{obj['kind']} {obj['metadata']['name']} already exists and is not owned by this job"
-                ) from None
-
-
-def mirror_child(launcher: Launcher, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    """Copy a child's Running, Succeeded or Failed into its BertPretrainJob's phase and conditions."""
-    state = launcher.state(body)
-    owner = next(
-        (
-            ref["name"]
-            for ref in body.metadata.get("ownerReferences") or []
-            if ref.get("apiVersion") == API_VERSION and ref.get("kind") == KIND
-        ),
-        None,
-    )
-    if state is None or owner is None:
+    """Patch the fields of the status that changed; an Event for a phase change."""
+    patch = lifecycle.status_patch(old, new)
+    if not patch:
         return
-    api = CustomObjectsApi(memo.api)
-    namespace = str(body.metadata.namespace)
-    try:
-        parent = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, owner)
-    except ApiException as error:
-        if error.status == 404:
-            return
-        raise
-    status = _status_of(parent if isinstance(parent, Mapping) else {})
-    # Until the create handler has recorded this child, its own status patch would undo ours.
-    if not any(ref.name == body.metadata.name and ref.kind == body.get("kind") for ref in status.children):
-        return
-    if status.phase in TERMINAL_PHASES or status.phase == state.phase:
-        return
-    updated = advance(status, state, _now())
-    api.patch_namespaced_custom_object_status(
-        GROUP,
-        VERSION,
-        namespace,
-        PLURAL,
-        owner,
-        {"status": _dump(updated)},
-        _content_type="application/merge-patch+json",
-    )
-    logger.info(f"{KIND} {owner} is {state.phase}")
-
-
-def advance(status: JobStatus, state: ChildState, now: datetime) -> JobStatus:
-    """``status`` moved to the child's phase, with a matching condition."""
-    condition = Condition(
-        type=state.phase,
-        status="True",
-        reason=state.reason or state.phase,
-        message=state.message,
-        last_transition_time=now,
-    )
-    completion = now if state.phase in TERMINAL_PHASES else status.completion_time
-    updated = with_condition(status, condition)
-    return updated.model_copy(update={"phase": state.phase, "completion_time": completion})
-
-
-def with_condition(status: JobStatus, condition: Condition) -> JobStatus:
-    """``status`` with ``condition`` replacing any earlier one of its type."""
-    kept = [existing for existing in status.conditions if existing.type != condition.type]
-    return status.model_copy(update={"conditions": [*kept, condition]})
+    patch_status(api, job, patch)
+    event = lifecycle.transition(old, new) if announce else None
+    if event is not None:
+        kopf.event(_body(job), type=event.type, reason=event.reason, message=event.message)
 
 
 def _fail(
-    body: kopf.Body, patch: kopf.Patch, reason: str, message: str, now: datetime
+    api: ApiClient, job: Mapping[str, Any], current: JobStatus, reason: str, message: str
 ) -> kopf.PermanentError:
-    condition = Condition(
-        type="Failed", status="True", reason=reason, message=message, last_transition_time=now
-    )
-    status = with_condition(_status_of(body), condition).model_copy(update={"phase": "Failed"})
-    patch.status.update(_dump(status))
-    kopf.warn(body, reason=reason, message=message)
-    return kopf.PermanentError(f"{reason}: {message}")
+    _write(api, job, current, lifecycle.failed(current, reason, message, lifecycle.now()), announce=False)
+    kopf.warn(_body(job), reason=reason, message=lifecycle.short(message))
+    return kopf.PermanentError(f"{reason}: {lifecycle.short(message)}")
 
 
-def _status_of(obj: Mapping[str, Any]) -> JobStatus:
+def _accepted(api: ApiClient, job: Mapping[str, Any], current: JobStatus) -> dict[str, Any] | None:
+    """The job document the children were rendered from (its ConfigMap's job.yaml); None if the
+    ConfigMap is gone or not ours to read."""
+    if current.config_map is None:
+        return None
+    found = read(api, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, current.config_map)})
     try:
-        return JobStatus.model_validate(obj.get("status") or {})
-    except pydantic.ValidationError:
-        # A status this operator did not write is replaced rather than trusted.
-        return JobStatus()
+        document = yaml.safe_load(((found or {}).get("data") or {}).get(JOB_FILE) or "null")
+    except yaml.YAMLError:
+        return None
+    return document if isinstance(document, dict) and isinstance(document.get("spec"), dict) else None
 
 
-def _dump(status: JobStatus) -> dict[str, Any]:
-    return status.model_dump(mode="json", by_alias=True, exclude_none=True)
+def _defaulted(document: dict[str, Any]) -> dict[str, Any]:
+    """``document`` parsed, with defaults, checked as the operator renders it (as a dict).
+
+    Raises:
+        SpecError: the spec is invalid.
+    """
+    job = parse_job(document)
+    spec = check(with_defaults(job.spec), cluster=True)
+    return job.model_copy(update={"spec": spec}).model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-def _now() -> datetime:
-    # Kubernetes timestamps have whole seconds.
-    return datetime.now(UTC).replace(microsecond=0)
+def _document(job: Mapping[str, Any]) -> dict[str, Any]:
+    meta = job["metadata"]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+        "spec": job.get("spec"),
+    }
 
 
-def _create(api: ApiClient, obj: dict[str, Any], child: ChildKind) -> None:
-    namespace = obj["metadata"]["namespace"]
-    if obj["kind"] == "ConfigMap":
-        CoreV1Api(api).create_namespaced_config_map(namespace, V1ConfigMap.model_validate(obj))
-    else:
-        CustomObjectsApi(api).create_namespaced_custom_object(
-            child.group, child.version, namespace, child.plural, obj
-        )
+def _body(job: Mapping[str, Any]) -> kopf.Body:
+    # kopf's event and adoption helpers take its Body; a job read through the API is a dict.
+    return job if isinstance(job, kopf.Body) else kopf.Body(cast(kopf.RawBody, dict(job)))
 
 
-def _read(api: ApiClient, obj: dict[str, Any], child: ChildKind) -> Mapping[str, Any]:
-    name, namespace = obj["metadata"]["name"], obj["metadata"]["namespace"]
-    if obj["kind"] == "ConfigMap":
-        existing = CoreV1Api(api).read_namespaced_config_map(name, namespace)
-        found: object = api.sanitize_for_serialization(existing)
-    else:
-        found = CustomObjectsApi(api).get_namespaced_custom_object(
-            child.group, child.version, namespace, child.plural, name
-        )
-    return found if isinstance(found, Mapping) else {}
+def _meta(job: Mapping[str, Any], name: str) -> dict[str, str]:
+    return {"name": name, "namespace": job["metadata"]["namespace"]}
 
 
-# One watcher per launcher's child kind, for the children this operator labels.
+def _ref(obj: Mapping[str, Any]) -> ChildRef:
+    return ChildRef(api_version=obj["apiVersion"], kind=obj["kind"], name=obj["metadata"]["name"])
+
+
+def _trains(ref: ChildRef) -> bool:
+    return is_training_child({"apiVersion": ref.api_version, "kind": ref.kind})
+
+
+def _problems(error: SpecError) -> str:
+    return "; ".join(f"{path}: {problem}" for path, problem in error.problems)
+
+
+# One watcher per launcher's child kind, and one for the data Jobs, for the objects we label.
 for _launcher in launchers.LAUNCHERS.values():
     kopf.on.event(
         _launcher.child.group,
@@ -247,4 +351,5 @@ for _launcher in launchers.LAUNCHERS.values():
         _launcher.child.plural,
         id=f"mirror-{_launcher.child.plural}",
         labels={NAME_LABEL: "bertjob"},
-    )(functools.partial(mirror_child, _launcher))
+    )(mirror_child)
+kopf.on.event("batch", "v1", "jobs", id="prepare-jobs", labels={NAME_LABEL: "bertjob"})(prepare_finished)

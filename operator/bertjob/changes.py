@@ -1,0 +1,83 @@
+"""Spec changes to a job that already has children: which are applied, and how.
+
+A running job takes only changes to the training job's run policy that Kubeflow's operators act on
+while the job runs: ``suspend`` (pods deleted, resumed later from the last checkpoint),
+``ttlSecondsAfterFinished``, ``activeDeadlineSeconds`` and ``backoffLimit``. Everything else
+(model, data, phases, image, topology, pods...) would change a job half-way through training,
+so it is refused and reaches no child. The accepted spec stays in the job's ConfigMap; children
+made later (the training job after the data Job) are rendered from it, with the safe fields as
+they are now.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+# Fields of spec.runPolicy applied to a running job, as named in Kubeflow's RunPolicy too.
+SAFE_RUN_POLICY = ("suspend", "ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit")
+SAFE_FIELDS = tuple(f"spec.runPolicy.{name}" for name in SAFE_RUN_POLICY)
+
+
+def changed_fields(old: object, new: object, prefix: str = "spec") -> list[str]:
+    """Dotted paths (``spec.runPolicy.suspend``) of what differs between two specs; mappings are
+    compared key by key, anything else (lists included) whole."""
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        found: list[str] = []
+        for key in sorted(set(old) | set(new), key=str):
+            found += changed_fields(old.get(key), new.get(key), f"{prefix}.{key}")
+        return found
+    return [] if old == new else [prefix]
+
+
+def split(fields: list[str]) -> tuple[list[str], list[str]]:
+    """``fields`` as (safe to apply, refused)."""
+    safe = [field for field in fields if field in SAFE_FIELDS]
+    return safe, [field for field in fields if field not in SAFE_FIELDS]
+
+
+def run_policy(spec: object) -> dict[str, Any]:
+    """The safe run-policy fields of a spec as it is now (missing ones as None, which a merge patch
+    reads as "remove"); a spec of the wrong shape counts as setting none of them."""
+    policy = spec.get("runPolicy") if isinstance(spec, Mapping) else None
+    policy = policy if isinstance(policy, Mapping) else {}
+    return {name: policy.get(name) for name in SAFE_RUN_POLICY}
+
+
+def suspended(spec: object) -> bool:
+    """Whether ``spec.runPolicy.suspend`` is true."""
+    return run_policy(spec)["suspend"] is True
+
+
+def training_patch(spec: object) -> dict[str, Any]:
+    """Merge patch that gives a Kubeflow training job (PyTorchJob, MPIJob) the safe fields of ``spec``."""
+    policy = run_policy(spec)
+    policy["suspend"] = policy["suspend"] is True
+    return {"spec": {"runPolicy": policy}}
+
+
+def prepare_patch(spec: object) -> dict[str, Any]:
+    """Merge patch that suspends or resumes the data-preparation Job with the job."""
+    return {"spec": {"suspend": suspended(spec)}}
+
+
+def merged(obj: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """``obj`` with a JSON merge patch (RFC 7396) applied: mappings merge, None removes a key."""
+    result = copy.deepcopy(dict(obj))
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(result.get(key), Mapping):
+            result[key] = merged(result[key], value)
+        elif isinstance(value, Mapping):
+            result[key] = merged({}, value)
+        else:
+            result[key] = copy.deepcopy(value)
+    return result
+
+
+def accepted_document(config_job: Mapping[str, Any], spec_now: object) -> dict[str, Any]:
+    """The job document to render children from after the job started: the accepted one (from
+    its ConfigMap) with the safe run-policy fields of the spec as it is now."""
+    return merged(config_job, {"spec": {"runPolicy": run_policy(spec_now)}})
