@@ -204,13 +204,15 @@ def change(api: ApiClient, job: Mapping[str, Any], old: Any, new: Any) -> None:
             if accepted
             else changes.changed_fields(old, new)
         )
-        safe, refused = changes.split(fields)
+        refused = changes.split(fields)[1]
+        valid = True
         why = "not applied to a job that has started"
     except SpecError as error:
-        safe, refused = [], changes.changed_fields(old, new)
+        valid, refused = False, changes.changed_fields(old, new)
         why = f"invalid spec ({_problems(error)}), nothing applied"
     spec = job.get("spec")
-    if safe and current.phase not in lifecycle.TERMINAL_PHASES:
+    # The safe fields are patched whole each time: the children then follow the spec as it is now.
+    if valid and current.phase not in lifecycle.TERMINAL_PHASES:
         for ref in current.children:
             target = {"apiVersion": ref.api_version, "kind": ref.kind, "metadata": _meta(job, ref.name)}
             if _trains(ref):
