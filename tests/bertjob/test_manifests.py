@@ -8,6 +8,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from bertjob.metrics import PORT_ENV as METRICS_PORT_ENV
 from bertjob.render import kustomize_build
 from jobs import REPO
 from k8s_schema import assert_valid
@@ -15,15 +16,21 @@ from k8s_schema import assert_valid
 KUBERNETES_VERSION = "1.33"
 NAMESPACE = "bertjob-system"
 
-# Every (apiGroup, resource) the operator touches, with exactly the verbs it uses.
+# Every (apiGroup, resource) the operator touches, with exactly the verbs it uses; test_rbac_e2e.py
+# derives the same from the requests the operator makes against the emulator.
 OPERATOR_RULES = {
-    ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
+    ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
     ("", "events"): {"create"},
     ("bertjob.dev", "bertpretrainjobs"): {"get", "list", "watch", "patch"},
-    ("bertjob.dev", "bertpretrainjobs/status"): {"patch"},
+    ("bertjob.dev", "bertpretrainjobs/status"): {"get", "patch"},
     ("bertjob.dev", "bertpretrainjobs/finalizers"): {"update"},
     ("", "configmaps"): {"create", "get"},
-    ("kubeflow.org", "pytorchjobs"): {"create", "get", "list", "watch"},
+    ("", "serviceaccounts"): {"create", "get"},
+    ("rbac.authorization.k8s.io", "roles"): {"create", "get"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"create", "get"},
+    ("batch", "jobs"): {"create", "get", "list", "watch", "patch"},
+    ("kubeflow.org", "pytorchjobs"): {"create", "get", "list", "watch", "patch"},
+    ("kubeflow.org", "mpijobs"): {"create", "get", "list", "watch", "patch"},
 }
 
 
@@ -101,6 +108,17 @@ def test_the_operator_command_and_its_liveness_probe_agree(manifests: dict[str, 
     probe = container["livenessProbe"]["httpGet"]
     [port] = [port["containerPort"] for port in container["ports"] if port["name"] == probe["port"]]
     assert liveness == f"http://0.0.0.0:{port}{probe['path']}"
+
+
+def test_the_metrics_port_serves_the_readiness_probe(manifests: dict[str, dict[str, Any]]) -> None:
+    pod = manifests["Deployment"]["spec"]["template"]
+    [container] = pod["spec"]["containers"]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    [port] = [port["containerPort"] for port in container["ports"] if port["name"] == "metrics"]
+    assert env[METRICS_PORT_ENV] == str(port)
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    annotations = pod["metadata"]["annotations"]
+    assert (annotations["prometheus.io/port"], annotations["prometheus.io/path"]) == (str(port), "/metrics")
 
 
 @pytest.mark.parametrize(
