@@ -12,9 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kube_emulator import emulator
+from kubernetes.client import ApiClient, Configuration, CustomObjectsApi
 
+from bertjob.crd import crd, resource_schema
 from bertpretrain.logs import TrainingLog
 from bertpretrain.status import StatusReporter
+from jobs import valid_job
+from k8s_schema import assert_valid
 
 JOB_STATUS = "/apis/bertjob.dev/v1alpha1/namespaces/team-a/bertpretrainjobs/wiki/status"
 
@@ -185,3 +190,25 @@ def test_outside_a_cluster_nothing_is_reported(tmp_path: Path, missing: str) -> 
     del env[missing]
 
     assert StatusReporter.from_environment(7, env, tmp_path) is None
+
+
+def test_the_progress_lands_in_the_jobs_status_beside_the_operators_fields() -> None:
+    with emulator([crd()]) as (url, _):
+        configuration = Configuration()
+        configuration.host = url
+        api = CustomObjectsApi(ApiClient(configuration))
+        job = {**valid_job(), "metadata": {"name": "wiki", "namespace": "team-a"}}
+        api.create_namespaced_custom_object("bertjob.dev", "v1alpha1", "team-a", "bertpretrainjobs", job)
+        api.patch_namespaced_custom_object_status(
+            "bertjob.dev", "v1alpha1", "team-a", "bertpretrainjobs", "wiki", {"status": {"phase": "Running"}}
+        )
+
+        assert StatusReporter(url + JOB_STATUS, total_steps=100).report(1, 40, VALUES)
+
+        stored = api.get_namespaced_custom_object(
+            "bertjob.dev", "v1alpha1", "team-a", "bertpretrainjobs", "wiki"
+        )
+    status = stored["status"]
+    assert status["phase"] == "Running"
+    assert (status["progress"]["step"], status["progress"]["loss"]) == (40, 7.25)
+    assert_valid(status, resource_schema()["properties"]["status"])
