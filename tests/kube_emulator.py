@@ -367,11 +367,17 @@ class Cluster:
     def stored(self, group_version_plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
         """Every live object of a resource (``batch/v1/jobs``, ``v1/configmaps``) in the emulator."""
         wanted = kmock.resource(group_version_plural)
-        return [
-            obj.raw
-            for (resource, ns, _), obj in list(self.server.objects.items())
-            if resource == wanted and not obj.deleted and namespace in (None, ns)
-        ]
+        while True:
+            try:
+                # The emulator's thread may add an object while this one reads the store.
+                items = list(self.server.objects.items())
+            except RuntimeError:
+                continue
+            return [
+                obj.raw
+                for (resource, ns, _), obj in items
+                if resource == wanted and not obj.deleted and namespace in (None, ns)
+            ]
 
 
 @contextlib.contextmanager
