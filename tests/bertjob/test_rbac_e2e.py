@@ -91,6 +91,11 @@ def _drive_every_path(cluster: Cluster) -> None:
         )
         if prepares:
             cluster.status_when(job, "Preparing")
+            # Suspended while preparing: the data Job is patched.
+            cluster.patch_job(job, {"spec": {"runPolicy": {"suspend": True}}})
+            cluster.status_when(job, "Suspended")
+            cluster.patch_job(job, {"spec": {"runPolicy": {"suspend": False}}})
+            cluster.status_when(job, "Preparing")
             [data_job] = children_of(cluster, job)["batch/v1/jobs"]
             complete = {"conditions": [{"type": "Complete", "status": "True"}]}
             cluster.report("batch/v1/jobs", data_job["metadata"]["name"], complete)
