@@ -1,36 +1,46 @@
-"""BertPretrainJob -> Kubernetes manifests: the job file as a ConfigMap, and the launcher's child.
+"""BertPretrainJob -> Kubernetes manifests: the job file, RBAC for progress reports, the optional
+data-preparation Job and the launcher's child.
 
-The child starts from plain kustomize YAML (``kustomize/base`` and an overlay per topology) that
-works by hand too. :func:`render` writes a throw-away kustomization that references the overlay
-the launcher picks and adds the job's own patch, runs ``kustomize build`` (or ``kubectl
-kustomize``) on it and parses the result. Every value from the job reaches a manifest as data, a
-JSON string inside the kustomization or a YAML scalar written by PyYAML, never pasted into YAML
-text, so a field that holds YAML or template syntax comes out verbatim.
+The child comes from plain kustomize YAML that works by hand too: ``kustomize/base`` (the trainer pod
+and both launchers' jobs), an overlay per topology, a launcher component and an accelerator
+component. :func:`render` writes a throw-away kustomization that selects them and adds the job's own
+patch, rendered by the launcher from jinja2 templates where every value goes through ``tojson``,
+runs ``kustomize build`` (or ``kubectl kustomize``) on it and parses the result. The other objects
+are built here as data. No value from the job is pasted into YAML text, so a field that holds YAML
+or template syntax comes out verbatim.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
 from bertjob import launchers
 from bertjob.defaults import with_defaults
-from bertjob.launchers import Launcher
-from bertjob.spec import BertPretrainJob, to_document
+from bertjob.launchers import Launcher, PodNames
+from bertjob.spec import GROUP, PLURAL, BertPretrainJob, JobSpec, to_document
 from bertjob.validation import check
 
 KUSTOMIZE_DIR_ENV = "BERTJOB_KUSTOMIZE_DIR"
 JOB_FILE = "job.yaml"
+JOB_PATH = f"/etc/bertjob/{JOB_FILE}"
 NAME_LABEL = "app.kubernetes.io/name"
 JOB_LABEL = "bertjob.dev/job"
+COMPONENT_LABEL = "app.kubernetes.io/component"
 KUSTOMIZE_TIMEOUT_S = 60
+# Exit codes of `python -m bertpretrain prepare` that a retry would not mend (bad input, bad spec).
+PREPARE_FATAL_EXIT_CODES = [1, 2]
+
+Component = Literal["config", "progress", "prepare", "train"]
 
 
 class RenderError(RuntimeError):
@@ -51,16 +61,42 @@ def config_map_name(job_name: str) -> str:
     return f"{job_name}-config"
 
 
-def job_labels(job_name: str) -> dict[str, str]:
-    """Labels on every object rendered for a job (and on the child's pods)."""
-    return {NAME_LABEL: "bertjob", JOB_LABEL: job_name}
+def service_account_name(job_name: str, spec: JobSpec) -> str:
+    """The pods' service account: ``spec.pod.serviceAccountName``, else ``<job>-trainer``
+    (which :func:`render` makes)."""
+    return spec.pod.service_account_name or f"{job_name}-trainer"
+
+
+def job_labels(job_name: str, component: Component | None = None) -> dict[str, str]:
+    """Labels on every object rendered for a job (and on its pods); ``component`` says which
+    part of the job the object is (:func:`component`)."""
+    labels = {NAME_LABEL: "bertjob", JOB_LABEL: job_name}
+    if component is not None:
+        labels[COMPONENT_LABEL] = component
+    return labels
+
+
+def component(obj: Mapping[str, Any]) -> str:
+    """Which part of a job a rendered object is, from its ``app.kubernetes.io/component`` label:
+    ``config`` (the ConfigMap), ``progress`` (ServiceAccount, Role, RoleBinding), ``prepare``
+    (the data-preparation Job) or ``train`` (the launcher's child); ``""`` for an object without it."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return str(labels.get(COMPONENT_LABEL, ""))
 
 
 def render(job: BertPretrainJob) -> list[dict[str, Any]]:
-    """The manifests for ``job``: its ConfigMap, then the launcher's child (e.g. a PyTorchJob).
+    """The manifests for ``job``, in the order they are to be created:
 
-    Applies :func:`bertjob.defaults.with_defaults` and :func:`bertjob.validation.check` first;
-    the ConfigMap's ``job.yaml`` is the whole job document after defaults.
+    1. the ConfigMap ``<name>-config`` holding ``job.yaml`` (the whole job document after defaults);
+    2. the ServiceAccount ``<name>-trainer``, unless ``spec.pod.serviceAccountName`` names one;
+    3. the Role ``<name>-progress`` (``get`` and ``patch`` on this job's ``bertpretrainjobs/status``
+       only) and the RoleBinding ``<name>-progress`` giving it to the pods' service account;
+    4. with ``spec.prepare.enabled``, the batch/v1 Job ``<name>-prepare`` (``python -m bertpretrain
+       prepare``) in the trainer's pod, with ``spec.prepare.resources``;
+    5. the launcher's child ``<name>`` (a PyTorchJob or an MPIJob).
+
+    Each carries :func:`job_labels` with its :func:`component`. Applies
+    :func:`bertjob.defaults.with_defaults` and :func:`bertjob.validation.check` first.
 
     Raises:
         SpecError: the spec is inconsistent, or names a launcher that does not exist.
@@ -70,32 +106,125 @@ def render(job: BertPretrainJob) -> list[dict[str, Any]]:
     spec = check(with_defaults(job.spec), f"{namespace}/{name}", cluster=True)
     job = job.model_copy(update={"spec": spec})
     launcher = launchers.get(spec.launcher)
-    labels = job_labels(name)
+    pods = PodNames(config_map_name(name), service_account_name(name, spec), job_labels(name, "train"))
     config_map = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": config_map_name(name), "namespace": namespace, "labels": labels},
+        "metadata": _meta(name, namespace, config_map_name(name), "config"),
         "data": {JOB_FILE: yaml.safe_dump(to_document(job), sort_keys=False)},
     }
-    return [config_map, _build_child(job, launcher, labels)]
+    objects = [config_map, *_progress_rbac(name, namespace, spec, pods.service_account)]
+    child = _build_child(job, launcher, pods)
+    if spec.prepare.enabled:
+        objects.append(_prepare_job(name, namespace, spec, launcher.trainer_template(child)))
+    return [*objects, child]
 
 
-def _build_child(job: BertPretrainJob, launcher: Launcher, labels: dict[str, str]) -> dict[str, Any]:
-    overlay = kustomize_dir() / "overlays" / launcher.overlay(job.spec)
-    if not (overlay / "kustomization.yaml").is_file():
-        raise RenderError(f"no kustomization in {overlay} (set {KUSTOMIZE_DIR_ENV})")
-    ops = launcher.patch(
-        job.spec, name=job.metadata.name, config_map=config_map_name(job.metadata.name), labels=labels
+def _meta(job_name: str, namespace: str, name: str, part: Component) -> dict[str, Any]:
+    return {"name": name, "namespace": namespace, "labels": job_labels(job_name, part)}
+
+
+def _progress_rbac(name: str, namespace: str, spec: JobSpec, account: str) -> list[dict[str, Any]]:
+    """The trainer's right to patch its own job's status, and nothing else (docs/design.md)."""
+    rbac = "rbac.authorization.k8s.io"
+    role = {
+        "apiVersion": f"{rbac}/v1",
+        "kind": "Role",
+        "metadata": _meta(name, namespace, f"{name}-progress", "progress"),
+        "rules": [
+            {
+                "apiGroups": [GROUP],
+                "resources": [f"{PLURAL}/status"],
+                "resourceNames": [name],
+                "verbs": ["get", "patch"],
+            }
+        ],
+    }
+    binding = {
+        "apiVersion": f"{rbac}/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(name, namespace, f"{name}-progress", "progress"),
+        "roleRef": {"apiGroup": rbac, "kind": "Role", "name": f"{name}-progress"},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+    }
+    own = []
+    if spec.pod.service_account_name is None:
+        own = [
+            {
+                "apiVersion": "v1",
+                "kind": "ServiceAccount",
+                "metadata": _meta(name, namespace, account, "progress"),
+            }
+        ]
+    return [*own, role, binding]
+
+
+def _prepare_job(name: str, namespace: str, spec: JobSpec, trainer: Mapping[str, Any]) -> dict[str, Any]:
+    """The data stage as a batch/v1 Job in a copy of the trainer's pod (same image, volumes, env,
+    security and scheduling), with ``spec.prepare.resources`` instead of the trainer's devices."""
+    template = copy.deepcopy(dict(trainer))
+    template.setdefault("metadata", {})["labels"] = job_labels(name, "prepare")
+    pod = template["spec"]
+    [container] = pod["containers"]
+    for field in ("args", "ports", "resources"):
+        container.pop(field, None)
+    container.update(
+        name="prepare", command=["python", "-m", "bertpretrain", "prepare", "--config", JOB_PATH]
     )
+    prepare = spec.prepare.resources
+    limits = {"requests": dict(prepare.requests), "limits": dict(prepare.limits)}
+    if any(limits.values()):
+        container["resources"] = {key: value for key, value in limits.items() if value}
+    # Never restarted in place: the Job's backoffLimit retries, except for the exit codes of a bad
+    # spec or corpus, which fail it at once; a preempted pod does not count as a failure.
+    pod["restartPolicy"] = "Never"
+    job_spec: dict[str, Any] = {
+        "suspend": spec.run_policy.suspend,
+        "podFailurePolicy": {
+            "rules": [
+                {
+                    "action": "FailJob",
+                    "onExitCodes": {
+                        "containerName": "prepare",
+                        "operator": "In",
+                        "values": PREPARE_FATAL_EXIT_CODES,
+                    },
+                },
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            ]
+        },
+        "template": template,
+    }
+    if spec.run_policy.backoff_limit is not None:
+        job_spec["backoffLimit"] = spec.run_policy.backoff_limit
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _meta(name, namespace, f"{name}-prepare", "prepare"),
+        "spec": job_spec,
+    }
+
+
+def _build_child(job: BertPretrainJob, launcher: Launcher, pods: PodNames) -> dict[str, Any]:
+    root = kustomize_dir()
+    overlay = root / "overlays" / launchers.overlay(job.spec)
+    accelerator = root / "components" / job.spec.accelerator
+    parts = [overlay, root / "components" / launcher.component, accelerator]
+    for part in parts:
+        if not (part / "kustomization.yaml").is_file():
+            raise RenderError(f"no kustomization in {part} (set {KUSTOMIZE_DIR_ENV})")
+    ops = launcher.patch(job.spec, name=job.metadata.name, pods=pods)
     child = launcher.child
     with tempfile.TemporaryDirectory(prefix="bertjob-") as workdir:
+        # kustomize accepts directories outside the kustomization's root, given relatively.
+        relative = [os.path.relpath(part.resolve(), Path(workdir).resolve()) for part in parts]
         kustomization = {
             "apiVersion": "kustomize.config.k8s.io/v1beta1",
             "kind": "Kustomization",
-            # kustomize accepts a directory outside the kustomization's root, given relatively.
-            "resources": [os.path.relpath(overlay.resolve(), Path(workdir).resolve())],
+            "resources": relative[:1],
+            "components": relative[1:],
             "namespace": job.metadata.namespace,
-            "labels": [{"pairs": labels}],
+            "labels": [{"pairs": pods.labels}],
             "patches": [
                 {
                     "target": {"group": child.group, "version": child.version, "kind": child.kind},
@@ -108,7 +237,7 @@ def _build_child(job: BertPretrainJob, launcher: Launcher, labels: dict[str, str
         output = kustomize_build(Path(workdir))
     objects = [obj for obj in yaml.safe_load_all(output) if obj is not None]
     if [(obj.get("apiVersion"), obj.get("kind")) for obj in objects] != [(child.api_version, child.kind)]:
-        raise RenderError(f"{overlay} should build exactly one {child.kind}")
+        raise RenderError(f"{root} should build exactly one {child.kind}")
     return dict(objects[0])
 
 

@@ -31,6 +31,12 @@ def pytorchjob_schema() -> dict[str, Any]:
     return _upstream("kubeflow.org_pytorchjobs.yaml", "v1")
 
 
+@pytest.fixture(scope="session")
+def mpijob_schema() -> dict[str, Any]:
+    """openAPIV3Schema of mpi-operator's MPIJob kubeflow.org/v2beta1 (skips when shared/ is absent)."""
+    return _upstream("kubeflow.org_mpijobs.yaml", "v2beta1")
+
+
 def _upstream(filename: str, version: str) -> dict[str, Any]:
     path: Path = UPSTREAM_CRDS / filename
     if not path.is_file():

@@ -11,7 +11,6 @@ import yaml
 from bertjob.metrics import PORT_ENV as METRICS_PORT_ENV
 from bertjob.render import kustomize_build
 from jobs import REPO
-from k8s_schema import assert_valid
 
 KUBERNETES_VERSION = "1.33"
 NAMESPACE = "bertjob-system"
@@ -119,17 +118,3 @@ def test_the_metrics_port_serves_the_readiness_probe(manifests: dict[str, dict[s
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     annotations = pod["metadata"]["annotations"]
     assert (annotations["prometheus.io/port"], annotations["prometheus.io/path"]) == (str(port), "/metrics")
-
-
-@pytest.mark.parametrize(
-    ("overlay", "replicas"), [("single-node", ["Master"]), ("multi-node", ["Master", "Worker"])]
-)
-def test_the_overlays_build_by_hand(
-    overlay: str, replicas: list[str], pytorchjob_schema: dict[str, Any]
-) -> None:
-    [pytorchjob] = _build(f"kustomize/overlays/{overlay}")
-
-    specs = pytorchjob["spec"]["pytorchReplicaSpecs"]
-    assert list(specs) == replicas
-    assert all(spec == specs["Master"] for spec in specs.values()), "replicas must run the same pod"
-    assert_valid(pytorchjob, pytorchjob_schema)

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from bertjob.defaults import with_defaults
-from bertjob.render import KUSTOMIZE_DIR_ENV, RenderError, kustomize_dir, render
+from bertjob.render import KUSTOMIZE_DIR_ENV, RenderError, component, job_labels, kustomize_dir, render
 from bertjob.spec import SpecError, parse_job, to_document
 from jobs import valid_job, with_value
 from k8s_schema import assert_valid
@@ -47,60 +47,153 @@ def _job(
     return document
 
 
-def _pods(pytorchjob: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {name: replica["template"] for name, replica in pytorchjob["spec"]["pytorchReplicaSpecs"].items()}
+def _pods(child: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    spec = child["spec"]
+    replicas = spec.get("pytorchReplicaSpecs") or spec["mpiReplicaSpecs"]
+    return {name: replica["template"] for name, replica in replicas.items()}
+
+
+def _trainer_pods(child: dict[str, Any]) -> list[dict[str, Any]]:
+    return [pod for name, pod in _pods(child).items() if name != "Launcher"]
+
+
+def _by_kind(rendered: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {obj["kind"]: obj for obj in rendered}
+
+
+def _validate_core(obj: dict[str, Any]) -> None:
+    if obj["kind"] in ("PyTorchJob", "MPIJob"):
+        for name, pod in _pods(obj).items():
+            template = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": name.lower()}}
+            kubernetes_validate.validate({**template, "template": pod}, KUBERNETES_VERSION, strict=True)
+    else:
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
 
 
 @pytest.mark.parametrize("accelerator", DEVICES)
+@pytest.mark.parametrize("launcher", ["pytorchjob", "mpijob"])
 @pytest.mark.parametrize("nodes", [1, 3])
-def test_topology_and_accelerator(nodes: int, accelerator: str, pytorchjob_schema: dict[str, Any]) -> None:
-    config_map, pytorchjob = render(parse_job(_job(nodes, 2, accelerator)))
+def test_every_combination_renders_valid_objects_in_order(
+    nodes: int,
+    launcher: str,
+    accelerator: str,
+    pytorchjob_schema: dict[str, Any],
+    mpijob_schema: dict[str, Any],
+) -> None:
+    prepare = nodes == 3  # the data Job with and without, over both launchers and every accelerator
+    changes = {"spec.launcher": launcher, "spec.prepare": {"enabled": prepare}}
+    rendered = render(parse_job(_job(nodes, 2, accelerator, changes)))
 
-    assert (config_map["kind"], config_map["metadata"]["name"]) == ("ConfigMap", "demo-config")
-    assert (pytorchjob["apiVersion"], pytorchjob["kind"]) == ("kubeflow.org/v1", "PyTorchJob")
-    assert pytorchjob["metadata"] == {
-        "name": "demo",
-        "namespace": "default",
-        "labels": {"app.kubernetes.io/name": "bertjob", "bertjob.dev/job": "demo"},
-    }
-    assert pytorchjob["spec"]["nprocPerNode"] == "2"
-    replicas = pytorchjob["spec"]["pytorchReplicaSpecs"]
-    expected = {"Master": 1} if nodes == 1 else {"Master": 1, "Worker": nodes - 1}
-    assert {name: replica["replicas"] for name, replica in replicas.items()} == expected
-    assert {replica["restartPolicy"] for replica in replicas.values()} == {"OnFailure"}
-    for pod in _pods(pytorchjob).values():
+    kind = {"pytorchjob": "PyTorchJob", "mpijob": "MPIJob"}[launcher]
+    expected = [
+        ("ConfigMap", "demo-config", "config"),
+        ("ServiceAccount", "demo-trainer", "progress"),
+        ("Role", "demo-progress", "progress"),
+        ("RoleBinding", "demo-progress", "progress"),
+        *([("Job", "demo-prepare", "prepare")] if prepare else []),
+        (kind, "demo", "train"),
+    ]
+    assert [(obj["kind"], obj["metadata"]["name"], component(obj)) for obj in rendered] == expected
+    for obj in rendered:
+        assert obj["metadata"]["namespace"] == "default"
+        assert {"app.kubernetes.io/name": "bertjob", "bertjob.dev/job": "demo"}.items() <= obj["metadata"][
+            "labels"
+        ].items()
+        _validate_core(obj)
+    child = rendered[-1]
+    assert_valid(child, pytorchjob_schema if launcher == "pytorchjob" else mpijob_schema)
+    if launcher == "pytorchjob":
+        assert child["spec"]["nprocPerNode"] == "2"
+        counts = {"Master": 1} if nodes == 1 else {"Master": 1, "Worker": nodes - 1}
+        replicas = child["spec"]["pytorchReplicaSpecs"]
+        assert {name: replica["replicas"] for name, replica in replicas.items()} == counts
+        assert {replica["restartPolicy"] for replica in replicas.values()} == {"ExitCode"}
+    else:
+        assert child["spec"]["slotsPerWorker"] == 2
+        assert child["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == nodes
+        args = _pods(child)["Launcher"]["spec"]["containers"][0]["args"]
+        assert args[:5] == ["mpirun", "-np", str(nodes * 2), "--hostfile", "/etc/mpi/hostfile"]
+        assert args[-6:] == ["python", "-m", "bertpretrain", "run", "--config", "/etc/bertjob/job.yaml"]
+    for pod in _pods(child).values():
+        assert pod["metadata"]["labels"] == job_labels("demo", "train")
+        assert pod["spec"]["serviceAccountName"] == "demo-trainer"
         [container] = pod["spec"]["containers"]
-        assert container["name"] == "pytorch"
         assert container["image"] == "ghcr.io/bertjob/trainer:0.1.0"
-        assert container["command"] == [
-            "torchrun",
-            "--module",
-            "bertpretrain",
-            "run",
-            "--config",
-            "/etc/bertjob/job.yaml",
-        ]
+        env = {var["name"]: var for var in container["env"]}
+        assert (
+            env["BERTJOB_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['bertjob.dev/job']"
+        )
+        assert env["BERTJOB_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    for pod in _trainer_pods(child):
+        [container] = pod["spec"]["containers"]
         device = DEVICES[accelerator]
-        assert container.get("resources") == ({"limits": {device: 2}} if device else None)
-        assert pod["metadata"]["labels"]["bertjob.dev/job"] == "demo"
-        assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
-        assert container["securityContext"] == {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-        }
+        limits = container.get("resources", {}).get("limits", {})
+        assert limits == ({device: 2} if device else {})
         config_volume = next(volume for volume in pod["spec"]["volumes"] if volume["name"] == "job-config")
         assert config_volume["configMap"]["name"] == "demo-config"
-        assert {"name": "job-config", "mountPath": "/etc/bertjob", "readOnly": True} in container[
-            "volumeMounts"
-        ]
-    assert_valid(pytorchjob, pytorchjob_schema)
-    kubernetes_validate.validate(config_map, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_progress_role_lets_the_pods_patch_only_their_jobs_status() -> None:
+    objects = _by_kind(render(parse_job(_job(changes={"spec.pod": {"serviceAccountName": "team-a"}}))))
+
+    assert "ServiceAccount" not in objects
+    assert objects["Role"]["rules"] == [
+        {
+            "apiGroups": ["bertjob.dev"],
+            "resources": ["bertpretrainjobs/status"],
+            "resourceNames": ["demo"],
+            "verbs": ["get", "patch"],
+        }
+    ]
+    binding = objects["RoleBinding"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "demo-progress",
+    }
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "team-a", "namespace": "default"}]
+    assert {pod["spec"]["serviceAccountName"] for pod in _pods(objects["PyTorchJob"]).values()} == {"team-a"}
+
+
+@pytest.mark.parametrize("launcher", ["pytorchjob", "mpijob"])
+def test_the_prepare_job_runs_in_the_trainers_pod(launcher: str) -> None:
+    changes = {
+        "spec.launcher": launcher,
+        "spec.prepare": {"enabled": True, "resources": {"requests": {"cpu": 32}}},
+        "spec.runPolicy": {"backoffLimit": 4, "suspend": True},
+        "spec.pod": {"nodeSelector": {"pool": "cpu"}, "env": [{"name": "A", "value": "1"}]},
+        "spec.volumes": [
+            {"name": "data", "mountPath": "/data", "source": {"persistentVolumeClaim": {"claimName": "d"}}}
+        ],
+    }
+    objects = _by_kind(render(parse_job(_job(nodes=2, changes=changes))))
+
+    job = objects["Job"]
+    assert (job["spec"]["backoffLimit"], job["spec"]["suspend"]) == (4, True)
+    pod = job["spec"]["template"]
+    assert pod["metadata"]["labels"] == job_labels("demo", "prepare")
+    trainer = _trainer_pods(objects[{"pytorchjob": "PyTorchJob", "mpijob": "MPIJob"}[launcher]])[0]
+    for field in ("volumes", "nodeSelector", "securityContext", "serviceAccountName"):
+        assert pod["spec"][field] == trainer["spec"][field]
+    assert pod["spec"]["restartPolicy"] == "Never"
+    [container] = pod["spec"]["containers"]
+    assert container["command"] == [
+        "python",
+        "-m",
+        "bertpretrain",
+        "prepare",
+        "--config",
+        "/etc/bertjob/job.yaml",
+    ]
+    assert container["resources"] == {"requests": {"cpu": 32}}
+    assert container["volumeMounts"] == trainer["spec"]["containers"][0]["volumeMounts"]
+    assert {"name": "A", "value": "1"} in container["env"]
 
 
 def test_the_config_map_holds_the_job_after_defaults() -> None:
     job = parse_job(_job(nodes=3))
 
-    config_map, _ = render(job)
+    config_map = render(job)[0]
 
     document = yaml.safe_load(config_map["data"]["job.yaml"])
     assert document == to_document(job.model_copy(update={"spec": with_defaults(job.spec)}))
@@ -108,11 +201,53 @@ def test_the_config_map_holds_the_job_after_defaults() -> None:
     assert parse_job(document).spec.export.path == "/data/checkpoints/hf"
 
 
+EVERYTHING = {
+    "spec.pod": {
+        "resources": {"requests": {"cpu": "8", "memory": "64Gi"}, "limits": {"memory": "96Gi"}},
+        "imagePullPolicy": "Always",
+        "imagePullSecrets": ["registry"],
+        "nodeSelector": {"pool": "a100"},
+        "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
+        "env": [{"name": "NCCL_DEBUG", "value": "INFO"}],
+        "serviceAccountName": "trainer",
+        "priorityClassName": "research",
+        "schedulerName": "volcano",
+        "securityContext": {"runAsUser": 1000, "fsGroup": 1000, "runAsNonRoot": True},
+    },
+    "spec.volumes": [
+        {"name": "data", "mountPath": "/data", "source": {"persistentVolumeClaim": {"claimName": "bert"}}},
+        {"name": "corpus", "mountPath": "/corpus", "readOnly": True},
+    ],
+    "spec.runPolicy": {
+        "cleanPodPolicy": "Running",
+        "ttlSecondsAfterFinished": 600,
+        "activeDeadlineSeconds": 86400,
+        "backoffLimit": 3,
+        "suspend": True,
+        "schedulingPolicy": {
+            "minAvailable": 2,
+            "queue": "q",
+            "priorityClass": "p",
+            "scheduleTimeoutSeconds": 60,
+        },
+    },
+    "spec.queueName": "team-a",
+    "spec.prepare": {"enabled": True, "resources": {"requests": {"cpu": "16"}}},
+}
+
+
 @pytest.mark.parametrize(
     ("name", "document"),
     [
         ("single-node", valid_job()),
         ("multi-node", _job(nodes=3, processes=2, accelerator="habana-hpu")),
+        ("mpijob-single-node", _job(accelerator="xeon-cpu", changes={"spec.launcher": "mpijob"})),
+        (
+            "mpijob-multi-node",
+            _job(nodes=2, changes={"spec.launcher": "mpijob", "spec.mpi": {"command": "horovodrun"}}),
+        ),
+        ("everything", _job(nodes=2, changes=EVERYTHING)),
     ],
 )
 def test_golden(name: str, document: dict[str, Any]) -> None:
@@ -130,6 +265,120 @@ def test_golden(name: str, document: dict[str, Any]) -> None:
     assert rendered == golden, f"render() no longer matches {path}:\n{diff}"
 
 
+def _master(child: dict[str, Any]) -> dict[str, Any]:
+    return dict(child["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"])
+
+
+def _container(child: dict[str, Any]) -> dict[str, Any]:
+    return dict(_master(child)["containers"][0])
+
+
+# (field set on the job, value, where it lands in the rendered PyTorchJob, what it is there)
+PASS_THROUGH = [
+    (
+        "spec.pod.resources",
+        {"requests": {"cpu": 4}},
+        lambda c: _container(c)["resources"],
+        {"requests": {"cpu": 4}, "limits": {"nvidia.com/gpu": 1}},
+    ),
+    (
+        "spec.pod.resources",
+        {"limits": {"nvidia.com/gpu": 2}},
+        lambda c: _container(c)["resources"],
+        {"limits": {"nvidia.com/gpu": 2}},
+    ),
+    ("spec.pod.imagePullPolicy", "Never", lambda c: _container(c)["imagePullPolicy"], "Never"),
+    ("spec.pod.imagePullSecrets", ["s"], lambda c: _master(c)["imagePullSecrets"], [{"name": "s"}]),
+    ("spec.pod.nodeSelector", {"k": "v"}, lambda c: _master(c)["nodeSelector"], {"k": "v"}),
+    (
+        "spec.pod.tolerations",
+        [{"operator": "Exists"}],
+        lambda c: _master(c)["tolerations"],
+        [{"operator": "Exists"}],
+    ),
+    ("spec.pod.affinity", {"nodeAffinity": {}}, lambda c: _master(c)["affinity"], {"nodeAffinity": {}}),
+    (
+        "spec.pod.env",
+        [{"name": "X", "value": "1"}],
+        lambda c: _container(c)["env"][-1],
+        {"name": "X", "value": "1"},
+    ),
+    ("spec.pod.serviceAccountName", "sa", lambda c: _master(c)["serviceAccountName"], "sa"),
+    ("spec.pod.priorityClassName", "high", lambda c: _master(c)["priorityClassName"], "high"),
+    ("spec.pod.schedulerName", "volcano", lambda c: _master(c)["schedulerName"], "volcano"),
+    ("spec.pod.securityContext", {"fsGroup": 7}, lambda c: _master(c)["securityContext"], {"fsGroup": 7}),
+    (
+        "spec.volumes",
+        [{"name": "data", "mountPath": "/data", "source": {"hostPath": {"path": "/d"}}}],
+        lambda c: (_master(c)["volumes"][1], _container(c)["volumeMounts"][1]),
+        ({"name": "data", "hostPath": {"path": "/d"}}, {"name": "data", "mountPath": "/data"}),
+    ),
+    (
+        "spec.volumes",
+        [{"name": "c", "mountPath": "/c", "readOnly": True}],
+        lambda c: (_master(c)["volumes"][-1], _container(c)["volumeMounts"][-1]),
+        ({"name": "c", "emptyDir": {}}, {"name": "c", "mountPath": "/c", "readOnly": True}),
+    ),
+    (
+        "spec.runPolicy",
+        {"cleanPodPolicy": "All", "schedulingPolicy": {"minAvailable": 1}},
+        lambda c: c["spec"]["runPolicy"],
+        {"cleanPodPolicy": "All", "suspend": False, "schedulingPolicy": {"minAvailable": 1}},
+    ),
+    (
+        "spec.runPolicy",
+        {"ttlSecondsAfterFinished": 5, "activeDeadlineSeconds": 6, "backoffLimit": 7},
+        lambda c: c["spec"]["runPolicy"],
+        {"ttlSecondsAfterFinished": 5, "activeDeadlineSeconds": 6, "backoffLimit": 7, "suspend": False},
+    ),
+    ("spec.queueName", "lq", lambda c: c["metadata"]["labels"]["kueue.x-k8s.io/queue-name"], "lq"),
+]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "where", "expected"), PASS_THROUGH, ids=[p[0] for p in PASS_THROUGH]
+)
+def test_each_pass_through_field_lands_where_it_should(
+    field: str, value: Any, where: Any, expected: Any
+) -> None:
+    parent, _, name = field.rpartition(".")
+    changes = {parent: {name: value}} if parent == "spec.pod" else {field: value}
+    child = render(parse_job(_job(processes=1, changes=changes)))[-1]
+
+    assert where(child) == expected
+
+
+def test_the_pod_security_context_is_restricted_unless_given() -> None:
+    child = render(parse_job(_job()))[-1]
+
+    assert _master(child)["securityContext"] == {
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert _container(child)["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def test_the_mpijob_fields_and_commands() -> None:
+    changes = {
+        "spec.launcher": "mpijob",
+        "spec.mpi": {"command": "horovodrun", "sshAuthMountPath": "/home/trainer/.ssh"},
+    }
+    child = render(parse_job(_job(nodes=2, processes=4, changes=changes)))[-1]
+
+    spec = child["spec"]
+    assert (spec["slotsPerWorker"], spec["sshAuthMountPath"]) == (4, "/home/trainer/.ssh")
+    assert (spec["launcherCreationPolicy"], spec["mpiImplementation"]) == ("WaitForWorkersReady", "OpenMPI")
+    pods = _pods(child)
+    args = pods["Launcher"]["spec"]["containers"][0]["args"]
+    assert args[:5] == ["horovodrun", "-np", "8", "--hostfile", "/etc/mpi/hostfile"]
+    assert "-x" not in args  # horovodrun forwards the whole environment itself
+    worker = pods["Worker"]["spec"]["containers"][0]
+    assert worker["command"] == ["/usr/sbin/sshd", "-De", "-f", "/home/trainer/.sshd_config"]
+
+
 HOSTILE = [
     "x\n  evil: true",
     "{{ 7*7 }}",
@@ -140,22 +389,58 @@ HOSTILE = [
 ]
 
 
+@pytest.mark.parametrize("launcher", ["pytorchjob", "mpijob"])
 @pytest.mark.parametrize("value", HOSTILE)
-def test_hostile_values_come_out_verbatim(value: str) -> None:
+def test_hostile_values_come_out_verbatim(value: str, launcher: str) -> None:
     shards = f"/data/{value}"  # on the data volume, as every path the job writes must be
-    document = _job(
-        nodes=2, changes={"spec.image": value, "spec.data.shards": shards, "metadata.namespace": value}
-    )
+    changes = {
+        "spec.launcher": launcher,
+        "spec.image": value,
+        "spec.data.shards": shards,
+        "metadata.namespace": value,
+        "spec.pod": {
+            "env": [{"name": value, "value": value}],
+            "nodeSelector": {value: value},
+            "tolerations": [{"key": value, "value": value}],
+        },
+        "spec.volumes": [
+            {"name": "extra", "mountPath": f"/{value}", "source": {"configMap": {"name": value}}}
+        ],
+        "spec.queueName": value,
+        "spec.mpi": {"sshAuthMountPath": f"/{value}/.ssh"},
+        "spec.prepare": {"enabled": True},
+    }
+    rendered = render(parse_job(_job(nodes=2, changes=changes)))
 
-    rendered = render(parse_job(document))
-
-    assert [obj["kind"] for obj in rendered] == ["ConfigMap", "PyTorchJob"]
-    config_map, pytorchjob = rendered
+    assert [component(obj) for obj in rendered] == [
+        "config",
+        "progress",
+        "progress",
+        "progress",
+        "prepare",
+        "train",
+    ]
+    config_map, child = rendered[0], rendered[-1]
     assert {obj["metadata"]["namespace"] for obj in rendered} == {value}
-    assert {pod["spec"]["containers"][0]["image"] for pod in _pods(pytorchjob).values()} == {value}
+    assert child["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == value
+    assert rendered[3]["subjects"][0]["namespace"] == value
+    pods = [*_pods(child).values(), rendered[4]["spec"]["template"]]
+    for pod in pods:
+        [container] = pod["spec"]["containers"]
+        assert container["image"] == value
+        assert {"name": value, "value": value} in container["env"]
+        assert pod["spec"]["nodeSelector"] == {value: value}
+        assert pod["spec"]["tolerations"] == [{"key": value, "value": value}]
+    for pod in [*_trainer_pods(child), rendered[4]["spec"]["template"]]:
+        assert {"name": "extra", "configMap": {"name": value}} in pod["spec"]["volumes"]
+        assert {"name": "extra", "mountPath": f"/{value}"} in pod["spec"]["containers"][0]["volumeMounts"]
+    if launcher == "mpijob":
+        assert child["spec"]["sshAuthMountPath"] == f"/{value}/.ssh"
+        args = _pods(child)["Launcher"]["spec"]["containers"][0]["args"]
+        assert args[args.index(value) - 1] == "-x"
     job_file = yaml.safe_load(config_map["data"]["job.yaml"])
     assert (job_file["spec"]["image"], job_file["spec"]["data"]["shards"]) == (value, shards)
-    assert (job_file["metadata"]["namespace"], pytorchjob["metadata"]["name"]) == (value, "demo")
+    assert (job_file["metadata"]["namespace"], child["metadata"]["name"]) == (value, "demo")
 
 
 def test_an_inconsistent_spec_is_refused_naming_the_field() -> None:
@@ -179,11 +464,11 @@ def test_the_kustomize_tree_comes_from_the_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     base = _copy_of_kustomize(tmp_path, monkeypatch) / "base" / "pytorchjob.yaml"
-    base.write_text(base.read_text().replace("restartPolicy: OnFailure", "restartPolicy: ExitCode"))
+    base.write_text(base.read_text().replace("restartPolicy: ExitCode", "restartPolicy: OnFailure"))
 
-    _, pytorchjob = render(parse_job(_job()))
+    pytorchjob = render(parse_job(_job()))[-1]
 
-    assert pytorchjob["spec"]["pytorchReplicaSpecs"]["Master"]["restartPolicy"] == "ExitCode"
+    assert pytorchjob["spec"]["pytorchReplicaSpecs"]["Master"]["restartPolicy"] == "OnFailure"
 
 
 def test_a_base_that_moved_the_container_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

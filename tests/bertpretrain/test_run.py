@@ -44,7 +44,8 @@ def test_rendered_pytorchjob_command_trains_two_ranks(tmp_path: Path) -> None:
     document = small_training_job(tmp_path, processes=2)
     # In a pod, tmp_path would be a volume: the job writes its shards and checkpoints there.
     document["spec"]["volumes"] = [{"name": "work", "mountPath": str(tmp_path)}]
-    config_map, pytorchjob = render(parse_job(document))
+    rendered = render(parse_job(document))
+    config_map, pytorchjob = rendered[0], rendered[-1]
     master = pytorchjob["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
     config = tmp_path / "job.yaml"
     config.write_text(config_map["data"]["job.yaml"])

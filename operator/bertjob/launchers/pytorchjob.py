@@ -10,67 +10,50 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from bertjob.launchers import ChildKind, ChildState, JsonPatch, json_pointer, kubeflow_state
-from bertjob.spec import Accelerator, JobSpec
+from bertjob.launchers import (
+    ChildKind,
+    JsonPatch,
+    KubeflowJob,
+    PodNames,
+    job_patch,
+    json_pointer,
+    pod_context,
+)
+from bertjob.spec import JobSpec
 
-# Extended resource each accelerator's device plugin advertises, one device per process.
-DEVICE_RESOURCES: dict[Accelerator, str | None] = {
-    "nvidia-gpu": "nvidia.com/gpu",
-    "habana-hpu": "habana.ai/gaudi",
-    "xeon-cpu": None,
-}
-
-# Names in kustomize/base/pytorchjob.yaml; each patch first tests that they are where it expects.
+# The container name in kustomize/base/pytorchjob.yaml; the patch first tests that it is there.
 CONTAINER = "pytorch"
-CONFIG_VOLUME = "job-config"
 
 
-class PyTorchJobLauncher:
+class PyTorchJobLauncher(KubeflowJob):
     """Renders ``spec`` as a PyTorchJob; see :class:`bertjob.launchers.Launcher`."""
 
     child = ChildKind(group="kubeflow.org", version="v1", kind="PyTorchJob", plural="pytorchjobs")
+    component = "pytorchjob"
 
-    def overlay(self, spec: JobSpec) -> str:
-        """``single-node`` for one node, else ``multi-node`` (Master plus Workers)."""
-        return "single-node" if spec.topology.nodes == 1 else "multi-node"
-
-    def patch(self, spec: JobSpec, *, name: str, config_map: str, labels: Mapping[str, str]) -> JsonPatch:
-        """Operations on the overlay's PyTorchJob; see :meth:`bertjob.launchers.Launcher.patch`."""
-        topology = spec.topology
-        ops: JsonPatch = [
-            {"op": "replace", "path": "/metadata/name", "value": name},
+    def patch(self, spec: JobSpec, *, name: str, pods: PodNames) -> JsonPatch:
+        """Operations on the built PyTorchJob; see :meth:`bertjob.launchers.Launcher.patch`."""
+        nodes = spec.topology.nodes
+        counts = {"Master": None} if nodes == 1 else {"Master": None, "Worker": nodes - 1}
+        pod = pod_context(spec, pods, container=CONTAINER, labels=pods.labels, trainer=True)
+        replicas = [
+            {
+                "path": json_pointer("spec", "pytorchReplicaSpecs", replica),
+                "count": count,
+                "trainer": True,
+                "pod": pod,
+                "container": {},
+            }
+            for replica, count in counts.items()
+        ]
+        return job_patch(
+            spec,
+            name,
             # The CRD types nprocPerNode as a string ("auto", "cpu", "gpu" or a number).
-            {"op": "replace", "path": "/spec/nprocPerNode", "value": str(topology.processes_per_node)},
-        ]
-        replicas = ["Master"] if topology.nodes == 1 else ["Master", "Worker"]
-        for replica in replicas:
-            ops += self._pod_ops(spec, replica, config_map, labels)
-        if topology.nodes > 1:
-            path = json_pointer("spec", "pytorchReplicaSpecs", "Worker", "replicas")
-            ops.append({"op": "replace", "path": path, "value": topology.nodes - 1})
-        return ops
+            {"/spec/nprocPerNode": str(spec.topology.processes_per_node)},
+            replicas,
+        )
 
-    def state(self, child: Mapping[str, Any]) -> ChildState | None:
-        """The PyTorchJob's phase from its Kubeflow conditions."""
-        return kubeflow_state(child.get("status") or {})
-
-    @staticmethod
-    def _pod_ops(spec: JobSpec, replica: str, config_map: str, labels: Mapping[str, str]) -> JsonPatch:
-        template = ("spec", "pytorchReplicaSpecs", replica, "template")
-        container = (*template, "spec", "containers", "0")
-        volume = (*template, "spec", "volumes", "0")
-        ops: JsonPatch = [
-            {"op": "test", "path": json_pointer(*container, "name"), "value": CONTAINER},
-            {"op": "replace", "path": json_pointer(*container, "image"), "value": spec.image},
-            {"op": "test", "path": json_pointer(*volume, "name"), "value": CONFIG_VOLUME},
-            {"op": "replace", "path": json_pointer(*volume, "configMap", "name"), "value": config_map},
-        ]
-        ops += [
-            {"op": "add", "path": json_pointer(*template, "metadata", "labels", key), "value": value}
-            for key, value in labels.items()
-        ]
-        device = DEVICE_RESOURCES[spec.accelerator]
-        if device is not None:
-            resources = {"limits": {device: spec.topology.processes_per_node}}
-            ops.append({"op": "add", "path": json_pointer(*container, "resources"), "value": resources})
-        return ops
+    def trainer_template(self, child: Mapping[str, Any]) -> dict[str, Any]:
+        """The Master's pod template (Workers run the same pod)."""
+        return dict(child["spec"]["pytorchReplicaSpecs"]["Master"]["template"])

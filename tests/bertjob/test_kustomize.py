@@ -1,0 +1,117 @@
+"""kustomize/ by hand: every overlay x launcher component x accelerator component builds with
+`kubectl kustomize`, as a GitOps user's kustomization would use them, and fits the upstream schema."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from bertjob.launchers import mpijob
+from bertjob.render import kustomize_build
+from jobs import REPO
+from k8s_schema import assert_valid
+
+KUSTOMIZE = REPO / "kustomize"
+DEVICES = {"nvidia-gpu": "nvidia.com/gpu", "habana-hpu": "habana.ai/gaudi", "xeon-cpu": None}
+REPLICAS = {
+    ("pytorchjob", "single-node"): {"Master": 1},
+    ("pytorchjob", "multi-node"): {"Master": 1, "Worker": 1},
+    ("mpijob", "single-node"): {"Launcher": 1, "Worker": 1},
+    ("mpijob", "multi-node"): {"Launcher": 1, "Worker": 2},
+}
+
+
+def _build_by_hand(tmp_path: Path, overlay: str, *components: str) -> list[dict[str, Any]]:
+    """What `kubectl kustomize` makes of a user's kustomization selecting these directories."""
+    document = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(KUSTOMIZE / "overlays" / overlay, tmp_path)],
+        "components": [os.path.relpath(KUSTOMIZE / "components" / name, tmp_path) for name in components],
+    }
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(document))
+    return [obj for obj in yaml.safe_load_all(kustomize_build(tmp_path)) if obj]
+
+
+def _replicas(job: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    spec = job["spec"]
+    return dict(spec.get("pytorchReplicaSpecs") or spec["mpiReplicaSpecs"])
+
+
+@pytest.mark.parametrize("accelerator", DEVICES)
+@pytest.mark.parametrize("launcher", ["pytorchjob", "mpijob"])
+@pytest.mark.parametrize("overlay", ["single-node", "multi-node"])
+def test_every_combination_builds_by_hand(
+    tmp_path: Path,
+    overlay: str,
+    launcher: str,
+    accelerator: str,
+    pytorchjob_schema: dict[str, Any],
+    mpijob_schema: dict[str, Any],
+) -> None:
+    [job] = _build_by_hand(tmp_path, overlay, launcher, accelerator)
+
+    assert job["kind"] == {"pytorchjob": "PyTorchJob", "mpijob": "MPIJob"}[launcher]
+    assert "config.kubernetes.io/local-config" not in job["metadata"].get("annotations", {})
+    replicas = _replicas(job)
+    assert {name: spec["replicas"] for name, spec in replicas.items()} == REPLICAS[(launcher, overlay)]
+    trainers = {name: spec for name, spec in replicas.items() if name != "Launcher"}
+    device = DEVICES[accelerator]
+    for spec in trainers.values():
+        pod = spec["template"]["spec"]
+        [container] = pod["containers"]
+        limits = container.get("resources", {}).get("limits", {})
+        assert limits == ({device: 1} if device else {})
+        assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+        assert container["securityContext"] == {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        }
+        assert [volume["name"] for volume in pod["volumes"]] == ["job-config", "data", "dshm"]
+        env = {var["name"] for var in container["env"]}
+        assert {"BERTJOB_NAME", "BERTJOB_NAMESPACE"} <= env
+        kubernetes_validate.validate(
+            {
+                "apiVersion": "v1",
+                "kind": "PodTemplate",
+                "metadata": {"name": "t"},
+                "template": spec["template"],
+            },
+            "1.33",
+            strict=True,
+        )
+    if launcher == "pytorchjob":
+        assert all(spec == replicas["Master"] for spec in replicas.values()), "replicas must run the same pod"
+        assert {spec["restartPolicy"] for spec in replicas.values()} == {"ExitCode"}
+        assert_valid(job, pytorchjob_schema)
+    else:
+        assert_valid(job, mpijob_schema)
+        launcher_pod = replicas["Launcher"]["template"]["spec"]
+        [container] = launcher_pod["containers"]
+        forwarded = {container["args"][i + 1] for i, arg in enumerate(container["args"]) if arg == "-x"}
+        assert {var["name"] for var in container["env"]} <= forwarded, "ranks must get the Launcher's env"
+
+
+def test_the_by_hand_mpijob_runs_the_launchers_rank_wrapper(tmp_path: Path) -> None:
+    [job] = _build_by_hand(tmp_path, "multi-node", "mpijob", "nvidia-gpu")
+
+    args = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["args"]
+    tail = ["/bin/sh", "-c", mpijob.RANK_SCRIPT, "rank", *mpijob.TRAINER_COMMAND]
+    assert args[-len(tail) :] == tail
+    assert args[:3] == ["mpirun", "--hostfile", mpijob.HOSTFILE]
+
+
+def test_the_gitops_example_builds(mpijob_schema: dict[str, Any]) -> None:
+    objects = [obj for obj in yaml.safe_load_all(kustomize_build(REPO / "examples" / "gitops")) if obj]
+
+    kinds = {obj["kind"]: obj for obj in objects}
+    assert sorted(kinds) == ["ConfigMap", "MPIJob"]
+    assert_valid(kinds["MPIJob"], mpijob_schema)
+    assert kinds["MPIJob"]["spec"]["slotsPerWorker"] == 2
+    config_volume = kinds["MPIJob"]["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["volumes"][0]
+    assert config_volume["configMap"]["name"] == kinds["ConfigMap"]["metadata"]["name"]
