@@ -364,6 +364,16 @@ class Cluster:
             if (event.get("involvedObject") or {}).get("name") == name
         ]
 
+    def reasons_when(self, name: str, wanted: Callable[[list[str]], bool]) -> list[str]:
+        """The reasons of the Events about ``name`` once ``wanted(reasons)`` holds: kopf posts
+        events after the status patch they go with, so a test waits for them too."""
+        return self.wait_for(
+            f"events about {name}",
+            lambda: (
+                (reasons := [event["reason"] for event in self.events(name)]) and wanted(reasons) and reasons
+            ),
+        )
+
     def stored(self, group_version_plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
         """Every live object of a resource (``batch/v1/jobs``, ``v1/configmaps``) in the emulator."""
         wanted = kmock.resource(group_version_plural)

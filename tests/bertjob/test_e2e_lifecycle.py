@@ -81,7 +81,7 @@ def test_suspend_and_resume_reach_the_child(cluster: Cluster, launcher: str) -> 
         {"conditions": [kubeflow_condition("Suspended", "False"), kubeflow_condition("Running")]},
     )
     status = cluster.status_when(name, "Running")
-    reasons = [e["reason"] for e in cluster.events(name)]
+    reasons = cluster.reasons_when(name, lambda reasons: reasons.count("Running") >= 2)
     assert reasons.count("Suspended") == 1 and reasons.count("Running") == 2
 
 

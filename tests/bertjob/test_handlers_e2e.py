@@ -110,7 +110,10 @@ def test_a_valid_job_gets_owned_children_and_a_status(
     [child] = children[child_resource]
     assert child["spec"]["runPolicy"]["suspend"] is False
     assert "ghcr.io/bertjob/trainer:0.1.0" in yaml.safe_dump(child)
-    assert [e["reason"] for e in cluster.events(name) if e["type"] == "Normal" and e["reason"] == "Pending"]
+    cluster.wait_for(
+        "a Pending event",
+        lambda: [e for e in cluster.events(name) if e["type"] == "Normal" and e["reason"] == "Pending"],
+    )
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
@@ -145,8 +148,7 @@ def test_the_childs_conditions_are_mirrored_into_the_job(cluster: Cluster, launc
     assert by_type["Running"]["status"] == "False"
     assert by_type["Succeeded"]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
     assert "completionTime" in status and "startTime" in status
-    reasons = [e["reason"] for e in cluster.events(name)]
-    assert {"Pending", "Running", "Succeeded"} <= set(reasons)
+    cluster.reasons_when(name, lambda reasons: {"Pending", "Running", "Succeeded"} <= set(reasons))
 
 
 def test_a_failed_child_fails_the_job_with_a_warning(cluster: Cluster) -> None:

@@ -17,7 +17,6 @@ from test_e2e_lifecycle import _job, _running
 from test_handlers_e2e import CHILD_RESOURCES, children_of, kubeflow_condition
 
 from bertjob import launchers
-from bertjob.children import BUILTIN_PLURALS, is_prepare_job
 from bertjob.render import render
 from bertjob.spec import parse_job
 from jobs import REPO
@@ -65,40 +64,20 @@ def granted() -> dict[tuple[str, str], set[str]]:
     return found
 
 
-def not_rendered_yet() -> set[tuple[str, str]]:
-    """Child resources that rendering does not make yet (the other half of issue 5): granted
-    ahead of time, so not yet seen in use."""
-    rendered: set[tuple[str, str]] = set()
-    plurals = {**BUILTIN_PLURALS}
-    for name, launcher in launchers.LAUNCHERS.items():
-        plurals[(launcher.child.api_version, launcher.child.kind)] = launcher.child.plural
-        for obj in render(parse_job(_job("probe", name, spec__prepare={"enabled": True}))):
-            rendered.add((obj["apiVersion"], obj["kind"]))
-    kinds = {*plurals, ("kubeflow.org/v2beta1", "MPIJob")}
-    return {
-        (api_version.rpartition("/")[0], plurals.get((api_version, kind), "mpijobs"))
-        for api_version, kind in kinds - rendered
-    }
-
-
 def _drive_every_path(cluster: Cluster) -> None:
     for name, launcher in launchers.LAUNCHERS.items():
         job = f"rbac-{name}"
         resource = CHILD_RESOURCES[name]
         cluster.create_job(_job(job, name, spec__prepare={"enabled": True}))
-        prepares = any(
-            is_prepare_job(obj) for obj in render(parse_job(_job(job, name, spec__prepare={"enabled": True})))
-        )
-        if prepares:
-            cluster.status_when(job, "Preparing")
-            # Suspended while preparing: the data Job is patched.
-            cluster.patch_job(job, {"spec": {"runPolicy": {"suspend": True}}})
-            cluster.status_when(job, "Suspended")
-            cluster.patch_job(job, {"spec": {"runPolicy": {"suspend": False}}})
-            cluster.status_when(job, "Preparing")
-            [data_job] = children_of(cluster, job)["batch/v1/jobs"]
-            complete = {"conditions": [{"type": "Complete", "status": "True"}]}
-            cluster.report("batch/v1/jobs", data_job["metadata"]["name"], complete)
+        cluster.status_when(job, "Preparing")
+        # Suspended while preparing: the data Job is patched.
+        cluster.patch_job(job, {"spec": {"runPolicy": {"suspend": True}}})
+        cluster.status_when(job, "Suspended")
+        cluster.patch_job(job, {"spec": {"runPolicy": {"suspend": False}}})
+        cluster.status_when(job, "Preparing")
+        [data_job] = children_of(cluster, job)["batch/v1/jobs"]
+        complete = {"conditions": [{"type": "Complete", "status": "True"}]}
+        cluster.report("batch/v1/jobs", data_job["metadata"]["name"], complete)
         _running(cluster, job, resource)
         cluster.patch_job(job, {"spec": {"runPolicy": {"suspend": True}}})
         cluster.status_when(job, "Suspended")
@@ -127,8 +106,6 @@ def test_the_cluster_role_grants_exactly_what_the_operator_calls(cluster: Cluste
         key: verbs - grants.get(key, set()) for key, verbs in calls.items() if verbs - grants.get(key, set())
     } == {}
     unused: dict[tuple[str, str], Any] = {
-        key: verbs - calls.get(key, set()) - WITHOUT_A_CALL.get(key, set())
-        for key, verbs in grants.items()
-        if key not in not_rendered_yet()
+        key: verbs - calls.get(key, set()) - WITHOUT_A_CALL.get(key, set()) for key, verbs in grants.items()
     }
     assert {key: verbs for key, verbs in unused.items() if verbs} == {}
