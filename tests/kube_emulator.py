@@ -38,6 +38,10 @@ from bertjob.spec import GROUP, PLURAL, VERSION
 
 WAIT_S = 30
 OPERATOR_TOKEN = "operator-token"
+# kmock keeps every request for assertions, and matches each new request to its reactions by
+# scanning them all, so a long session slows quadratically. The tests assert on ApiServer.calls
+# instead; the emulator keeps this many recent requests, plenty for those still being matched.
+KEPT_REQUESTS = 64
 T = TypeVar("T")
 
 # Built-in kinds the operator touches: (group/version/plural, kind, namespaced).
@@ -81,6 +85,7 @@ class ApiServer(kmock.KubernetesEmulator):
     calls: list[Call] = attrs.field(factory=list, init=False)
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        del self._requests[:-KEPT_REQUESTS]
         if request.resource is not None:
             self._record(request)
         if request.resource is not None and isinstance(request.data, dict):
