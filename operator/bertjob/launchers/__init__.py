@@ -5,8 +5,9 @@ under ``kustomize/components/``, and supplies the job's own patch (RFC 6902 oper
 :func:`bertjob.render.render` applies on top of the topology's overlay and the components. The
 patch is rendered from the jinja2 templates in ``templates/`` (StrictUndefined; every value from the
 job goes through ``tojson``), so no value can change its structure. A launcher also names the pod
-template that runs the trainer (the data-preparation Job copies it) and reads the child's status
-back, so that the operator can mirror it. One module per launcher.
+template that runs the trainer (the data-preparation Job copies it). The child's status is read
+by :mod:`bertjob.status`, the same for every launcher (Kubeflow's JobCondition list). One module
+per launcher.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import jinja2
 
@@ -23,7 +24,6 @@ from bertjob.defaults import DEFAULT_VOLUME
 from bertjob.spec import Accelerator, JobSpec, SpecError, VolumeSpec
 
 JsonPatch = list[dict[str, Any]]
-ChildPhase = Literal["Running", "Succeeded", "Failed"]
 
 
 @dataclass(frozen=True)
@@ -39,15 +39,6 @@ class ChildKind:
     def api_version(self) -> str:
         """``group/version``, as written in a manifest."""
         return f"{self.group}/{self.version}"
-
-
-@dataclass(frozen=True)
-class ChildState:
-    """Where a child job stands, in the BertPretrainJob's terms."""
-
-    phase: ChildPhase
-    reason: str
-    message: str
 
 
 @dataclass(frozen=True)
@@ -73,10 +64,6 @@ class Launcher(Protocol):
 
     def trainer_template(self, child: Mapping[str, Any]) -> dict[str, Any]:
         """The pod template (``template`` of a replica) of ``child`` whose container runs the trainer."""
-        ...
-
-    def state(self, child: Mapping[str, Any]) -> ChildState | None:
-        """The child's phase from its status; None while nothing has happened yet."""
         ...
 
 
@@ -127,14 +114,6 @@ def job_patch(
         "replicas": replicas,
     }
     return render_patch("job.j2", job=job)
-
-
-class KubeflowJob:
-    """What PyTorchJob and MPIJob share: Kubeflow's JobCondition list in their status."""
-
-    def state(self, child: Mapping[str, Any]) -> ChildState | None:
-        """The child's phase from its Kubeflow conditions (:func:`kubeflow_state`)."""
-        return kubeflow_state(child.get("status") or {})
 
 
 def pod_context(
@@ -203,21 +182,6 @@ def _volume(volume: VolumeSpec) -> dict[str, Any]:
 def json_pointer(*parts: str) -> str:
     """An RFC 6901 pointer to the field named by ``parts`` (``/`` in a label key becomes ``~1``)."""
     return "".join("/" + part.replace("~", "~0").replace("/", "~1") for part in parts)
-
-
-def kubeflow_state(status: Mapping[str, Any]) -> ChildState | None:
-    """Read a Kubeflow training job's ``status.conditions`` (the JobCondition list shared by
-    PyTorchJob and MPIJob): a true Succeeded or Failed condition wins over Running."""
-    current = {
-        condition.get("type"): condition
-        for condition in status.get("conditions") or []
-        if isinstance(condition, Mapping) and condition.get("status") == "True"
-    }
-    for phase in ("Succeeded", "Failed", "Running"):
-        if phase in current:
-            condition = current[phase]
-            return ChildState(phase, str(condition.get("reason", "")), str(condition.get("message", "")))
-    return None
 
 
 def _registry() -> dict[str, Launcher]:

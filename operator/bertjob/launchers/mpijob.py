@@ -17,7 +17,6 @@ from typing import Any
 from bertjob.launchers import (
     ChildKind,
     JsonPatch,
-    KubeflowJob,
     PodNames,
     job_patch,
     json_pointer,
@@ -44,7 +43,7 @@ ACCELERATOR_ENV: dict[Accelerator, list[str]] = {"habana-hpu": ["PT_HPU_LAZY_MOD
 MPIRUN_BINDING: dict[Accelerator, list[str]] = {"xeon-cpu": ["--map-by", "socket", "--bind-to", "socket"]}
 
 
-class MPIJobLauncher(KubeflowJob):
+class MPIJobLauncher:
     """Renders ``spec`` as an MPIJob; see :class:`bertjob.launchers.Launcher`."""
 
     child = ChildKind(group="kubeflow.org", version="v2beta1", kind="MPIJob", plural="mpijobs")

@@ -13,7 +13,6 @@ from typing import Any
 from bertjob.launchers import (
     ChildKind,
     JsonPatch,
-    KubeflowJob,
     PodNames,
     job_patch,
     json_pointer,
@@ -25,7 +24,7 @@ from bertjob.spec import JobSpec
 CONTAINER = "pytorch"
 
 
-class PyTorchJobLauncher(KubeflowJob):
+class PyTorchJobLauncher:
     """Renders ``spec`` as a PyTorchJob; see :class:`bertjob.launchers.Launcher`."""
 
     child = ChildKind(group="kubeflow.org", version="v1", kind="PyTorchJob", plural="pytorchjobs")
