@@ -15,13 +15,12 @@ from collections.abc import Sequence
 
 import yaml
 
-from bertjob.defaults import with_defaults
 from bertjob.spec import BertPretrainJob, SpecError, load_job
-from bertjob.validation import check
+from bertjob.validation import cluster_job
 
 
 def _validate(job: BertPretrainJob, source: str) -> int:
-    spec = check(with_defaults(job.spec), source, cluster=True)
+    spec = cluster_job(job, source).spec
     print(f"{source}: valid BertPretrainJob {job.metadata.name!r}, world size {spec.topology.world_size}")
     return 0
 

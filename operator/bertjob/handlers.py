@@ -37,10 +37,9 @@ from bertjob.children import (
     read_owner,
 )
 from bertjob.crd import ChildRef, JobStatus
-from bertjob.defaults import with_defaults
 from bertjob.render import JOB_FILE, NAME_LABEL, RenderError, config_map_name, render
-from bertjob.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION, SpecError, parse_job
-from bertjob.validation import check
+from bertjob.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION, SpecError, parse_job, to_document
+from bertjob.validation import cluster_job
 
 # kopf's bookkeeping goes to annotations under our own domain, never into the status.
 STORAGE_PREFIX = "bertjob.dev"
@@ -198,7 +197,7 @@ def change(api: ApiClient, job: Mapping[str, Any], old: Any, new: Any) -> None:
         return
     accepted = _accepted(api, job, current)
     try:
-        candidate = _defaulted(_document(job))
+        candidate = to_document(cluster_job(parse_job(_document(job))))
         fields = (
             changes.changed_fields(accepted["spec"], candidate["spec"])
             if accepted
@@ -234,7 +233,9 @@ def change(api: ApiClient, job: Mapping[str, Any], old: Any, new: Any) -> None:
 def _children_of(
     api: ApiClient, job: Mapping[str, Any], current: JobStatus, document: dict[str, Any]
 ) -> list[dict[str, Any]]:
-    """The rendered children of ``document``, owned by ``job``, with its safe run-policy fields."""
+    """The rendered children of ``document``, owned by ``job``. Callers pass a document whose
+    safe run-policy fields are the job's current ones (:func:`bertjob.changes.accepted_document`),
+    so the children render with them."""
     meta = job["metadata"]
     try:
         objects = render(parse_job(document, f"{meta['namespace']}/{meta['name']}"))
@@ -242,15 +243,6 @@ def _children_of(
         raise _fail(api, job, current, "InvalidSpec", _problems(error)) from error
     except RenderError as error:
         raise _fail(api, job, current, "RenderFailed", str(error)) from error
-    spec = job.get("spec")
-    objects = [
-        changes.merged(obj, changes.training_patch(spec))
-        if is_training_child(obj)
-        else changes.merged(obj, changes.prepare_patch(spec))
-        if is_prepare_job(obj)
-        else obj
-        for obj in objects
-    ]
     kopf.adopt(objects, owner=_body(job))
     return objects
 
@@ -301,17 +293,6 @@ def _accepted(api: ApiClient, job: Mapping[str, Any], current: JobStatus) -> dic
     except yaml.YAMLError:
         return None
     return document if isinstance(document, dict) and isinstance(document.get("spec"), dict) else None
-
-
-def _defaulted(document: dict[str, Any]) -> dict[str, Any]:
-    """``document`` parsed, with defaults, checked as the operator renders it (as a dict).
-
-    Raises:
-        SpecError: the spec is invalid.
-    """
-    job = parse_job(document)
-    spec = check(with_defaults(job.spec), cluster=True)
-    return job.model_copy(update={"spec": spec}).model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 def _document(job: Mapping[str, Any]) -> dict[str, Any]:

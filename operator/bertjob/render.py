@@ -25,10 +25,9 @@ from typing import Any, Literal
 import yaml
 
 from bertjob import launchers
-from bertjob.defaults import with_defaults
 from bertjob.launchers import Launcher, PodNames
 from bertjob.spec import GROUP, PLURAL, BertPretrainJob, JobSpec, to_document
-from bertjob.validation import check
+from bertjob.validation import cluster_job
 
 KUSTOMIZE_DIR_ENV = "BERTJOB_KUSTOMIZE_DIR"
 JOB_FILE = "job.yaml"
@@ -96,15 +95,15 @@ def render(job: BertPretrainJob) -> list[dict[str, Any]]:
     5. the launcher's child ``<name>`` (a PyTorchJob or an MPIJob).
 
     Each carries :func:`job_labels` with its :func:`component`. Applies
-    :func:`bertjob.defaults.with_defaults` and :func:`bertjob.validation.check` first.
+    :func:`bertjob.validation.cluster_job` (defaults and every check) first.
 
     Raises:
         SpecError: the spec is inconsistent, or names a launcher that does not exist.
         RenderError: no kustomize/kubectl on PATH, or kustomize failed.
     """
     name, namespace = job.metadata.name, job.metadata.namespace
-    spec = check(with_defaults(job.spec), f"{namespace}/{name}", cluster=True)
-    job = job.model_copy(update={"spec": spec})
+    job = cluster_job(job, f"{namespace}/{name}")
+    spec = job.spec
     launcher = launchers.get(spec.launcher)
     pods = PodNames(config_map_name(name), service_account_name(name, spec), job_labels(name, "train"))
     config_map = {

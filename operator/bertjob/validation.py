@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import PurePosixPath
 
-from bertjob.defaults import micro_batch_size, resolve_model, volumes
-from bertjob.spec import JobSpec, SpecError
+from bertjob.defaults import micro_batch_size, resolve_model, volumes, with_defaults
+from bertjob.spec import BertPretrainJob, JobSpec, SpecError
 
 # Volumes the base pod template mounts itself (kustomize/base): a job volume may not take their names.
 RESERVED_VOLUMES = {"job-config": "/etc/bertjob", "dshm": "/dev/shm"}
@@ -128,3 +128,13 @@ def check(spec: JobSpec, source: str = "<spec>", training: bool = True, cluster:
     if found:
         raise SpecError(source, found)
     return spec
+
+
+def cluster_job(job: BertPretrainJob, source: str = "<job>") -> BertPretrainJob:
+    """``job`` as the operator runs it: its spec with :func:`bertjob.defaults.with_defaults`
+    applied, after every check (:func:`problems` and :func:`cluster_problems`).
+
+    Raises:
+        SpecError: listing every problem found.
+    """
+    return job.model_copy(update={"spec": check(with_defaults(job.spec), source, cluster=True)})

@@ -14,9 +14,7 @@ from kube_emulator import Cluster
 from kubernetes.client import CustomObjectsApi
 from test_handlers_e2e import CHILD_RESOURCES, LAUNCHERS, children_of, kubeflow_condition
 
-from bertjob.children import is_prepare_job
-from bertjob.render import render
-from bertjob.spec import GROUP, PLURAL, VERSION, parse_job
+from bertjob.spec import GROUP, PLURAL, VERSION
 from jobs import valid_job, with_value
 
 PYTORCHJOBS = CHILD_RESOURCES["pytorchjob"]
@@ -27,14 +25,6 @@ def _job(name: str, launcher: str = "pytorchjob", **fields: Any) -> dict[str, An
     for dotted, value in fields.items():
         document = with_value(document, dotted.replace("__", "."), value)
     return document
-
-
-@pytest.fixture(scope="module")
-def prepare_rendered() -> None:
-    """Skip until render() makes the data-preparation Job (the rendering half of issue 5)."""
-    job = parse_job(_job("probe", spec__prepare={"enabled": True}))
-    if not any(is_prepare_job(obj) for obj in render(job)):
-        pytest.skip("render() does not make the data-preparation Job yet")
 
 
 def _running(cluster: Cluster, name: str, resource: str = PYTORCHJOBS) -> None:
@@ -189,7 +179,6 @@ def test_deleting_the_job_deletes_every_child(cluster: Cluster) -> None:
     assert cluster.operator is not None and cluster.operator.poll() is None
 
 
-@pytest.mark.usefixtures("prepare_rendered")
 def test_the_data_job_runs_before_the_training_job(cluster: Cluster) -> None:
     cluster.create_job(_job("prepared", spec__prepare={"enabled": True}))
 
@@ -198,6 +187,12 @@ def test_the_data_job_runs_before_the_training_job(cluster: Cluster) -> None:
     assert PYTORCHJOBS not in children and len(children["batch/v1/jobs"]) == 1
     [data_job] = children["batch/v1/jobs"]
     assert [c["kind"] for c in status["children"]] == ["Job"]
+    # A safe change made while the data is prepared reaches the training job created afterwards.
+    cluster.patch_job("prepared", {"spec": {"runPolicy": {"ttlSecondsAfterFinished": 600}}})
+    cluster.wait_for(
+        "the change to be observed",
+        lambda: cluster.job("prepared")["status"].get("observedGeneration") == 2,
+    )
 
     cluster.report(
         "batch/v1/jobs",
@@ -208,12 +203,10 @@ def test_the_data_job_runs_before_the_training_job(cluster: Cluster) -> None:
     status = cluster.status_when("prepared", "Pending")
     assert [c["kind"] for c in status["children"]] == ["Job", "PyTorchJob"]
     assert _condition(status, "Prepared")["status"] == "True"
-    assert {resource: len(found) for resource, found in children_of(cluster, "prepared").items()}[
-        PYTORCHJOBS
-    ] == 1
+    [training] = children_of(cluster, "prepared")[PYTORCHJOBS]
+    assert training["spec"]["runPolicy"]["ttlSecondsAfterFinished"] == 600
 
 
-@pytest.mark.usefixtures("prepare_rendered")
 def test_a_failed_data_job_fails_the_job(cluster: Cluster) -> None:
     cluster.create_job(_job("unprepared", spec__prepare={"enabled": True}))
     cluster.status_when("unprepared", "Preparing")
