@@ -15,23 +15,13 @@ import yaml
 from kube_emulator import Cluster, answers
 from kubernetes.client import CoreV1Api, CustomObjectsApi, V1ConfigMap
 
-from bertjob import launchers
 from bertjob.children import ForeignObjectError, create_children
 from bertjob.render import JOB_LABEL, render
 from bertjob.spec import parse_job
 from jobs import valid_job, with_value
 from k8s_schema import assert_valid
 
-# Every launcher: mpijob joins as soon as it is implemented.
-LAUNCHERS = [
-    pytest.param(
-        name,
-        marks=pytest.mark.skipif(
-            name not in launchers.LAUNCHERS, reason=f"the {name} launcher is not implemented yet"
-        ),
-    )
-    for name in ("pytorchjob", "mpijob")
-]
+LAUNCHERS = ["pytorchjob", "mpijob"]
 CHILD_RESOURCES = {"pytorchjob": "kubeflow.org/v1/pytorchjobs", "mpijob": "kubeflow.org/v2beta1/mpijobs"}
 # Resources a job's children may be of.
 OWNED = (
