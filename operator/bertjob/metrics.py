@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from socketserver import ThreadingMixIn
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import kopf
@@ -69,7 +69,7 @@ class JobPhases(Collector):
         with self._lock:
             phases = list(self._phases.values())
         family = GaugeMetricFamily("bertjob_jobs", "BertPretrainJobs by status.phase.", labels=["phase"])
-        for phase in (*Phase.__args__, UNSET_PHASE):  # type: ignore[attr-defined]
+        for phase in (*get_args(Phase), UNSET_PHASE):
             family.add_metric([phase], phases.count(phase))
         yield family
 
