@@ -389,11 +389,56 @@ class MpiSpec(_Spec):
     """How the mpijob launcher starts the ranks."""
 
     command: Literal["mpirun", "horovodrun"] = Field(
-        "mpirun", description="mpirun (OpenMPI) or horovodrun, over mpi-operator's /etc/mpi/hostfile."
+        "mpirun",
+        description="mpirun (OpenMPI) or horovodrun, over mpi-operator's /etc/mpi/hostfile; elastic "
+        "jobs need horovodrun, which finds the Workers with /etc/mpi/discover_hosts.sh.",
     )
     ssh_auth_mount_path: str = Field(
         "/home/mpiuser/.ssh", pattern=r"^/", description="Where mpi-operator mounts the SSH keys."
     )
+
+
+class DistributedSpec(_Spec):
+    """How the ranks exchange gradients: DDP under pytorchjob, Horovod under mpijob.
+
+    The trainer detects its world itself (torchrun's variables, Open MPI's or Horovod's), so
+    these settings only tune the communication.
+    """
+
+    gradient_compression: Literal["none", "fp16", "bf16"] = Field(
+        "none",
+        description="Compress gradients to this dtype for the all-reduce: a DDP communication hook "
+        "under pytorchjob, hvd.Compression.fp16 under mpijob. Horovod has no bf16 compression, so "
+        "launcher mpijob refuses bf16.",
+    )
+    timeout_seconds: int = Field(
+        600,
+        ge=10,
+        description="How long a collective waits for a missing rank before the job fails (the "
+        "process-group timeout).",
+    )
+
+
+class ElasticSpec(_Spec):
+    """Elastic training: the job starts on topology.nodes nodes and goes on between minNodes and
+    maxNodes when nodes leave or join (torchrun's c10d rendezvous under pytorchjob, elastic
+    Horovod under mpijob with mpi.command horovodrun)."""
+
+    min_nodes: int = Field(ge=1, description="Fewest nodes the job keeps training on.")
+    max_nodes: int = Field(ge=1, description="Most nodes the job trains on.")
+    max_restarts: int = Field(
+        3,
+        ge=0,
+        description="Restarts of the worker group before the job fails: torchrun's --max-restarts "
+        "under pytorchjob (failures; nodes joining do not count), horovodrun's --reset-limit under "
+        "mpijob (every reset, failures and node changes alike).",
+    )
+
+    @model_validator(mode="after")
+    def _range(self) -> ElasticSpec:
+        if self.min_nodes > self.max_nodes:
+            raise ValueError(f"minNodes {self.min_nodes} is greater than maxNodes {self.max_nodes}")
+        return self
 
 
 class PrepareSpec(_Spec):
@@ -448,6 +493,12 @@ class JobSpec(_Spec):
     run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec, description="The child job's runPolicy.")
     queue_name: str | None = Field(
         None, min_length=1, description="Kueue LocalQueue: sets the kueue.x-k8s.io/queue-name label."
+    )
+    distributed: DistributedSpec = Field(
+        default_factory=DistributedSpec, description="Gradient exchange between the ranks."
+    )
+    elastic: ElasticSpec | None = Field(
+        None, description="Elastic training between minNodes and maxNodes. Default: a fixed world."
     )
     mpi: MpiSpec = Field(default_factory=MpiSpec, description="mpijob launcher settings.")
     prepare: PrepareSpec = Field(default_factory=PrepareSpec, description="Data preparation as its own Job.")

@@ -75,6 +75,41 @@ def problems(spec: JobSpec, training: bool = True) -> list[tuple[str, str]]:
             )
     if len(spec.phases) == 2 and spec.phases[1].max_seq_length < spec.phases[0].max_seq_length:
         found.append(("spec.phases[1].maxSeqLength", "phase 2 must not use shorter sequences than phase 1"))
+    return found + _distributed_problems(spec)
+
+
+def _distributed_problems(spec: JobSpec) -> list[tuple[str, str]]:
+    """What the launcher cannot run: a compression Horovod lacks, an elastic range that leaves out
+    the starting node count, elastic MPI without horovodrun."""
+    found: list[tuple[str, str]] = []
+    if spec.launcher == "mpijob" and spec.distributed.gradient_compression == "bf16":
+        found.append(
+            (
+                "spec.distributed.gradientCompression",
+                "bf16 is not available under launcher mpijob: Horovod compresses to fp16 only "
+                "(use fp16 or none, or launcher pytorchjob)",
+            )
+        )
+    elastic = spec.elastic
+    if elastic is None:
+        return found
+    nodes = spec.topology.nodes
+    if nodes < elastic.min_nodes:
+        found.append(
+            ("spec.elastic.minNodes", f"{elastic.min_nodes} is more than the {nodes} nodes of spec.topology")
+        )
+    if nodes > elastic.max_nodes:
+        found.append(
+            ("spec.elastic.maxNodes", f"{elastic.max_nodes} is fewer than the {nodes} nodes of spec.topology")
+        )
+    if spec.launcher == "mpijob" and spec.mpi.command != "horovodrun":
+        found.append(
+            (
+                "spec.mpi.command",
+                f"elastic training under launcher mpijob needs horovodrun (elastic Horovod), not "
+                f"{spec.mpi.command}",
+            )
+        )
     return found
 
 

@@ -93,17 +93,18 @@ def test_every_combination_builds_by_hand(
         assert_valid(job, mpijob_schema)
         launcher_pod = replicas["Launcher"]["template"]["spec"]
         [container] = launcher_pod["containers"]
-        forwarded = {container["args"][i + 1] for i, arg in enumerate(container["args"]) if arg == "-x"}
+        command = container["command"]
+        assert "args" not in container
+        forwarded = {command[i + 1] for i, arg in enumerate(command) if arg == "-x"}
         assert {var["name"] for var in container["env"]} <= forwarded, "ranks must get the Launcher's env"
 
 
-def test_the_by_hand_mpijob_runs_the_launchers_rank_wrapper(tmp_path: Path) -> None:
+def test_the_by_hand_mpijob_runs_the_launchers_trainer_command(tmp_path: Path) -> None:
     [job] = _build_by_hand(tmp_path, "multi-node", "mpijob", "nvidia-gpu")
 
-    args = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["args"]
-    tail = ["/bin/sh", "-c", mpijob.RANK_SCRIPT, "rank", *mpijob.TRAINER_COMMAND]
-    assert args[-len(tail) :] == tail
-    assert args[:3] == ["mpirun", "--hostfile", mpijob.HOSTFILE]
+    command = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    forwarded = [arg for pair in zip(["-x"] * 2, mpijob.FORWARDED_ENV, strict=True) for arg in pair]
+    assert command == ["mpirun", "--hostfile", mpijob.HOSTFILE, *forwarded, *mpijob.TRAINER_COMMAND]
 
 
 def test_the_gitops_example_builds(mpijob_schema: dict[str, Any]) -> None:

@@ -111,9 +111,12 @@ def test_every_combination_renders_valid_objects_in_order(
     else:
         assert child["spec"]["slotsPerWorker"] == 2
         assert child["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == nodes
-        args = _pods(child)["Launcher"]["spec"]["containers"][0]["args"]
-        assert args[:5] == ["mpirun", "-np", str(nodes * 2), "--hostfile", "/etc/mpi/hostfile"]
-        assert args[-6:] == ["python", "-m", "bertpretrain", "run", "--config", "/etc/bertjob/job.yaml"]
+        [container] = _pods(child)["Launcher"]["spec"]["containers"]
+        command = container["command"]
+        assert "args" not in container
+        assert command[:5] == ["mpirun", "-np", str(nodes * 2), "--hostfile", "/etc/mpi/hostfile"]
+        assert command[-6:] == ["python", "-m", "bertpretrain", "run", "--config", "/etc/bertjob/job.yaml"]
+        assert not [arg for arg in command if "MASTER" in arg or "RANK" in arg]
     for pod in _pods(child).values():
         assert pod["metadata"]["labels"] == job_labels("demo", "train")
         assert pod["spec"]["serviceAccountName"] == "demo-trainer"
@@ -131,6 +134,59 @@ def test_every_combination_renders_valid_objects_in_order(
         assert limits == ({device: 2} if device else {})
         config_volume = next(volume for volume in pod["spec"]["volumes"] if volume["name"] == "job-config")
         assert config_volume["configMap"]["name"] == "demo-config"
+
+
+ELASTIC = {"minNodes": 1, "maxNodes": 4, "maxRestarts": 2}
+
+
+@pytest.mark.parametrize("accelerator", DEVICES)
+@pytest.mark.parametrize("launcher", ["pytorchjob", "mpijob"])
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_an_elastic_job_renders_valid_objects(
+    nodes: int,
+    launcher: str,
+    accelerator: str,
+    pytorchjob_schema: dict[str, Any],
+    mpijob_schema: dict[str, Any],
+) -> None:
+    changes = {
+        "spec.launcher": launcher,
+        "spec.elastic": ELASTIC,
+        "spec.mpi": {"command": "horovodrun"},
+        "spec.prepare": {"enabled": True},
+    }
+    rendered = render(parse_job(_job(nodes, 2, accelerator, changes)))
+
+    for obj in rendered:
+        _validate_core(obj)
+    child = rendered[-1]
+    device = DEVICES[accelerator]
+    [trainer] = _trainer_pods(child)
+    [container] = trainer["spec"]["containers"]
+    assert container.get("resources", {}).get("limits", {}) == ({device: 2} if device else {})
+    # The data Job copies the pod that runs the trainer, whichever replica that is.
+    assert _by_kind(rendered)["Job"]["spec"]["template"]["spec"]["volumes"] == trainer["spec"]["volumes"]
+    if launcher == "pytorchjob":
+        assert_valid(child, pytorchjob_schema)
+        spec = child["spec"]
+        assert {name: replica["replicas"] for name, replica in spec["pytorchReplicaSpecs"].items()} == {
+            "Worker": nodes
+        }
+        assert spec["elasticPolicy"] == {
+            "minReplicas": 1,
+            "maxReplicas": 4,
+            "rdzvBackend": "c10d",
+            "rdzvId": "demo",
+            "maxRestarts": 2,
+        }
+        assert container["env"][-1] == {"name": "PET_NPROC_PER_NODE", "value": "2"}
+    else:
+        assert_valid(child, mpijob_schema)
+        assert child["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == nodes
+        command = _pods(child)["Launcher"]["spec"]["containers"][0]["command"]
+        assert command[:5] == ["horovodrun", "-np", str(2 * nodes), "--min-np", "2"]
+        assert "--hostfile" not in command
+        assert command[command.index("--host-discovery-script") + 1] == "/etc/mpi/discover_hosts.sh"
 
 
 def test_the_progress_role_lets_the_pods_patch_only_their_jobs_status() -> None:
@@ -248,6 +304,25 @@ EVERYTHING = {
             _job(nodes=2, changes={"spec.launcher": "mpijob", "spec.mpi": {"command": "horovodrun"}}),
         ),
         ("everything", _job(nodes=2, changes=EVERYTHING)),
+        (
+            "elastic",
+            _job(
+                nodes=2,
+                changes={"spec.elastic": ELASTIC, "spec.distributed": {"gradientCompression": "bf16"}},
+            ),
+        ),
+        (
+            "mpijob-elastic",
+            _job(
+                nodes=2,
+                accelerator="xeon-cpu",
+                changes={
+                    "spec.launcher": "mpijob",
+                    "spec.mpi": {"command": "horovodrun"},
+                    "spec.elastic": ELASTIC,
+                },
+            ),
+        ),
     ],
 )
 def test_golden(name: str, document: dict[str, Any]) -> None:
@@ -372,9 +447,9 @@ def test_the_mpijob_fields_and_commands() -> None:
     assert (spec["slotsPerWorker"], spec["sshAuthMountPath"]) == (4, "/home/trainer/.ssh")
     assert (spec["launcherCreationPolicy"], spec["mpiImplementation"]) == ("WaitForWorkersReady", "OpenMPI")
     pods = _pods(child)
-    args = pods["Launcher"]["spec"]["containers"][0]["args"]
-    assert args[:5] == ["horovodrun", "-np", "8", "--hostfile", "/etc/mpi/hostfile"]
-    assert "-x" not in args  # horovodrun forwards the whole environment itself
+    command = pods["Launcher"]["spec"]["containers"][0]["command"]
+    assert command[:5] == ["horovodrun", "-np", "8", "--hostfile", "/etc/mpi/hostfile"]
+    assert "-x" not in command  # horovodrun forwards the whole environment itself
     worker = pods["Worker"]["spec"]["containers"][0]
     assert worker["command"] == ["/usr/sbin/sshd", "-De", "-f", "/home/trainer/.sshd_config"]
 
@@ -436,8 +511,8 @@ def test_hostile_values_come_out_verbatim(value: str, launcher: str) -> None:
         assert {"name": "extra", "mountPath": f"/{value}"} in pod["spec"]["containers"][0]["volumeMounts"]
     if launcher == "mpijob":
         assert child["spec"]["sshAuthMountPath"] == f"/{value}/.ssh"
-        args = _pods(child)["Launcher"]["spec"]["containers"][0]["args"]
-        assert args[args.index(value) - 1] == "-x"
+        command = _pods(child)["Launcher"]["spec"]["containers"][0]["command"]
+        assert command[command.index(value) - 1] == "-x"
     job_file = yaml.safe_load(config_map["data"]["job.yaml"])
     assert (job_file["spec"]["image"], job_file["spec"]["data"]["shards"]) == (value, shards)
     assert (job_file["metadata"]["namespace"], child["metadata"]["name"]) == (value, "demo")

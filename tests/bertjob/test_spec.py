@@ -27,6 +27,37 @@ def test_valid_job_round_trips_through_its_document():
         ("spec.data.vocab", {}, "spec.data.vocab", "exactly one of trainSize and file"),
         ("metadata.name", "Bad_Name", "metadata.name", "should match pattern"),
         ("kind", "PyTorchJob", "kind", "BertPretrainJob"),
+        (
+            "spec.distributed",
+            {"gradientCompression": "int8"},
+            "spec.distributed.gradientCompression",
+            "'bf16'",
+        ),
+        (
+            "spec.distributed",
+            {"timeoutSeconds": 5},
+            "spec.distributed.timeoutSeconds",
+            "greater than or equal to 10",
+        ),
+        ("spec.elastic", {"minNodes": 1}, "spec.elastic.maxNodes", "required field is missing"),
+        (
+            "spec.elastic",
+            {"minNodes": 0, "maxNodes": 2},
+            "spec.elastic.minNodes",
+            "greater than or equal to 1",
+        ),
+        (
+            "spec.elastic",
+            {"minNodes": 3, "maxNodes": 2},
+            "spec.elastic",
+            "minNodes 3 is greater than maxNodes 2",
+        ),
+        (
+            "spec.elastic",
+            {"minNodes": 1, "maxNodes": 2, "maxRestarts": -1},
+            "spec.elastic.maxRestarts",
+            "greater than or equal to 0",
+        ),
     ],
 )
 def test_bad_field_is_refused_naming_it(field, value, path, message):

@@ -62,6 +62,29 @@ def test_valid_job_has_no_problems():
             "spec.evaluation.everySteps",
             "set spec.data.heldoutFraction",
         ),
+        (
+            {"spec.launcher": "mpijob", "spec.distributed": {"gradientCompression": "bf16"}},
+            "spec.distributed.gradientCompression",
+            "bf16 is not available under launcher mpijob",
+        ),
+        (
+            {"spec.elastic": {"minNodes": 2, "maxNodes": 4}},
+            "spec.elastic.minNodes",
+            "2 is more than the 1 nodes of spec.topology",
+        ),
+        (
+            {
+                "spec.topology": {"nodes": 4, "processesPerNode": 1},
+                "spec.elastic": {"minNodes": 1, "maxNodes": 2},
+            },
+            "spec.elastic.maxNodes",
+            "2 is fewer than the 4 nodes of spec.topology",
+        ),
+        (
+            {"spec.launcher": "mpijob", "spec.elastic": {"minNodes": 1, "maxNodes": 2}},
+            "spec.mpi.command",
+            "needs horovodrun (elastic Horovod), not mpirun",
+        ),
     ],
 )
 def test_inconsistent_spec_names_the_field(changes, path, message):
@@ -140,3 +163,23 @@ def test_cluster_checks_are_only_made_when_asked():
     assert check(spec) is spec
     with pytest.raises(SpecError, match=r"spec\.data\.shards"):
         check(spec, cluster=True)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"spec.distributed": {"gradientCompression": "bf16", "timeoutSeconds": 30}},
+        {"spec.launcher": "mpijob", "spec.distributed": {"gradientCompression": "fp16"}},
+        {"spec.elastic": {"minNodes": 1, "maxNodes": 1, "maxRestarts": 0}},
+        {
+            "spec.launcher": "mpijob",
+            "spec.mpi": {"command": "horovodrun"},
+            "spec.elastic": {"minNodes": 1, "maxNodes": 8},
+        },
+    ],
+)
+def test_distributed_settings_every_launcher_can_run(changes):
+    document = valid_job()
+    for field, value in changes.items():
+        document = with_value(document, field, value)
+    assert _problems(document) == {}

@@ -13,7 +13,7 @@ per launcher.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -85,8 +85,10 @@ _TEMPLATES = jinja2.Environment(
 
 def overlay(spec: JobSpec) -> str:
     """Directory under ``kustomize/overlays/`` for the spec's topology: ``single-node`` for one
-    node, else ``multi-node``."""
-    return TOPOLOGY_OVERLAYS[0] if spec.topology.nodes == 1 else TOPOLOGY_OVERLAYS[1]
+    node, else ``multi-node``; an elastic job is always ``multi-node``, whose PyTorchJob Workers
+    (and the accelerator components' patches of them) an elastic PyTorchJob runs alone."""
+    single = spec.topology.nodes == 1 and spec.elastic is None
+    return TOPOLOGY_OVERLAYS[0] if single else TOPOLOGY_OVERLAYS[1]
 
 
 def render_patch(template: str, **context: Any) -> JsonPatch:
@@ -101,17 +103,24 @@ def render_patch(template: str, **context: Any) -> JsonPatch:
 
 
 def job_patch(
-    spec: JobSpec, name: str, fields: Mapping[str, Any], replicas: list[dict[str, Any]]
+    spec: JobSpec,
+    name: str,
+    fields: Mapping[str, Any],
+    replicas: list[dict[str, Any]],
+    removed: Sequence[str] = (),
 ) -> JsonPatch:
     """``templates/job.j2`` for a Kubeflow job: its name, Kueue label and runPolicy, the job-level
-    ``fields`` (JSON pointer -> value) and each replica (``path``, ``count``, ``trainer``, ``pod``
-    from :func:`pod_context`, and ``container`` fields to add)."""
+    ``fields`` (JSON pointer -> value), each replica (``path``, ``count``, ``trainer``, ``pod``
+    from :func:`pod_context`, and ``container`` fields to add, a pointer relative to the
+    container each) and, last, the ``removed`` fields (JSON pointers, e.g. a replica the overlay
+    made that this job does not run)."""
     job = {
         "name": name,
         "queue_name": spec.queue_name,
         "run_policy": run_policy(spec),
         "fields": dict(fields),
         "replicas": replicas,
+        "removed": list(removed),
     }
     return render_patch("job.j2", job=job)
 

@@ -2,10 +2,16 @@
 
 A Launcher pod runs ``spec.mpi.command`` over the hostfile mpi-operator writes (one line per
 Worker, ``slotsPerWorker`` = processes per node) with ``-np`` = world size; ``nodes`` Worker pods
-only run sshd, and the ranks start in them over ssh. Ranks started over ssh do not see the pod's
-environment: mpirun forwards the Launcher's variables the trainer needs (``-x``; horovodrun
-forwards its whole environment), and a fixed shell line maps the MPI rank variables to the
-``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` that torch.distributed reads.
+only run sshd, and the ranks start in them over ssh and run the trainer's command directly: the
+trainer reads its rank and world from Open MPI's (``OMPI_COMM_WORLD_*``) or Horovod's
+(``HOROVOD_*``) variables and talks through Horovod, so no rendezvous address is needed. Ranks
+started over ssh do not see the pod's environment: mpirun forwards the Launcher's variables the
+trainer needs (``-x``); horovodrun forwards its whole environment.
+
+An elastic job (``spec.elastic``, horovodrun only) runs elastic Horovod: no hostfile, but
+``--host-discovery-script`` on the ``discover_hosts.sh`` that mpi-operator keeps listing the
+running Workers (one ``echo <host>`` each, without slots, hence ``--slots-per-host``), between
+``--min-np`` and ``--max-np`` processes.
 """
 
 from __future__ import annotations
@@ -22,22 +28,19 @@ from bertjob.launchers import (
     json_pointer,
     pod_context,
 )
-from bertjob.spec import Accelerator, JobSpec
+from bertjob.spec import Accelerator, ElasticSpec, JobSpec
 
 # Names and commands of kustomize/base/mpijob.yaml and the accelerator components; the patch tests
 # the container names, and tests/bertjob/test_kustomize.py checks that the base runs the same
-# rank wrapper and trainer command as these.
+# trainer command as these.
 LAUNCHER_CONTAINER = "launcher"
 WORKER_CONTAINER = "worker"
+# Both written by mpi-operator into the ConfigMap it mounts on the Launcher at /etc/mpi.
 HOSTFILE = "/etc/mpi/hostfile"
-RANK_SCRIPT = (
-    'export RANK="${OMPI_COMM_WORLD_RANK:-$HOROVOD_RANK}" '
-    'WORLD_SIZE="${OMPI_COMM_WORLD_SIZE:-$HOROVOD_SIZE}" '
-    'LOCAL_RANK="${OMPI_COMM_WORLD_LOCAL_RANK:-$HOROVOD_LOCAL_RANK}"; exec "$@"'
-)
+DISCOVER_HOSTS = "/etc/mpi/discover_hosts.sh"
 TRAINER_COMMAND = ["python", "-m", "bertpretrain", "run", "--config", "/etc/bertjob/job.yaml"]
-# Variables every rank needs from the Launcher: the job (progress reports) and the rendezvous.
-FORWARDED_ENV = ["BERTJOB_NAME", "BERTJOB_NAMESPACE", "MASTER_ADDR", "MASTER_PORT"]
+# Variables every rank needs from the Launcher: the job, for progress reports.
+FORWARDED_ENV = ["BERTJOB_NAME", "BERTJOB_NAMESPACE"]
 ACCELERATOR_ENV: dict[Accelerator, list[str]] = {"habana-hpu": ["PT_HPU_LAZY_MODE"]}
 # One process per socket, bound to it (components/xeon-cpu); mpirun's defaults elsewhere.
 MPIRUN_BINDING: dict[Accelerator, list[str]] = {"xeon-cpu": ["--map-by", "socket", "--bind-to", "socket"]}
@@ -60,7 +63,7 @@ class MPIJobLauncher:
                 "pod": pod_context(
                     spec, pods, container=LAUNCHER_CONTAINER, labels=pods.labels, trainer=False
                 ),
-                "container": {"args": launcher_args(spec)},
+                "container": {"command": launcher_command(spec)},
             },
             {
                 "path": json_pointer("spec", "mpiReplicaSpecs", "Worker"),
@@ -86,13 +89,40 @@ class MPIJobLauncher:
         return dict(child["spec"]["mpiReplicaSpecs"]["Worker"]["template"])
 
 
-def launcher_args(spec: JobSpec) -> list[str]:
-    """The Launcher's ``spec.mpi.command`` line: every rank of the world over the hostfile, each
-    running the trainer's ``run`` command through the rank wrapper."""
-    head = [spec.mpi.command, "-np", str(spec.topology.world_size), "--hostfile", HOSTFILE]
+def launcher_command(spec: JobSpec) -> list[str]:
+    """The Launcher's ``spec.mpi.command`` line: every rank of the world over the hostfile (or,
+    elastic, the Workers ``discover_hosts.sh`` finds), each running the trainer's ``run`` command."""
+    world_size = str(spec.topology.world_size)
+    if spec.elastic is not None:
+        return [
+            *elastic_horovodrun(spec.elastic, spec.topology.processes_per_node, world_size),
+            *TRAINER_COMMAND,
+        ]
+    head = [spec.mpi.command, "-np", world_size, "--hostfile", HOSTFILE]
     if spec.mpi.command == "mpirun":
         names = FORWARDED_ENV + ACCELERATOR_ENV.get(spec.accelerator, [])
         names += [str(env["name"]) for env in spec.pod.env if "name" in env]
         head += MPIRUN_BINDING.get(spec.accelerator, [])
         head += [arg for env_name in names for arg in ("-x", env_name)]
-    return [*head, "/bin/sh", "-c", RANK_SCRIPT, "rank", *TRAINER_COMMAND]
+    return [*head, *TRAINER_COMMAND]
+
+
+def elastic_horovodrun(elastic: ElasticSpec, processes_per_node: int, world_size: str) -> list[str]:
+    """horovodrun's elastic options: start with ``world_size`` processes, go on between
+    ``minNodes`` and ``maxNodes`` nodes of ``processes_per_node`` each, restart at most
+    ``maxRestarts`` times (``--reset-limit``)."""
+    return [
+        "horovodrun",
+        "-np",
+        world_size,
+        "--min-np",
+        str(elastic.min_nodes * processes_per_node),
+        "--max-np",
+        str(elastic.max_nodes * processes_per_node),
+        "--slots-per-host",
+        str(processes_per_node),
+        "--reset-limit",
+        str(elastic.max_restarts),
+        "--host-discovery-script",
+        DISCOVER_HOSTS,
+    ]

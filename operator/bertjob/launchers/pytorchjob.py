@@ -1,8 +1,17 @@
 """The ``pytorchjob`` launcher: a Kubeflow PyTorchJob (training-operator v1) running torchrun.
 
-One pod per node: a Master replica, plus ``nodes - 1`` Worker replicas in the multi-node overlay,
-all running the base's ``pytorch`` container. The training operator gives every pod the PET_*
-variables torchrun reads, so the topology lives only in ``nprocPerNode`` and the replica counts.
+One pod per node, all running the base's ``pytorch`` container. A fixed world is a Master
+replica, plus ``nodes - 1`` Worker replicas in the multi-node overlay: the training operator
+gives every pod the PET_* variables torchrun reads (``PET_NNODES``, ``PET_NPROC_PER_NODE``,
+``PET_NODE_RANK``, ``PET_MASTER_ADDR``/``PORT``), so the topology lives only in ``nprocPerNode``
+and the replica counts.
+
+An elastic job (``spec.elastic``) is ``nodes`` Worker replicas and no Master, with an
+``elasticPolicy``, as the training operator's elastic examples are: for it the operator sets
+``PET_RDZV_ENDPOINT`` to ``<name>-worker-0:<port>`` (the c10d rendezvous, hosted by that pod's
+torchrun), ``PET_RDZV_BACKEND``, ``PET_RDZV_ID``, ``PET_NNODES=<min>:<max>`` and
+``PET_MAX_RESTARTS``, but no ``PET_NPROC_PER_NODE`` (it sets that only beside a Master, or from the
+deprecated ``elasticPolicy.nProcPerNode``), so the Workers' container sets it itself.
 """
 
 from __future__ import annotations
@@ -18,10 +27,11 @@ from bertjob.launchers import (
     json_pointer,
     pod_context,
 )
-from bertjob.spec import JobSpec
+from bertjob.spec import ElasticSpec, JobSpec
 
 # The container name in kustomize/base/pytorchjob.yaml; the patch first tests that it is there.
 CONTAINER = "pytorch"
+RDZV_BACKEND = "c10d"
 
 
 class PyTorchJobLauncher:
@@ -33,7 +43,19 @@ class PyTorchJobLauncher:
     def patch(self, spec: JobSpec, *, name: str, pods: PodNames) -> JsonPatch:
         """Operations on the built PyTorchJob; see :meth:`bertjob.launchers.Launcher.patch`."""
         nodes = spec.topology.nodes
-        counts = {"Master": None} if nodes == 1 else {"Master": None, "Worker": nodes - 1}
+        processes = str(spec.topology.processes_per_node)
+        # The CRD types nprocPerNode as a string ("auto", "cpu", "gpu" or a number).
+        fields: dict[str, Any] = {"/spec/nprocPerNode": processes}
+        container: dict[str, Any] = {}
+        removed: list[str] = []
+        counts: dict[str, int | None]  # None: the replica count the overlay set
+        if spec.elastic is None:
+            counts = {"Master": None} if nodes == 1 else {"Master": None, "Worker": nodes - 1}
+        else:
+            counts = {"Worker": nodes}
+            removed.append(json_pointer("spec", "pytorchReplicaSpecs", "Master"))
+            fields["/spec/elasticPolicy"] = elastic_policy(spec.elastic, name)
+            container["env/-"] = {"name": "PET_NPROC_PER_NODE", "value": processes}
         pod = pod_context(spec, pods, container=CONTAINER, labels=pods.labels, trainer=True)
         replicas = [
             {
@@ -41,18 +63,26 @@ class PyTorchJobLauncher:
                 "count": count,
                 "trainer": True,
                 "pod": pod,
-                "container": {},
+                "container": container,
             }
             for replica, count in counts.items()
         ]
-        return job_patch(
-            spec,
-            name,
-            # The CRD types nprocPerNode as a string ("auto", "cpu", "gpu" or a number).
-            {"/spec/nprocPerNode": str(spec.topology.processes_per_node)},
-            replicas,
-        )
+        return job_patch(spec, name, fields, replicas, removed)
 
     def trainer_template(self, child: Mapping[str, Any]) -> dict[str, Any]:
-        """The Master's pod template (Workers run the same pod)."""
-        return dict(child["spec"]["pytorchReplicaSpecs"]["Master"]["template"])
+        """The Master's pod template, or the Workers' in an elastic job (every replica runs the
+        same pod)."""
+        replicas = child["spec"]["pytorchReplicaSpecs"]
+        return dict((replicas.get("Master") or replicas["Worker"])["template"])
+
+
+def elastic_policy(elastic: ElasticSpec, name: str) -> dict[str, Any]:
+    """The PyTorchJob's ``elasticPolicy`` for ``spec.elastic``: a c10d rendezvous identified by the
+    job's name, between ``minNodes`` and ``maxNodes`` Worker pods."""
+    return {
+        "minReplicas": elastic.min_nodes,
+        "maxReplicas": elastic.max_nodes,
+        "rdzvBackend": RDZV_BACKEND,
+        "rdzvId": name,
+        "maxRestarts": elastic.max_restarts,
+    }
