@@ -22,6 +22,7 @@ from bertpretrain.engine import Engine
 from bertpretrain.loader import to_batch
 from bertpretrain.model import BertConfig, BertForPreTraining
 from bertpretrain.optimizer import build_optimizer
+from bertpretrain.parallel import join
 from bertpretrain.schedule import poly_warmup_schedule
 
 SHAPES = ((128, 20, 32), (512, 80, 8))  # (max_seq_length, max_predictions_per_seq, micro-batch)
@@ -48,7 +49,7 @@ def measure(
 ) -> float:
     """Sequences/s over ``steps`` optimizer steps, after two warm-up steps."""
     seq_length, predictions, batch = shape
-    engine = Engine(accelerator, precision)
+    engine = Engine(join(accelerator), precision)
     model = engine.prepare(BertForPreTraining(BertConfig.from_dims(MODEL_PRESETS[preset], VOCAB_SIZE)))
     optimizer = build_optimizer(model, OptimizerSpec(), lr=1e-3)
     engine.attach(optimizer, poly_warmup_schedule(optimizer, steps + 2, 0.1), clip_grad_norm=None)

@@ -6,6 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
+from bertjob.launchers.mpijob import TRAINER_COMMAND
+from bertjob.render import render
+from bertjob.spec import parse_job
+from jobs import valid_job, with_value
 from kubeflow_env import (
     mpijob_discover_hosts,
     mpijob_hostfile,
@@ -13,11 +18,6 @@ from kubeflow_env import (
     pytorchjob_pod_command,
     pytorchjob_pod_env,
 )
-
-from bertjob.launchers.mpijob import TRAINER_COMMAND
-from bertjob.render import render
-from bertjob.spec import parse_job
-from jobs import valid_job, with_value
 
 TORCHRUN = ["torchrun", "--module", "bertpretrain", "run", "--config", "/etc/bertjob/job.yaml"]
 

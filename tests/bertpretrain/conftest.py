@@ -122,10 +122,14 @@ def write_shard(
 def one_thread() -> Iterator[None]:
     """Run tiny models on one intra-op thread (``pytestmark = pytest.mark.usefixtures(...)``): on
     a small shared machine a second OpenMP thread makes their steps slower, by up to hundreds of
-    milliseconds when it is descheduled."""
+    milliseconds when it is descheduled. ``OMP_NUM_THREADS`` keeps the xeon-cpu device setup of
+    :func:`bertpretrain.parallel.join` at one thread too (set apart from the test's own
+    ``monkeypatch``, which a test may undo halfway)."""
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        torch.set_num_threads(1)
+        yield
     torch.set_num_threads(threads)
 
 

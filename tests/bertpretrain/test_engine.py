@@ -1,4 +1,4 @@
-"""The engine: device choice, torchrun's environment, accumulation, and DDP under torchrun."""
+"""The engine: precision, accumulation, clipping, and DDP under torchrun."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ import torch
 
 import bertpretrain.engine
 from bertpretrain.checkpoint import read_checkpoint
-from bertpretrain.engine import DistributedEnv, Engine, select_device
+from bertpretrain.engine import Engine
 from bertpretrain.model import BertConfig, BertForPreTraining
 from bertpretrain.optimizer import build_optimizer
+from bertpretrain.parallel import join
 from bertpretrain.schedule import poly_warmup_schedule
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -25,39 +26,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def test_emulated_cpu_precision_warns(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bertpretrain.engine, "_cpu_has_native", lambda precision: False)
     with pytest.warns(UserWarning, match="bf16 autocast on a CPU without AVX512-BF16"):
-        Engine("xeon-cpu", "bf16")
-
-
-def test_devices() -> None:
-    assert select_device("xeon-cpu", 0) == torch.device("cpu")
-    with pytest.raises(RuntimeError, match="habana-hpu is not supported yet"):
-        select_device("habana-hpu", 0)
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_gpu_requested_without_cuda() -> None:
-    with pytest.raises(RuntimeError, match=r"nvidia-gpu, but torch\.cuda is not available"):
-        select_device("nvidia-gpu", 0)
-
-
-def test_torchrun_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
-        monkeypatch.delenv(name, raising=False)
-    assert DistributedEnv.from_environ() == DistributedEnv(1, 0, 0)
-    monkeypatch.setenv("WORLD_SIZE", "8")
-    monkeypatch.setenv("RANK", "5")
-    monkeypatch.setenv("LOCAL_RANK", "1")
-    assert DistributedEnv.from_environ() == DistributedEnv(8, 5, 1)
-    monkeypatch.setenv("RANK", "8")
-    with pytest.raises(ValueError, match="RANK 8 is outside WORLD_SIZE 8"):
-        DistributedEnv.from_environ()
-    monkeypatch.setenv("RANK", "one")
-    with pytest.raises(ValueError, match="not integers"):
-        DistributedEnv.from_environ()
+        Engine(join("xeon-cpu"), "bf16")
 
 
 def make_engine(model: BertForPreTraining, precision: str = "fp32") -> Engine:
-    engine = Engine("xeon-cpu", precision)  # type: ignore[arg-type]
+    engine = Engine(join("xeon-cpu"), precision)  # type: ignore[arg-type]
     engine.prepare(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     engine.attach(optimizer, poly_warmup_schedule(optimizer, 10, 0.0), clip_grad_norm=None)
@@ -119,7 +92,7 @@ def test_adamw_gradients_are_clipped(tiny_config: BertConfig) -> None:
     from bertjob.spec import OptimizerSpec
 
     model = BertForPreTraining(tiny_config)
-    engine = Engine("xeon-cpu", "fp32")
+    engine = Engine(join("xeon-cpu"), "fp32")
     engine.prepare(model)
     optimizer = build_optimizer(model, OptimizerSpec(name="adamw", max_grad_norm=1e-3), lr=0.0)
     engine.attach(optimizer, poly_warmup_schedule(optimizer, 10, 0.0), clip_grad_norm=1e-3)
@@ -146,6 +119,7 @@ from bertjob.spec import parse_spec
 from bertjob.defaults import with_defaults
 from bertpretrain.engine import Engine
 from bertpretrain.loader import build_loader
+from bertpretrain.parallel import join
 from bertpretrain.model import BertConfig, BertForPreTraining
 from bertpretrain.train import train_phase
 
@@ -155,7 +129,7 @@ rank = os.environ["RANK"]
 dist.init_process_group("gloo")  # shared by both engines below, which then leave it open
 
 # Gradient all-reduces of 2 optimizer steps of 3 micro-batches each: one per step with no_sync.
-engine = Engine("xeon-cpu", "fp32")
+engine = Engine(join("xeon-cpu"), "fp32")
 config = BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                     intermediate_size=64, max_position_embeddings=64)
 engine.prepare(BertForPreTraining(config))
@@ -163,7 +137,7 @@ reductions = []
 def counting_hook(state, bucket):
     reductions.append(bucket.index())
     return allreduce_hook(state, bucket)
-engine.ddp.register_comm_hook(None, counting_hook)
+engine.wrapped.register_comm_hook(None, counting_hook)
 batches = iter(build_loader(shard_dir, 32, 5, vocab_size, 4, rank=int(rank), world_size=2))
 for _ in range(6):
     engine.forward_backward(next(batches), accumulation_steps=3)

@@ -231,12 +231,29 @@ def test_build_optimizer() -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
     lamb = build_optimizer(model, OptimizerSpec(), lr=1e-3)
     assert isinstance(lamb, Lamb)
-    assert lamb.max_grad_norm == 1.0 and lamb.param_groups[0]["eps"] == 1e-6
+    assert lamb.param_groups[0]["max_grad_norm"] == 1.0 and lamb.param_groups[0]["eps"] == 1e-6
     adamw = build_optimizer(model, OptimizerSpec(name="adamw", weight_decay=0.1, beta2=0.98), lr=2e-4)
     assert isinstance(adamw, torch.optim.AdamW)
     assert adamw.param_groups[0]["betas"] == (0.9, 0.98)
     assert [group["weight_decay"] for group in adamw.param_groups] == [0.1, 0.0]
     assert adamw.param_groups[0]["lr"] == 2e-4
+
+
+def test_lamb_rebuilt_from_its_groups_steps_the_same() -> None:
+    # Horovod's DistributedOptimizer makes a new optimizer of the same class from param_groups alone.
+    torch.manual_seed(0)
+    first, second = nn.Linear(4, 4), nn.Linear(4, 4)
+    second.load_state_dict(first.state_dict())
+    configured = Lamb(first.parameters(), lr=0.1, max_grad_norm=0.01, use_nvlamb=True, bias_correction=False)
+    rebuilt = Lamb(
+        Lamb(
+            second.parameters(), lr=0.1, max_grad_norm=0.01, use_nvlamb=True, bias_correction=False
+        ).param_groups
+    )
+    for model, optimizer in ((first, configured), (second, rebuilt)):
+        model(torch.ones(2, 4)).square().sum().backward()
+        optimizer.step()
+    torch.testing.assert_close(first.weight, second.weight, rtol=0, atol=0)
 
 
 def test_lamb_rejects_bad_hyperparameters() -> None:

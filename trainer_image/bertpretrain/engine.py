@@ -1,82 +1,31 @@
 """Device, precision and data parallelism behind a few calls, so that the training loop does not
 see them (in the manner of gpauloski/llm-pytorch's ``engine``).
 
-The process group comes from torchrun's environment (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``,
-``MASTER_ADDR``, ``MASTER_PORT``). With more than one process the model is wrapped in
-:class:`~torch.nn.parallel.DistributedDataParallel`, and gradients are all-reduced only on the
-last micro-batch of each gradient accumulation (``no_sync`` on the others).
+The device and the data parallelism (alone, DDP under torchrun, Horovod under mpirun or
+horovodrun) come from :func:`bertpretrain.parallel.join`; gradients are averaged over ranks once
+per optimizer step, on the last micro-batch of each gradient accumulation.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
-from bertjob.spec import Accelerator, Precision
+from bertjob.spec import Precision
 from bertpretrain.metrics import prediction_counts
 from bertpretrain.model import pretraining_loss
+from bertpretrain.parallel import DataParallel
 
 Batch = dict[str, torch.Tensor]
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _NATIVE_INSTRUCTIONS = {"bf16": "AVX512-BF16 or AMX-BF16", "fp16": "AVX512-FP16 or AMX-FP16"}
-_ENV_DEFAULTS = (("WORLD_SIZE", "1"), ("RANK", "0"), ("LOCAL_RANK", "0"))
 # Batch entries of packed rows, passed to the model by name.
 _PACKED_INPUTS = ("position_ids", "next_sentence_positions")
 STEP_STATS = ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_total", "nsp_correct", "nsp_total")
-
-
-@dataclass(frozen=True)
-class DistributedEnv:
-    """This process's place in the job, as torchrun describes it."""
-
-    world_size: int
-    rank: int
-    local_rank: int
-
-    @classmethod
-    def from_environ(cls) -> DistributedEnv:
-        """Read ``WORLD_SIZE``, ``RANK`` and ``LOCAL_RANK``; a lone process when they are unset.
-
-        Raises:
-            ValueError: a variable that is not an integer, or a rank outside the world size.
-        """
-        try:
-            env = cls(*(int(os.environ.get(name, default)) for name, default in _ENV_DEFAULTS))
-        except ValueError:
-            values = {name: os.environ.get(name) for name, _ in _ENV_DEFAULTS}
-            raise ValueError(f"torchrun environment is not integers: {values}") from None
-        if not 0 <= env.rank < env.world_size:
-            raise ValueError(f"RANK {env.rank} is outside WORLD_SIZE {env.world_size}")
-        return env
-
-
-def select_device(accelerator: Accelerator, local_rank: int) -> torch.device:
-    """The device for ``spec.accelerator``: ``cpu`` for xeon-cpu, ``cuda:<local rank>`` for nvidia-gpu.
-
-    Raises:
-        RuntimeError: nvidia-gpu without a usable CUDA, or habana-hpu (not supported yet).
-    """
-    if accelerator == "xeon-cpu":
-        return torch.device("cpu")
-    if accelerator == "nvidia-gpu":
-        if not torch.cuda.is_available():
-            raise RuntimeError("accelerator nvidia-gpu, but torch.cuda is not available in this container")
-        if local_rank >= torch.cuda.device_count():
-            raise RuntimeError(
-                f"LOCAL_RANK {local_rank}, but only {torch.cuda.device_count()} GPUs are visible"
-            )
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    raise RuntimeError(f"accelerator {accelerator} is not supported yet by the trainer")
 
 
 def _cpu_has_native(precision: Precision) -> bool:
@@ -85,32 +34,20 @@ def _cpu_has_native(precision: Precision) -> bool:
     return bool(supported()) if supported is not None else True
 
 
-def init_process_group(device: torch.device) -> None:
-    """Join torchrun's process group: NCCL for CUDA devices, gloo for the CPU."""
-    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-
-
 class Engine:
-    """Runs forward/backward and optimizer steps on one device, in one precision, on one rank.
+    """Runs forward/backward and optimizer steps on one rank's device, in one precision.
 
+    ``parallel``: this rank's device and data parallelism, from :func:`bertpretrain.parallel.join`.
     ``precision``: ``bf16`` or ``fp16`` autocast over fp32 parameters (fp16 with a gradient
-    scaler), or ``fp32``; ``tf32`` lets fp32 matrix products and convolutions on NVIDIA GPUs use
-    TensorFloat-32, as NVIDIA's recipe does. Call :meth:`prepare` with the model, then
-    :meth:`attach` with its optimizer and schedule.
-
-    Raises:
-        RuntimeError: see :func:`select_device`.
+    scaler), or ``fp32``. Call :meth:`prepare` with the model, :meth:`wrap_optimizer` on its
+    optimizer before building the schedule, then :meth:`attach` both.
     """
 
-    def __init__(self, accelerator: Accelerator, precision: Precision, tf32: bool = True):
-        self.env = DistributedEnv.from_environ()
-        self.device = select_device(accelerator, self.env.local_rank)
-        if self.device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = tf32
-            torch.backends.cudnn.allow_tf32 = tf32
-        self._owns_process_group = self.distributed and not dist.is_initialized()
-        if self._owns_process_group:
-            init_process_group(self.device)
+    def __init__(self, parallel: DataParallel, precision: Precision):
+        self.parallel = parallel
+        self.world = parallel.world
+        self.hardware = parallel.device
+        self.device = parallel.device.device
         self.autocast_dtype = _AUTOCAST_DTYPES.get(precision)
         if self.device.type == "cpu" and precision != "fp32" and not _cpu_has_native(precision):
             warnings.warn(
@@ -124,38 +61,43 @@ class Engine:
     @property
     def rank(self) -> int:
         """This process's rank, 0 to world size - 1."""
-        return self.env.rank
+        return self.world.rank
 
     @property
     def world_size(self) -> int:
         """Number of training processes in the job."""
-        return self.env.world_size
+        return self.world.world_size
 
     @property
     def distributed(self) -> bool:
         """Whether more than one process trains."""
-        return self.env.world_size > 1
+        return self.world.world_size > 1
 
     @property
     def is_main(self) -> bool:
         """Whether this is rank 0, the one that prints and writes checkpoints."""
-        return self.env.rank == 0
+        return self.world.rank == 0
 
     def prepare(self, model: nn.Module, compile: bool = False) -> nn.Module:
-        """Move ``model`` to the device, wrap it in DDP when distributed and, with ``compile``, in
-        :func:`torch.compile`; returns the model.
+        """Move ``model`` to the device, wrap it for data parallelism (DDP under torchrun) and,
+        with ``compile``, in :func:`torch.compile`; returns the model.
 
         Keep using the returned (unwrapped) module for checkpoints and optimizers.
         """
         self.module = model.to(self.device)
-        device_ids = [self.device.index] if self.device.type == "cuda" else None
-        self.ddp = DistributedDataParallel(model, device_ids=device_ids) if self.distributed else None
-        forward: nn.Module = self.module if self.ddp is None else self.ddp
-        # DDP first, then compile: TorchDynamo splits the graph at DDP's buckets (torch docs).
+        self.wrapped = self.parallel.wrap_model(self.module)
+        # Wrap first, then compile: TorchDynamo splits the graph at DDP's buckets (torch docs).
         self.forward_module: Callable[..., tuple[torch.Tensor, torch.Tensor]] = (
-            torch.compile(forward) if compile else forward
+            torch.compile(self.wrapped) if compile else self.wrapped
         )
         return self.module
+
+    def wrap_optimizer(
+        self, optimizer: torch.optim.Optimizer, accumulation_steps: int
+    ) -> torch.optim.Optimizer:
+        """The optimizer to build the schedule on and to :meth:`attach` (Horovod's
+        ``DistributedOptimizer`` under mpirun/horovodrun, ``optimizer`` itself otherwise)."""
+        return self.parallel.wrap_optimizer(optimizer, self.module, accumulation_steps)
 
     def attach(
         self,
@@ -168,6 +110,11 @@ class Engine:
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.clip_grad_norm = clip_grad_norm
+
+    def broadcast_state(self) -> None:
+        """Give every rank rank 0's parameters and optimizer state (at the start, and after a
+        resume); a collective."""
+        self.parallel.broadcast_state(self.module, self.optimizer)
 
     def _autocast(self) -> torch.autocast:
         return torch.autocast(self.device.type, self.autocast_dtype, enabled=self.autocast_dtype is not None)
@@ -202,10 +149,10 @@ class Engine:
         self._micro_batches += 1
         sync = self._micro_batches % accumulation_steps == 0
         batch = {name: tensor.to(self.device, non_blocking=True) for name, tensor in batch.items()}
-        no_sync = self.ddp.no_sync() if self.ddp is not None and not sync else contextlib.nullcontext()
-        with no_sync:
+        with self.parallel.accumulate(self.wrapped, sync):
             stats = self._stats(batch, self._forward(self.forward_module, batch))
             self.scaler.scale(stats[0] / accumulation_steps).backward()
+        self.hardware.mark_step()
         return stats.detach()
 
     @torch.no_grad()
@@ -226,22 +173,23 @@ class Engine:
             gradient scaler skipped the update.
         """
         lr = float(self.optimizer.param_groups[0]["lr"])
+        self.parallel.gradients_ready(self.optimizer)
         self.scaler.unscale_(self.optimizer)
         if self.clip_grad_norm is not None:
             nn.utils.clip_grad_norm_(self.module.parameters(), self.clip_grad_norm)
         scale = self.scaler.get_scale()
-        self.scaler.step(self.optimizer)
+        with self.parallel.stepping(self.optimizer):
+            self.scaler.step(self.optimizer)
+        self.hardware.mark_step()
         self.scaler.update()
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        # torch's default sets the gradients to None; Horovod's optimizer takes no argument.
+        self.optimizer.zero_grad()
         return lr, self.scaler.is_enabled() and self.scaler.get_scale() < scale
 
     def sum_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
         """The element-wise sum of ``values`` over all ranks (a collective: every rank calls it)."""
-        if self.distributed:
-            values = values.clone()
-            dist.all_reduce(values, op=dist.ReduceOp.SUM)
-        return values
+        return self.parallel.sum(values) if self.distributed else values
 
     def any_rank(self, flag: bool) -> bool:
         """Whether ``flag`` is true on any rank (a collective: every rank calls it)."""
@@ -251,11 +199,7 @@ class Engine:
 
     def gather(self, value: object) -> list[object]:
         """``value`` of every rank, in rank order (a collective: every rank calls it)."""
-        if not self.distributed:
-            return [value]
-        values: list[object] = [None] * self.world_size
-        dist.all_gather_object(values, value)
-        return values
+        return self.parallel.gather_object(value)
 
     def mean_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
         """The element-wise mean of ``values`` over all ranks (a collective: every rank calls it)."""
@@ -263,10 +207,4 @@ class Engine:
 
     def barrier(self) -> None:
         """Wait for every rank (no-op for one process)."""
-        if self.distributed:
-            dist.barrier()
-
-    def close(self) -> None:
-        """Leave the process group, if this engine created it."""
-        if self._owns_process_group and dist.is_initialized():
-            dist.destroy_process_group()
+        self.parallel.barrier()

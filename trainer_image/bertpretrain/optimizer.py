@@ -55,7 +55,8 @@ class Lamb(torch.optim.Optimizer):
         betas: decay of the first and second moments, each in ``[0, 1)``.
         eps: added to the square root of the second moment, ``> 0``.
         weight_decay: decoupled weight decay, added to the update before the trust ratio.
-        max_grad_norm: the global L2 norm of all gradients is clipped to this, ``> 0``.
+        max_grad_norm: the global L2 norm of all gradients is clipped to this, ``> 0`` (the
+            first group's value applies to all).
         use_nvlamb: apply the trust ratio to tensors without weight decay too.
         bias_correction: divide the moments by ``1 - beta ** step`` (Adam's bias correction).
 
@@ -80,11 +81,18 @@ class Lamb(torch.optim.Optimizer):
             raise ValueError(f"betas must be in [0, 1), got {betas}")
         if eps <= 0 or max_grad_norm <= 0:
             raise ValueError(f"eps and max_grad_norm must be > 0, got {eps} and {max_grad_norm}")
-        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+        # Every setting lives in the groups, not in attributes: Horovod's DistributedOptimizer
+        # rebuilds the optimizer from its param_groups alone.
+        defaults = {
+            "lr": lr,
+            "betas": betas,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "max_grad_norm": max_grad_norm,
+            "use_nvlamb": use_nvlamb,
+            "bias_correction": bias_correction,
+        }
         super().__init__(params, defaults)
-        self.max_grad_norm = max_grad_norm
-        self.use_nvlamb = use_nvlamb
-        self.bias_correction = bias_correction
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
@@ -98,7 +106,7 @@ class Lamb(torch.optim.Optimizer):
             return loss
         # Clip by dividing (not multiplying by a clamped factor) to round exactly as FusedLAMB.
         global_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-        clip_divisor = torch.clamp(global_norm / self.max_grad_norm, min=1.0)
+        clip_divisor = torch.clamp(global_norm / self.param_groups[0]["max_grad_norm"], min=1.0)
         for group in self.param_groups:
             self._update_group(group, clip_divisor)
         return loss
@@ -127,7 +135,7 @@ class Lamb(torch.optim.Optimizer):
         # by 1 - beta ** step with bias correction, the moments themselves without.
         m_hats: Sequence[torch.Tensor]
         v_hats: Sequence[torch.Tensor]
-        if self.bias_correction:
+        if group["bias_correction"]:
             m_hats = torch._foreach_div(exp_avgs, 1 - beta1 ** group["step"])
             v_hats = torch._foreach_div(exp_avg_sqs, 1 - beta2 ** group["step"])
         else:
@@ -138,7 +146,7 @@ class Lamb(torch.optim.Optimizer):
         if weight_decay != 0:
             torch._foreach_add_(updates, params, alpha=weight_decay)
 
-        if weight_decay != 0 or self.use_nvlamb:
+        if weight_decay != 0 or group["use_nvlamb"]:
             param_norms = torch.stack(torch._foreach_norm(params))
             update_norms = torch.stack(torch._foreach_norm(updates))
             trust_ratios = torch.where(

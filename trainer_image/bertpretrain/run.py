@@ -1,31 +1,33 @@
 """The whole job in one process group: prepare data -> phase 1 -> phase 2 -> export.
 
-This is what the trainer container runs (``torchrun --module bertpretrain run --config FILE``)
-and what ``bertjob run job.yaml`` runs on a laptop. Phase 2 starts from phase 1's final
-checkpoint with a fresh optimizer and schedule, as NVIDIA's ``run_pretraining.py --phase2`` does;
-both phases run in the same child job (see docs/design.md).
+This is what every rank of the trainer container runs (``torchrun --module bertpretrain run
+--config FILE`` in a PyTorchJob, ``mpirun ... python -m bertpretrain run --config FILE`` in an
+MPIJob; :mod:`bertpretrain.world` tells which) and what ``bertjob run job.yaml`` runs on a
+laptop. Phase 2 starts from phase 1's final checkpoint with a fresh optimizer and schedule, as
+NVIDIA's ``run_pretraining.py --phase2`` does; both phases run in the same child job (see
+docs/design.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch.distributed as dist
-
 from bertjob.defaults import resolve_model, with_defaults
 from bertjob.spec import BertPretrainJob, JobSpec, SpecError, load_job
 from bertjob.validation import check
 from bertpretrain.checkpoint import latest, phase_dir
-from bertpretrain.engine import DistributedEnv, init_process_group, select_device
 from bertpretrain.export import export_hf, fill_mask
+from bertpretrain.parallel import DataParallel, join
 from bertpretrain.preemption import Preempted
 from bertpretrain.prepare import VOCAB_DIR, PreparedData, prepare
 from bertpretrain.train import DivergenceError, train_phase
+from bertpretrain.world import detect_world
 
 # A sentence whose answer the standard library's documentation teaches well.
 DEMO_SENTENCE = "the [MASK] statement exits a function and gives a value back to the caller."
@@ -52,38 +54,38 @@ def run_job(spec: JobSpec) -> JobOutputs:
         RuntimeError: the requested accelerator is not available.
     """
     started = time.perf_counter()
-    env = DistributedEnv.from_environ()
-    data = _prepare_on_rank_zero(spec, env)
-    checkpoints: list[Path] = []
-    for index in range(len(spec.phases)):
-        init_from = checkpoints[-1] if checkpoints else None
-        checkpoints.append(
-            train_phase(spec, index, data.phase_dirs[index], data.vocab_size, init_from, data.vocab_dir)
-        )
-    assert spec.export.path is not None
-    export_dir = Path(spec.export.path)
-    if env.rank == 0:
-        export_hf(checkpoints[-1], data.vocab_dir, export_dir, spec.data.lowercase)
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    with contextlib.closing(join(spec.accelerator, spec.tf32, spec.distributed)) as parallel:
+        if parallel.world.rank == 0:
+            device = parallel.device
+            placement = f", {device.placement}" if device.placement else ""
+            print(f"bertpretrain: {parallel.description} on {device.device}{placement}", flush=True)
+        data = _prepare_on_rank_zero(spec, parallel)
+        checkpoints: list[Path] = []
+        for index in range(len(spec.phases)):
+            init_from = checkpoints[-1] if checkpoints else None
+            checkpoints.append(
+                train_phase(
+                    spec, index, data.phase_dirs[index], data.vocab_size, init_from, data.vocab_dir, parallel
+                )
+            )
+        assert spec.export.path is not None
+        export_dir = Path(spec.export.path)
+        if parallel.world.rank == 0:
+            export_hf(checkpoints[-1], data.vocab_dir, export_dir, spec.data.lowercase)
     return JobOutputs(data, checkpoints, export_dir, time.perf_counter() - started)
 
 
-def _prepare_on_rank_zero(spec: JobSpec, env: DistributedEnv) -> PreparedData:
+def _prepare_on_rank_zero(spec: JobSpec, parallel: DataParallel) -> PreparedData:
     """Prepare the data once: rank 0 does the work, the others receive its result.
 
     Concurrent preparations into one directory would collide, and each would train its own
     vocabulary (tokenizers' WordPiece trainer is not deterministic, huggingface/tokenizers#1794).
-    The process group made here serves the training phases too, so it is made only once.
     """
-    if env.world_size == 1:
+    if not parallel.world.distributed:
         return prepare(spec)
-    if not dist.is_initialized():
-        init_process_group(select_device(spec.accelerator, env.local_rank))
-    result = [prepare(spec) if env.rank == 0 else None]
-    dist.broadcast_object_list(result, src=0, group=dist.new_group(backend="gloo"))
-    assert isinstance(result[0], PreparedData)
-    return result[0]
+    result = parallel.broadcast_object(prepare(spec) if parallel.world.rank == 0 else None)
+    assert isinstance(result, PreparedData)
+    return result
 
 
 def _describe(job: BertPretrainJob, spec: JobSpec) -> str:
@@ -144,7 +146,9 @@ def _export(spec: JobSpec, checkpoint: str | None, out: str | None) -> int:
 
 
 def _train(job: BertPretrainJob, spec: JobSpec) -> int:
-    is_main = DistributedEnv.from_environ().rank == 0
+    world = detect_world()
+    print(f"bertpretrain: {world.describe()}", flush=True)
+    is_main = world.rank == 0
     if is_main:
         print(f"bertpretrain: {_describe(job, spec)}", flush=True)
     try:
@@ -160,7 +164,8 @@ def _train(job: BertPretrainJob, spec: JobSpec) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m bertpretrain run|prepare|export --config FILE``: the trainer container's entry point.
 
-    ``run``: the whole job; every rank started by torchrun runs this. ``prepare``: the data stage
+    ``run``: the whole job; every rank started by torchrun, mpirun or horovodrun runs this, and
+    first prints which launcher started it and its rank. ``prepare``: the data stage
     alone (vocabulary and shards), in this process and its workers. ``export``: a checkpoint
     (``--checkpoint``, default the newest) to Hugging Face format (``--out``, default
     ``spec.export.path``).

@@ -53,6 +53,7 @@ from bertpretrain.logs import TrainingLog
 from bertpretrain.metrics import Accuracy
 from bertpretrain.model import BertConfig, BertForPreTraining, count_parameters
 from bertpretrain.optimizer import build_optimizer
+from bertpretrain.parallel import DataParallel, join
 from bertpretrain.preemption import Preempted, StopSignals
 from bertpretrain.schedule import build_schedule
 from bertpretrain.status import StatusReporter
@@ -105,6 +106,7 @@ def train_phase(
     vocab_size: int,
     init_from: Path | None = None,
     vocab_dir: Path | None = None,
+    parallel: DataParallel | None = None,
 ) -> Path:
     """Train phase ``phase_index`` (0-based) of ``spec`` on the shards in ``shard_dir``.
 
@@ -112,7 +114,9 @@ def train_phase(
     from ``init_from``'s weights (phase 1's final checkpoint, for phase 2), else from
     ``spec.model.initFrom`` (a Hugging Face model), else from random initialisation, unless a
     checkpoint of this phase exists, which is resumed. ``vocab_dir`` (the vocabulary the shards
-    were made with) is needed for dynamic masking. Every rank calls this; rank 0 prints progress
+    were made with) is needed for dynamic masking. ``parallel``: the job's device and data
+    parallelism (default: :func:`bertpretrain.parallel.join` for this call alone). Every rank
+    calls this; each reads its own part of the shards; rank 0 prints progress
     to stdout, writes the log and the checkpoints, which must be on storage all ranks share.
     Held-out shards (``heldout_*.hdf5`` beside the training shards) are evaluated every
     ``evaluation.everySteps`` steps and at the end.
@@ -127,7 +131,9 @@ def train_phase(
         bertpretrain.loader.ShardError, bertpretrain.checkpoint.CheckpointError: bad input files.
         RuntimeError: an accelerator that is missing or not supported.
     """
-    engine = Engine(spec.accelerator, spec.precision, spec.tf32)
+    owned = parallel is None
+    parallel = parallel or join(spec.accelerator, spec.tf32, spec.distributed)
+    engine = Engine(parallel, spec.precision)
     log = None
     try:
         directory = Path(spec.logging.path) if engine.is_main and spec.logging.path else None
@@ -141,7 +147,8 @@ def train_phase(
     finally:
         if log is not None:
             log.close()
-        engine.close()
+        if owned:
+            parallel.close()
 
 
 def _seed(*parts: int) -> int:
@@ -169,7 +176,10 @@ def _build(
     # Dropout differs between ranks; the initial weights above do not.
     torch.manual_seed(_seed(spec.seed, index, engine.rank + 1))
 
-    optimizer = build_optimizer(model, spec.optimizer, phase.learning_rate)
+    accumulation_steps = gradient_accumulation_steps(phase, engine.world_size)
+    optimizer = engine.wrap_optimizer(
+        build_optimizer(model, spec.optimizer, phase.learning_rate), accumulation_steps
+    )
     scheduler = build_schedule(
         optimizer, spec.optimizer.schedule, phase.steps, phase.warmup_proportion, spec.optimizer.poly_power
     )
@@ -179,6 +189,7 @@ def _build(
     start = ResumePoint(0, 0)
     if resume is not None:
         start = load_training_state(resume, model, optimizer, scheduler, engine.scaler, engine.rank)
+    engine.broadcast_state()
 
     micro_batch = micro_batch_size(phase, engine.world_size)
     masking = _dynamic_masking(spec, vocab_dir)
@@ -201,7 +212,6 @@ def _build(
         if any(shard_dir.glob(HELDOUT_PATTERN))
         else []
     )
-    accumulation_steps = gradient_accumulation_steps(phase, engine.world_size)
     run = _Phase(spec, index, engine, model, loader, heldout, masking, accumulation_steps, start.step, log)
     _announce(run, origin)
     return run

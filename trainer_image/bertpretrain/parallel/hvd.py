@@ -1,0 +1,110 @@
+"""Horovod data parallelism, as mpirun or horovodrun (an MPIJob's Launcher) starts it.
+
+``hvd.DistributedOptimizer`` averages each gradient once per ``backward_passes_per_step``
+backward passes (the gradient accumulation steps), asynchronously during the last one;
+``synchronize()`` waits for it before the gradients are unscaled or clipped, and the step then
+runs under ``skip_synchronize()`` (Horovod's documented pattern for AMP and gradient clipping).
+Rank 0's parameters, and its optimizer state after a resume, are broadcast at the start of each
+phase (Horovod's ``broadcast_parameters`` and ``broadcast_optimizer_state``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from importlib.metadata import version
+from typing import Any
+
+import torch
+from torch import nn
+
+from bertjob.spec import DistributedSpec
+from bertpretrain.devices import Device
+from bertpretrain.world import World
+
+
+class HorovodParallel:
+    """:class:`bertpretrain.parallel.DataParallel` over Horovod (``horovod.torch``).
+
+    ``spec.timeout_seconds`` bounds Horovod's Gloo rendezvous (``HOROVOD_GLOO_TIMEOUT_SECONDS``,
+    unless already set). A rank that dies makes mpirun or horovodrun stop the others.
+
+    Raises:
+        RuntimeError: Horovod is not installed, or it sees another world than the launcher's
+            variables describe.
+        ValueError: bf16 gradient compression, which Horovod does not have.
+    """
+
+    def __init__(self, world: World, device: Device, spec: DistributedSpec):
+        if spec.gradient_compression == "bf16":
+            raise ValueError(
+                "spec.distributed.gradientCompression bf16: Horovod compresses to fp16 only; use fp16 or none"
+            )
+        try:
+            import horovod.torch as hvd
+        except ImportError as error:
+            raise RuntimeError(
+                f"started by {world.launched_by}, which runs Horovod ranks, but horovod is not installed "
+                f"({error}); build it with trainer_image/build_horovod.sh"
+            ) from None
+        os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(spec.timeout_seconds))
+        hvd.init()
+        if (hvd.rank(), hvd.size()) != (world.rank, world.world_size):
+            raise RuntimeError(
+                f"Horovod sees rank {hvd.rank()} of {hvd.size()}, but {world.launched_by}'s variables "
+                f"say rank {world.rank} of {world.world_size}"
+            )
+        self.hvd = hvd
+        self.world = world
+        self.device = device
+        self.compression = (
+            hvd.Compression.fp16 if spec.gradient_compression == "fp16" else hvd.Compression.none
+        )
+        controller = "MPI" if hvd.mpi_enabled() else "Gloo"
+        compressed = ", fp16 gradient compression" if spec.gradient_compression == "fp16" else ""
+        self.description = f"Horovod {version('horovod')} ({controller} controller{compressed})"
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def wrap_optimizer(
+        self, optimizer: torch.optim.Optimizer, model: nn.Module, accumulation_steps: int
+    ) -> torch.optim.Optimizer:
+        return self.hvd.DistributedOptimizer(
+            optimizer,
+            named_parameters=model.named_parameters(),
+            compression=self.compression,
+            backward_passes_per_step=accumulation_steps,
+            op=self.hvd.Average,
+        )
+
+    def accumulate(self, model: nn.Module, sync: bool) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()  # backward_passes_per_step delays the all-reduce.
+
+    def gradients_ready(self, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.synchronize()  # type: ignore[attr-defined]
+
+    def stepping(self, optimizer: torch.optim.Optimizer) -> contextlib.AbstractContextManager[Any]:
+        return optimizer.skip_synchronize()  # type: ignore[attr-defined]
+
+    def broadcast_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        # On a fresh optimizer broadcast_optimizer_state would first take a step with zero
+        # gradients to create the state, and LAMB's weight decay would move the weights.
+        if optimizer.state_dict()["state"]:
+            self.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+
+    def sum(self, values: torch.Tensor) -> torch.Tensor:
+        return self.hvd.allreduce(values, op=self.hvd.Sum)
+
+    def gather_object(self, value: object) -> list[object]:
+        return list(self.hvd.allgather_object(value))
+
+    def broadcast_object(self, value: object) -> object:
+        return self.hvd.broadcast_object(value, root_rank=0)
+
+    def barrier(self) -> None:
+        self.hvd.barrier()
+
+    def close(self) -> None:
+        self.hvd.shutdown()
