@@ -179,7 +179,10 @@ def test_an_elastic_job_renders_valid_objects(
             "rdzvId": "demo",
             "maxRestarts": 2,
         }
-        assert container["env"][-1] == {"name": "PET_NPROC_PER_NODE", "value": "2"}
+        assert container["env"][-2:] == [
+            {"name": "PET_NPROC_PER_NODE", "value": "2"},
+            {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},
+        ]
     else:
         assert_valid(child, mpijob_schema)
         assert child["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == nodes

@@ -1,13 +1,10 @@
-"""The whole job: the rendered PyTorchJob's own command under torchrun, and ``bertjob run``."""
+"""The whole job: ``bertjob run`` and ``python -m bertpretrain`` (the Kubeflow pods' commands are
+run in test_kubeflow_pods.py)."""
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,57 +15,15 @@ from safetensors.torch import load_file
 
 import bertpretrain.run
 from bertjob.cli import main as bertjob_main
-from bertjob.render import render
-from bertjob.spec import parse_job
 from bertpretrain.loader import ShardError
 from bertpretrain.preemption import Preempted
 from bertpretrain.run import main as bertpretrain_main
 from bertpretrain.train import DivergenceError
 from jobs import small_training_job, with_value
 
-CONFIG_IN_POD = "/etc/bertjob/job.yaml"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
 
 def _mlm_losses(output: str, phase: int) -> list[float]:
     return [float(v) for v in re.findall(rf"phase {phase}/2 step \d+/\d+ .*?\(mlm ([\d.]+)", output)]
-
-
-@pytest.mark.slow
-def test_rendered_pytorchjob_command_trains_two_ranks(tmp_path: Path) -> None:
-    document = small_training_job(tmp_path, processes=2)
-    # In a pod, tmp_path would be a volume: the job writes its shards and checkpoints there.
-    document["spec"]["volumes"] = [{"name": "work", "mountPath": str(tmp_path)}]
-    rendered = render(parse_job(document))
-    config_map, pytorchjob = rendered[0], rendered[-1]
-    master = pytorchjob["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
-    config = tmp_path / "job.yaml"
-    config.write_text(config_map["data"]["job.yaml"])
-    command = [str(config) if arg == CONFIG_IN_POD else arg for arg in master["command"]]
-    # What the training operator injects into a single-node PyTorchJob's Master pod.
-    env = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        "PET_NNODES": "1",
-        "PET_NPROC_PER_NODE": pytorchjob["spec"]["nprocPerNode"],
-        "PET_NODE_RANK": "0",
-        "PET_MASTER_ADDR": "127.0.0.1",
-        "PET_MASTER_PORT": str(_free_port()),
-        "OMP_NUM_THREADS": "1",
-    }
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    losses = _mlm_losses(result.stdout, 1)
-    assert len(losses) == 6 and losses[-1] < losses[0], result.stdout
-    assert "world size 2" in result.stdout
-    weights = load_file(tmp_path / "checkpoints" / "hf" / "model.safetensors")
-    assert weights["bert.embeddings.word_embeddings.weight"].shape == (600, 128)
-    assert (tmp_path / "checkpoints" / "phase2" / "step_000004.pt").exists()
 
 
 @pytest.mark.slow

@@ -46,7 +46,6 @@ class PyTorchJobLauncher:
         processes = str(spec.topology.processes_per_node)
         # The CRD types nprocPerNode as a string ("auto", "cpu", "gpu" or a number).
         fields: dict[str, Any] = {"/spec/nprocPerNode": processes}
-        container: dict[str, Any] = {}
         removed: list[str] = []
         counts: dict[str, int | None]  # None: the replica count the overlay set
         if spec.elastic is None:
@@ -55,15 +54,16 @@ class PyTorchJobLauncher:
             counts = {"Worker": nodes}
             removed.append(json_pointer("spec", "pytorchReplicaSpecs", "Master"))
             fields["/spec/elasticPolicy"] = elastic_policy(spec.elastic, name)
-            container["env/-"] = {"name": "PET_NPROC_PER_NODE", "value": processes}
         pod = pod_context(spec, pods, container=CONTAINER, labels=pods.labels, trainer=True)
+        if spec.elastic is not None:
+            pod["env"] = [*elastic_env(processes), *pod["env"]]
         replicas = [
             {
                 "path": json_pointer("spec", "pytorchReplicaSpecs", replica),
                 "count": count,
                 "trainer": True,
                 "pod": pod,
-                "container": container,
+                "container": {},
             }
             for replica, count in counts.items()
         ]
@@ -74,6 +74,18 @@ class PyTorchJobLauncher:
         same pod)."""
         replicas = child["spec"]["pytorchReplicaSpecs"]
         return dict((replicas.get("Master") or replicas["Worker"])["template"])
+
+
+def elastic_env(processes: str) -> list[dict[str, str]]:
+    """Variables an elastic job's Workers set themselves: ``PET_NPROC_PER_NODE`` (see the module
+    docstring), and ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, without which the ranks that torchrun
+    restarts after a failure read the previous attempt's keys from the rendezvous store that the
+    agents share with them and hang in their first collective (pytorch/pytorch#135712; seen
+    with torch 2.13 in tests/bertpretrain/test_kubeflow_pods.py)."""
+    return [
+        {"name": "PET_NPROC_PER_NODE", "value": processes},
+        {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},
+    ]
 
 
 def elastic_policy(elastic: ElasticSpec, name: str) -> dict[str, Any]:

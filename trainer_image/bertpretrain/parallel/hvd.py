@@ -97,11 +97,13 @@ class HorovodParallel:
     def sum(self, values: torch.Tensor) -> torch.Tensor:
         return self.hvd.allreduce(values, op=self.hvd.Sum)
 
+    # Named: Horovod matches collectives across ranks by name, and its default is the value's
+    # type, which differs between rank 0's value and the others' None.
     def gather_object(self, value: object) -> list[object]:
-        return list(self.hvd.allgather_object(value))
+        return list(self.hvd.allgather_object(value, name="bertpretrain.gather_object"))
 
     def broadcast_object(self, value: object) -> object:
-        return self.hvd.broadcast_object(value, root_rank=0)
+        return self.hvd.broadcast_object(value, root_rank=0, name="bertpretrain.broadcast_object")
 
     def barrier(self) -> None:
         self.hvd.barrier()
