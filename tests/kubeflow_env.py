@@ -132,13 +132,20 @@ def mpijob_hostfile(job: dict[str, Any], host: str = "localhost") -> str:
     return f"{host} slots={workers * slots}\n"
 
 
-def mpijob_discover_hosts(job: dict[str, Any], host: str = "localhost") -> str:
-    """mpi-operator's ``discover_hosts.sh`` (for elastic Horovod) with every Worker running on
-    ``host``: one ``echo`` line, ``<host>:<Workers x slotsPerWorker>`` (mpi-operator echoes each
-    Worker without slots, which horovodrun's ``--slots-per-host`` fills in; on one host the slots
-    add up, and slots from the script override that option)."""
+def mpijob_discover_hosts(job: dict[str, Any], hosts: tuple[str, ...] = ("localhost", "127.0.0.1")) -> str:
+    """mpi-operator's ``discover_hosts.sh`` (for elastic Horovod) with Worker ``i`` running on
+    ``hosts[i]``: one ``echo <host>:<slotsPerWorker>`` line per Worker. (mpi-operator echoes the
+    Workers without slots, which horovodrun's ``--slots-per-host`` fills in.) The default names
+    are two that horovodrun starts without ssh: elastic Horovod wants two hosts to start (it
+    compares their network interfaces), as a real job's two Worker pods are.
+
+    Raises:
+        ValueError: more Workers than ``hosts``.
+    """
     workers, slots = _mpi_workers_and_slots(job)
-    return f"#!/bin/sh\necho {host}:{workers * slots}\n"
+    if workers > len(hosts):
+        raise ValueError(f"{workers} Workers, but only {len(hosts)} host names: {hosts}")
+    return "#!/bin/sh\n" + "".join(f"echo {host}:{slots}\n" for host in hosts[:workers])
 
 
 def mpijob_launcher_command(

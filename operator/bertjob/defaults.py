@@ -95,13 +95,27 @@ def micro_batch_size(phase: PhaseSpec, world_size: int) -> int:
     return phase.micro_batch_size or max(phase.global_batch_size // world_size, 1)
 
 
-def gradient_accumulation_steps(phase: PhaseSpec, world_size: int) -> int:
-    """Forward/backward passes per optimizer step on each process.
+def batch_split_problem(phase: PhaseSpec, world_size: int) -> str | None:
+    """What is wrong with splitting ``globalBatchSize`` over ``world_size`` processes, or None
+    when it splits into whole micro-batches."""
+    micro = micro_batch_size(phase, world_size)
+    if phase.global_batch_size % (world_size * micro) == 0:
+        return None
+    return f"{phase.global_batch_size} is not divisible by world size {world_size} x microBatchSize {micro}"
 
-    ``globalBatchSize / (world size x microBatchSize)``; :func:`bertjob.validation.check`
-    guarantees that this divides exactly.
+
+def gradient_accumulation_steps(phase: PhaseSpec, world_size: int) -> int:
+    """Forward/backward passes per optimizer step on each process:
+    ``globalBatchSize / (world size x microBatchSize)``.
+
+    Raises:
+        ValueError: the global batch does not split so (:func:`bertjob.validation.check` refuses
+            such a spec for its own world size; an elastic job can meet another one).
     """
-    return max(phase.global_batch_size // (world_size * micro_batch_size(phase, world_size)), 1)
+    problem = batch_split_problem(phase, world_size)
+    if problem is not None:
+        raise ValueError(f"globalBatchSize {problem}; choose elastic node counts that divide it")
+    return phase.global_batch_size // (world_size * micro_batch_size(phase, world_size))
 
 
 def volumes(spec: JobSpec) -> list[VolumeSpec]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import PurePosixPath
 
-from bertjob.defaults import micro_batch_size, resolve_model, volumes, with_defaults
+from bertjob.defaults import batch_split_problem, resolve_model, volumes, with_defaults
 from bertjob.spec import BertPretrainJob, JobSpec, SpecError
 
 # Volumes the base pod template mounts itself (kustomize/base): a job volume may not take their names.
@@ -56,15 +56,9 @@ def problems(spec: JobSpec, training: bool = True) -> list[tuple[str, str]]:
 
     for index, phase in enumerate(spec.phases):
         where = f"spec.phases[{index}]"
-        micro = micro_batch_size(phase, world_size)
-        if phase.global_batch_size % (world_size * micro):
-            found.append(
-                (
-                    f"{where}.globalBatchSize",
-                    f"{phase.global_batch_size} is not divisible by world size {world_size} "
-                    f"x microBatchSize {micro}",
-                )
-            )
+        problem = batch_split_problem(phase, world_size)
+        if problem is not None:
+            found.append((f"{where}.globalBatchSize", problem))
         if phase.max_seq_length > dims.max_position_embeddings:
             found.append(
                 (
@@ -80,7 +74,7 @@ def problems(spec: JobSpec, training: bool = True) -> list[tuple[str, str]]:
 
 def _distributed_problems(spec: JobSpec) -> list[tuple[str, str]]:
     """What the launcher cannot run: a compression Horovod lacks, an elastic range that leaves out
-    the starting node count, elastic MPI without horovodrun."""
+    the starting node count, elastic MPI without horovodrun or on one node."""
     found: list[tuple[str, str]] = []
     if spec.launcher == "mpijob" and spec.distributed.gradient_compression == "bf16":
         found.append(
@@ -108,6 +102,15 @@ def _distributed_problems(spec: JobSpec) -> list[tuple[str, str]]:
                 "spec.mpi.command",
                 f"elastic training under launcher mpijob needs horovodrun (elastic Horovod), not "
                 f"{spec.mpi.command}",
+            )
+        )
+    if spec.launcher == "mpijob" and nodes < 2:
+        # horovodrun finds the network interface its hosts share by comparing two of them.
+        found.append(
+            (
+                "spec.topology.nodes",
+                "elastic Horovod starts on at least 2 nodes (it compares two hosts' network interfaces); "
+                "set nodes to 2 or more, or use launcher pytorchjob",
             )
         )
     return found

@@ -59,6 +59,16 @@ def test_gradient_accumulation_steps_are_derived(global_batch, micro, world, ste
     assert gradient_accumulation_steps(phase, world) == steps
 
 
+def test_a_world_that_does_not_split_the_global_batch_is_refused():
+    # An elastic job may run at a world size its spec was not checked for.
+    document = with_value(valid_job(), "spec.phases.0.globalBatchSize", 64)
+    phase = parse_job(with_value(document, "spec.phases.0.microBatchSize", 8)).spec.phases[0]
+    with pytest.raises(
+        ValueError, match="globalBatchSize 64 is not divisible by world size 3 x microBatchSize 8"
+    ):
+        gradient_accumulation_steps(phase, 3)
+
+
 def test_export_and_log_paths_default_under_checkpoints():
     spec = with_defaults(parse_job(valid_job()).spec)
     assert (spec.export.path, spec.logging.path) == ("/data/checkpoints/hf", "/data/checkpoints/logs")

@@ -183,9 +183,14 @@ def test_elastic_horovod_discovers_its_hosts() -> None:
         "2",
         "--reset-limit",
         "5",
+        "--blacklist-cooldown-range",
+        "30",
+        "300",
         "--host-discovery-script",
         "/tmp/discover.sh",
         *TRAINER_COMMAND,
     ]
     assert child["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
-    assert mpijob_discover_hosts(child) == "#!/bin/sh\necho localhost:4\n"
+    assert mpijob_discover_hosts(child) == "#!/bin/sh\necho localhost:2\necho 127.0.0.1:2\n"
+    with pytest.raises(ValueError, match="2 Workers, but only 1 host names"):
+        mpijob_discover_hosts(child, hosts=("localhost",))

@@ -140,8 +140,11 @@ ELASTIC = {"minNodes": 1, "maxNodes": 4, "maxRestarts": 2}
 
 
 @pytest.mark.parametrize("accelerator", DEVICES)
-@pytest.mark.parametrize("launcher", ["pytorchjob", "mpijob"])
-@pytest.mark.parametrize("nodes", [1, 2])
+@pytest.mark.parametrize(
+    ("launcher", "nodes"),
+    # Elastic Horovod starts on 2 nodes or more (bertjob.validation).
+    [("pytorchjob", 1), ("pytorchjob", 2), ("mpijob", 2), ("mpijob", 3)],
+)
 def test_an_elastic_job_renders_valid_objects(
     nodes: int,
     launcher: str,

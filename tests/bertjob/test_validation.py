@@ -85,6 +85,15 @@ def test_valid_job_has_no_problems():
             "spec.mpi.command",
             "needs horovodrun (elastic Horovod), not mpirun",
         ),
+        (
+            {
+                "spec.launcher": "mpijob",
+                "spec.mpi": {"command": "horovodrun"},
+                "spec.elastic": {"minNodes": 1, "maxNodes": 2},
+            },
+            "spec.topology.nodes",
+            "elastic Horovod starts on at least 2 nodes",
+        ),
     ],
 )
 def test_inconsistent_spec_names_the_field(changes, path, message):
@@ -174,6 +183,7 @@ def test_cluster_checks_are_only_made_when_asked():
         {
             "spec.launcher": "mpijob",
             "spec.mpi": {"command": "horovodrun"},
+            "spec.topology": {"nodes": 2, "processesPerNode": 1},
             "spec.elastic": {"minNodes": 1, "maxNodes": 8},
         },
     ],

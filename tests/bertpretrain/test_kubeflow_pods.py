@@ -27,6 +27,7 @@ from bertjob.render import render
 from bertjob.spec import parse_job
 from jobs import small_training_job
 from kubeflow_env import (
+    mpijob_discover_hosts,
     mpijob_hostfile,
     mpijob_launcher_command,
     pytorchjob_pod_command,
@@ -169,16 +170,26 @@ def test_mpijob_launcher_trains_over_the_hostfile(tmp_path: Path, pods: Pods, co
     assert (tmp_path / "checkpoints" / "hf" / "model.safetensors").exists()
 
 
-def _children(pid: int) -> list[int]:
-    """Processes whose parent is ``pid`` (from /proc)."""
-    found = []
+def _trainers(pid: int) -> list[int]:
+    """The trainer processes (``bertpretrain run``) among the descendants of ``pid`` (from /proc)."""
+    parents: dict[int, int] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError):
+            continue
+    descendants, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - descendants
+        descendants |= frontier
+    found = []
+    for child in sorted(descendants):
+        try:
+            command = (Path("/proc") / str(child) / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
+        if b"bertpretrain" in command and b"run" in command:
+            found.append(child)
     return found
 
 
@@ -196,16 +207,15 @@ def _long_phase(tmp_path: Path) -> dict[str, Any]:
 
 
 def _kill_a_rank_after_first_checkpoint(pods: Pods, tmp_path: Path) -> float:
-    """SIGKILL the trainer process under the last pod's torchrun once step 20 is saved; returns
-    the time of the kill."""
+    """SIGKILL one trainer process under the last pod's launcher (torchrun, horovodrun) once step
+    20 is saved; returns the time of the kill."""
     first = tmp_path / "checkpoints" / "phase1" / "step_000020.pt"
     agent = pods.processes[-1]
     deadline = time.monotonic() + 240
     while not first.exists():
         assert time.monotonic() < deadline and agent.poll() is None, pods.output()[-4000:]
         time.sleep(0.05)
-    (rank,) = _children(agent.pid)
-    os.kill(rank, signal.SIGKILL)
+    os.kill(_trainers(agent.pid)[-1], signal.SIGKILL)
     return time.monotonic()
 
 
@@ -226,6 +236,30 @@ def test_elastic_pytorchjob_restarts_a_killed_rank_and_resumes(tmp_path: Path, p
     assert resumed and int(resumed[0][1]) >= 20, output[-4000:]
     assert "phase 1/2 step 300/300" in output
     assert (tmp_path / "checkpoints" / "hf" / "model.safetensors").exists()
+
+
+def test_elastic_mpijob_resets_after_a_rank_dies_and_resumes(tmp_path: Path, pods: Pods) -> None:
+    pytest.importorskip("horovod.torch", reason="horovod is not installed (make test builds it)")
+    job, config = _job(
+        tmp_path,
+        launcher="mpijob",
+        mpi={"command": "horovodrun"},
+        topology={"nodes": 2, "processesPerNode": 1},
+        elastic={"minNodes": 1, "maxNodes": 2, "maxRestarts": 3},
+        **_long_phase(tmp_path),
+    )
+    discover = tmp_path / "discover_hosts.sh"
+    discover.write_text(mpijob_discover_hosts(job))
+    discover.chmod(0o755)
+    launcher = _in_pod(mpijob_launcher_command(job, str(tmp_path / "hostfile"), str(discover)), config)
+    pods.start("launcher", launcher, _pod_env({}))
+    _kill_a_rank_after_first_checkpoint(pods, tmp_path)
+    codes = pods.wait(timeout=300)
+    output = pods.output()
+    assert codes == [0], output[-4000:]
+    resumed = re.findall(r"from \S+/phase1/step_(\d+)\.pt at step (\d+)", output)
+    assert resumed and int(resumed[0][1]) >= 20, output[-4000:]
+    assert "phase 1/2 step 300/300" in output
 
 
 def test_pytorchjob_without_elasticity_fails_fast_when_a_rank_dies(tmp_path: Path, pods: Pods) -> None:

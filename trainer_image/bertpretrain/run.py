@@ -59,20 +59,27 @@ def run_job(spec: JobSpec) -> JobOutputs:
             device = parallel.device
             placement = f", {device.placement}" if device.placement else ""
             print(f"bertpretrain: {parallel.description} on {device.device}{placement}", flush=True)
-        data = _prepare_on_rank_zero(spec, parallel)
-        checkpoints: list[Path] = []
-        for index in range(len(spec.phases)):
-            init_from = checkpoints[-1] if checkpoints else None
-            checkpoints.append(
-                train_phase(
-                    spec, index, data.phase_dirs[index], data.vocab_size, init_from, data.vocab_dir, parallel
-                )
-            )
+        data, checkpoints = parallel.run(lambda: _prepare_and_train(spec, parallel))
         assert spec.export.path is not None
         export_dir = Path(spec.export.path)
         if parallel.world.rank == 0:
             export_hf(checkpoints[-1], data.vocab_dir, export_dir, spec.data.lowercase)
     return JobOutputs(data, checkpoints, export_dir, time.perf_counter() - started)
+
+
+def _prepare_and_train(spec: JobSpec, parallel: DataParallel) -> tuple[PreparedData, list[Path]]:
+    """The data, then each phase; returns the data and each phase's final checkpoint. Run again
+    from the start after an elastic reset, it finds the data made and resumes from checkpoints."""
+    data = _prepare_on_rank_zero(spec, parallel)
+    checkpoints: list[Path] = []
+    for index in range(len(spec.phases)):
+        init_from = checkpoints[-1] if checkpoints else None
+        checkpoints.append(
+            train_phase(
+                spec, index, data.phase_dirs[index], data.vocab_size, init_from, data.vocab_dir, parallel
+            )
+        )
+    return data, checkpoints
 
 
 def _prepare_on_rank_zero(spec: JobSpec, parallel: DataParallel) -> PreparedData:

@@ -110,7 +110,9 @@ def launcher_command(spec: JobSpec) -> list[str]:
 def elastic_horovodrun(elastic: ElasticSpec, processes_per_node: int, world_size: str) -> list[str]:
     """horovodrun's elastic options: start with ``world_size`` processes, go on between
     ``minNodes`` and ``maxNodes`` nodes of ``processes_per_node`` each, restart at most
-    ``maxRestarts`` times (``--reset-limit``)."""
+    ``maxRestarts`` times (``--reset-limit``). A host whose rank failed is left out for 30 s to
+    5 min (``--blacklist-cooldown-range``, longer after each failure), not for good: the Worker
+    pod that mpi-operator restarts keeps its host name, and rejoins."""
     return [
         "horovodrun",
         "-np",
@@ -123,6 +125,9 @@ def elastic_horovodrun(elastic: ElasticSpec, processes_per_node: int, world_size
         str(processes_per_node),
         "--reset-limit",
         str(elastic.max_restarts),
+        "--blacklist-cooldown-range",
+        "30",
+        "300",
         "--host-discovery-script",
         DISCOVER_HOSTS,
     ]

@@ -12,7 +12,8 @@ inside ``stepping(optimizer)``.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -20,6 +21,8 @@ from torch import nn
 from bertjob.spec import Accelerator, DistributedSpec
 from bertpretrain.devices import Device, open_device
 from bertpretrain.world import World, detect_world
+
+T = TypeVar("T")
 
 
 class DataParallel(Protocol):
@@ -29,6 +32,11 @@ class DataParallel(Protocol):
     device: Device
     description: str
     """For the log: the library and its backend or controller."""
+
+    def run(self, job: Callable[[], T]) -> T:
+        """``job()``; under elastic Horovod, run again from the start (where it resumes from its
+        checkpoints) after the world changed: a rank failed, or hosts came or went."""
+        ...
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         """The module to run forward and backward through (``model`` is already on the device)."""
@@ -87,6 +95,9 @@ class Alone:
     def __init__(self, world: World, device: Device):
         self.world = world
         self.device = device
+
+    def run(self, job: Callable[[], T]) -> T:
+        return job()
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         return model

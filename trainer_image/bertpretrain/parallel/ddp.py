@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -23,6 +24,7 @@ from bertjob.spec import DistributedSpec
 from bertpretrain.devices import Device
 from bertpretrain.world import World
 
+T = TypeVar("T")
 _COMPRESSION_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
 # Rank 0 may prepare the data for hours while the others wait in broadcast_object.
 _PREPARATION_TIMEOUT = datetime.timedelta(days=7)
@@ -53,6 +55,9 @@ class TorchDistributed:
         self._objects = dist.new_group(backend="gloo", timeout=_PREPARATION_TIMEOUT)
         compression = "" if self.compression == "none" else f", {self.compression} gradient compression"
         self.description = f"torch.distributed DDP ({backend}{compression})"
+
+    def run(self, job: Callable[[], T]) -> T:
+        return job()  # torchrun restarts failed ranks itself, as new processes.
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         device_ids = [self.device.device.index] if self.device.device.type == "cuda" else None

@@ -6,14 +6,21 @@ backward passes (the gradient accumulation steps), asynchronously during the las
 runs under ``skip_synchronize()`` (Horovod's documented pattern for AMP and gradient clipping).
 Rank 0's parameters, and its optimizer state after a resume, are broadcast at the start of each
 phase (Horovod's ``broadcast_parameters`` and ``broadcast_optimizer_state``).
+
+Under elastic horovodrun (``HOROVOD_ELASTIC=1``) :meth:`HorovodParallel.run` is Horovod's
+``hvd.elastic.run``: when a rank fails or hosts come and go, the survivors leave the job's
+function, Horovod re-forms the world, and the function runs again with the new ranks and size,
+resuming from the last checkpoint. The state kept between attempts is the checkpoints on shared
+storage (``checkpoint.everySteps`` bounds the work redone), not Horovod's in-memory commits.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from importlib.metadata import version
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -21,6 +28,8 @@ from torch import nn
 from bertjob.spec import DistributedSpec
 from bertpretrain.devices import Device
 from bertpretrain.world import World
+
+T = TypeVar("T")
 
 
 class HorovodParallel:
@@ -49,20 +58,47 @@ class HorovodParallel:
             ) from None
         os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(spec.timeout_seconds))
         hvd.init()
-        if (hvd.rank(), hvd.size()) != (world.rank, world.world_size):
+        self.elastic = os.environ.get("HOROVOD_ELASTIC") == "1"
+        # Elastic ranks are assigned at each rendezvous; the launch-time variables are a first guess.
+        if not self.elastic and (hvd.rank(), hvd.size()) != (world.rank, world.world_size):
             raise RuntimeError(
                 f"Horovod sees rank {hvd.rank()} of {hvd.size()}, but {world.launched_by}'s variables "
                 f"say rank {world.rank} of {world.world_size}"
             )
         self.hvd = hvd
         self.world = world
+        self._read_world()
         self.device = device
         self.compression = (
             hvd.Compression.fp16 if spec.gradient_compression == "fp16" else hvd.Compression.none
         )
         controller = "MPI" if hvd.mpi_enabled() else "Gloo"
         compressed = ", fp16 gradient compression" if spec.gradient_compression == "fp16" else ""
-        self.description = f"Horovod {version('horovod')} ({controller} controller{compressed})"
+        mode = ", elastic" if self.elastic else ""
+        self.description = f"Horovod {version('horovod')} ({controller} controller{compressed}{mode})"
+
+    def _read_world(self) -> None:
+        self.world = World(
+            self.world.launched_by,
+            self.hvd.rank(),
+            self.hvd.size(),
+            self.hvd.local_rank(),
+            self.hvd.local_size(),
+        )
+
+    def run(self, job: Callable[[], T]) -> T:
+        if not self.elastic:
+            return job()
+        state = self.hvd.elastic.TorchState()
+        state.register_reset_callbacks([self._read_world])
+
+        @self.hvd.elastic.run
+        def attempt(state: Any) -> T:
+            if self.world.rank == 0:
+                print(f"bertpretrain: elastic Horovod: {self.world.describe()}", flush=True)
+            return job()
+
+        return attempt(state)
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         return model
