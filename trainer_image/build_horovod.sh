@@ -42,5 +42,9 @@ if [[ -z "$wheel" ]]; then
     mv "$work/dist/$(basename "$wheel")" "$wheel.tmp"
     mv "$wheel.tmp" "$wheel"
 fi
+# Its dependencies, then the wheel itself even over an installed horovod of the same version
+# (which pip would otherwise keep, though built with other controllers).
 "$PYTHON" -m pip install --quiet "$wheel"
-"$PYTHON" -c "import horovod.torch as hvd; print('build_horovod.sh: horovod', hvd.__version__, 'gloo', hvd.gloo_built(), 'mpi', hvd.mpi_built())"
+"$PYTHON" -m pip install --quiet --force-reinstall --no-deps "$wheel"
+"$PYTHON" -c "import horovod.torch as hvd; from importlib.metadata import version
+print('build_horovod.sh: horovod', version('horovod'), 'gloo', hvd.gloo_built(), 'mpi', hvd.mpi_built())"

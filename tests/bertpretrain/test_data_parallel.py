@@ -54,7 +54,13 @@ def _run(
     arguments = [str(WORKER), str(out), str(accumulation_steps), str(STEPS), str(MICRO_BATCH), compression]
     if command[0] != sys.executable:
         arguments.insert(0, sys.executable)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # Open MPI refuses root (a CI container's user) unless told.
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    }
     result = subprocess.run(
         [*command, *arguments], capture_output=True, text=True, timeout=300, env=env, check=False
     )

@@ -5,7 +5,8 @@ Every launcher the two Kubeflow jobs use describes the world in its own environm
 - ``torchrun`` (PyTorchJob): ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, and
   ``TORCHELASTIC_RUN_ID`` for the rendezvous it ran;
 - ``horovodrun`` (MPIJob, ``spec.mpi.command: horovodrun``; Gloo controller): ``HOROVOD_RANK``,
-  ``HOROVOD_SIZE``, ``HOROVOD_LOCAL_RANK``, ``HOROVOD_LOCAL_SIZE``;
+  ``HOROVOD_SIZE``, ``HOROVOD_LOCAL_RANK``, ``HOROVOD_LOCAL_SIZE`` (where Horovod has MPI,
+  horovodrun starts the ranks with mpirun, and they say mpirun);
 - ``mpirun`` (MPIJob, Open MPI): ``OMPI_COMM_WORLD_RANK``, ``..._SIZE``, ``..._LOCAL_RANK``,
   ``..._LOCAL_SIZE``; Intel MPI and MPICH: ``PMI_RANK``, ``PMI_SIZE``, ``MPI_LOCALRANKID``,
   ``MPI_LOCALNRANKS``.
