@@ -28,10 +28,11 @@ from bertpretrain.schedule import poly_warmup_schedule
 VOCAB_SIZE, SEQ_LENGTH, PREDICTIONS = 64, 16, 3
 
 
-def micro_batch(index: int, size: int) -> dict[str, torch.Tensor]:
-    """The ``index``-th synthetic micro-batch of ``size`` sequences, the same in every process."""
-    generator = torch.Generator().manual_seed(1000 + index)
-    input_ids = torch.randint(5, VOCAB_SIZE, (size, SEQ_LENGTH), generator=generator)
+def synthetic_batch(size: int, vocab_size: int, seed: int) -> dict[str, torch.Tensor]:
+    """A batch of ``size`` random sequences of ``SEQ_LENGTH`` tokens with ``PREDICTIONS`` masked
+    positions each, the same for the same ``seed`` in every process (as ``to_batch`` makes one)."""
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(5, vocab_size, (size, SEQ_LENGTH), generator=generator)
     positions = torch.randint(1, SEQ_LENGTH, (size, PREDICTIONS), generator=generator)
     return {
         "input_ids": input_ids,
@@ -68,7 +69,7 @@ def main(out: Path, accumulation_steps: int, steps: int, size: int, compression:
     for step in range(steps):
         for micro in range(accumulation_steps):
             index = step * per_step + micro * world.world_size + world.rank
-            engine.forward_backward(micro_batch(index, size), accumulation_steps)
+            engine.forward_backward(synthetic_batch(size, VOCAB_SIZE, 1000 + index), accumulation_steps)
         engine.optimizer_step()
     torch.save(model.state_dict(), out / f"rank{world.rank}.pt")
     parallel.close()

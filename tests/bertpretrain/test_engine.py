@@ -19,6 +19,7 @@ from bertpretrain.model import BertConfig, BertForPreTraining
 from bertpretrain.optimizer import build_optimizer
 from bertpretrain.parallel import join
 from bertpretrain.schedule import poly_warmup_schedule
+from data_parallel_worker import synthetic_batch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -37,27 +38,13 @@ def make_engine(model: BertForPreTraining, precision: str = "fp32") -> Engine:
     return engine
 
 
-def batch_of(size: int, vocab_size: int) -> dict[str, torch.Tensor]:
-    generator = torch.Generator().manual_seed(size)
-    input_ids = torch.randint(5, vocab_size, (size, 16), generator=generator)
-    positions = torch.randint(1, 16, (size, 3), generator=generator)
-    return {
-        "input_ids": input_ids,
-        "token_type_ids": torch.zeros_like(input_ids),
-        "attention_mask": torch.ones_like(input_ids),
-        "masked_lm_positions": positions,
-        "masked_lm_labels": torch.gather(input_ids, 1, positions),
-        "next_sentence_labels": torch.randint(0, 2, (size,), generator=generator),
-    }
-
-
 def test_accumulation_equals_one_large_batch(tiny_config: BertConfig) -> None:
     config = BertConfig(
         **{**tiny_config.to_dict(), "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
     )
     whole_model = BertForPreTraining(config)
     split_model = copy.deepcopy(whole_model)
-    batch = batch_of(8, config.vocab_size)
+    batch = synthetic_batch(8, config.vocab_size, seed=8)
 
     whole = make_engine(whole_model).forward_backward(batch, accumulation_steps=1)
     split = make_engine(split_model)
@@ -79,7 +66,7 @@ def test_mixed_precision_step(tiny_config: BertConfig, precision: str) -> None:
     model = BertForPreTraining(tiny_config)
     engine = make_engine(model, precision)
     before = copy.deepcopy(model.state_dict())
-    losses = engine.forward_backward(batch_of(4, tiny_config.vocab_size), accumulation_steps=1)
+    losses = engine.forward_backward(synthetic_batch(4, tiny_config.vocab_size, seed=4), accumulation_steps=1)
     assert losses.dtype == torch.float32 and torch.isfinite(losses).all()
     engine.optimizer_step()
     assert all(p.grad is None for p in model.parameters())
@@ -96,7 +83,7 @@ def test_adamw_gradients_are_clipped(tiny_config: BertConfig) -> None:
     engine.prepare(model)
     optimizer = build_optimizer(model, OptimizerSpec(name="adamw", max_grad_norm=1e-3), lr=0.0)
     engine.attach(optimizer, poly_warmup_schedule(optimizer, 10, 0.0), clip_grad_norm=1e-3)
-    engine.forward_backward(batch_of(4, tiny_config.vocab_size), accumulation_steps=1)
+    engine.forward_backward(synthetic_batch(4, tiny_config.vocab_size, seed=4), accumulation_steps=1)
     engine.scaler.unscale_(optimizer)
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])) > 1e-3
