@@ -71,7 +71,7 @@ class Engine:
     @property
     def distributed(self) -> bool:
         """Whether more than one process trains."""
-        return self.world.world_size > 1
+        return self.world.distributed
 
     @property
     def is_main(self) -> bool:
@@ -189,7 +189,7 @@ class Engine:
 
     def sum_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
         """The element-wise sum of ``values`` over all ranks (a collective: every rank calls it)."""
-        return self.parallel.sum(values) if self.distributed else values
+        return self.parallel.sum(values)
 
     def any_rank(self, flag: bool) -> bool:
         """Whether ``flag`` is true on any rank (a collective: every rank calls it)."""

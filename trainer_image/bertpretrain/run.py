@@ -88,8 +88,6 @@ def _prepare_on_rank_zero(spec: JobSpec, parallel: DataParallel) -> PreparedData
     Concurrent preparations into one directory would collide, and each would train its own
     vocabulary (tokenizers' WordPiece trainer is not deterministic, huggingface/tokenizers#1794).
     """
-    if not parallel.world.distributed:
-        return prepare(spec)
     result = parallel.broadcast_object(prepare(spec) if parallel.world.rank == 0 else None)
     assert isinstance(result, PreparedData)
     return result

@@ -127,7 +127,7 @@ class HorovodParallel:
         self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         # On a fresh optimizer broadcast_optimizer_state would first take a step with zero
         # gradients to create the state, and LAMB's weight decay would move the weights.
-        if optimizer.state_dict()["state"]:
+        if optimizer.state:
             self.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
     def sum(self, values: torch.Tensor) -> torch.Tensor:
