@@ -244,6 +244,14 @@ class Cluster:
     liveness: str = ""
     metrics: str = ""
     starts: int = 0
+    # kopf's scope: every namespace when empty, else one --namespace per entry (the chart's
+    # watchNamespaces).
+    namespaces: tuple[str, ...] = ()
+    # Turns the operator's command and environment into the command that runs it, e.g. inside a
+    # built image (tests/images); None runs it from this interpreter's environment.
+    launch: Callable[[list[str], dict[str, str]], list[str]] | None = None
+    # Seconds the liveness endpoint may take to answer after a start.
+    start_wait_s: float = WAIT_S
 
     def start(self) -> None:
         """Start ``kopf run`` and wait until its liveness endpoint answers."""
@@ -251,22 +259,26 @@ class Cluster:
         self.liveness = f"http://127.0.0.1:{free_port()}/healthz"
         port = free_port()
         self.metrics = f"http://127.0.0.1:{port}"
-        env = {
-            **os.environ,
+        own = {
             "KUBECONFIG": str(self.operator_config),
             "BERTJOB_METRICS_PORT": str(port),
             "NO_PROXY": "127.0.0.1,localhost",
             "no_proxy": "127.0.0.1",
         }
-        kopf = Path(sys.executable).with_name("kopf")
-        command = [str(kopf), "run", "--standalone", "--all-namespaces", f"--liveness={self.liveness}"]
+        scope = [f"--namespace={name}" for name in self.namespaces] or ["--all-namespaces"]
+        liveness = f"--liveness={self.liveness}"
+        command = ["kopf", "run", "--standalone", *scope, liveness, "-m", "bertjob.handlers"]
+        if self.launch is None:
+            command[0] = str(Path(sys.executable).with_name("kopf"))
+        else:
+            command = self.launch(command, own)
         with self.log.open("ab") as output:
             output.write(f"--- operator start {self.starts} ---\n".encode())
             output.flush()
             self.operator = subprocess.Popen(
-                [*command, "-m", "bertjob.handlers"], env=env, stdout=output, stderr=subprocess.STDOUT
+                command, env={**os.environ, **own}, stdout=output, stderr=subprocess.STDOUT
             )
-        self.wait_for("the liveness endpoint", lambda: answers(self.liveness))
+        self.wait_for("the liveness endpoint", lambda: answers(self.liveness), wait_s=self.start_wait_s)
 
     def stop(self) -> None:
         """Stop the operator (SIGTERM, then SIGKILL after 10 s)."""
@@ -396,8 +408,18 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def running_cluster(workdir: Path, crds: list[Mapping[str, Any]]) -> Iterator[Cluster]:
-    """The emulator with ``crds`` declared and the operator running against it; stopped after."""
+def running_cluster(
+    workdir: Path,
+    crds: list[Mapping[str, Any]],
+    namespaces: tuple[str, ...] = (),
+    launch: Callable[[list[str], dict[str, str]], list[str]] | None = None,
+    start_wait_s: float = WAIT_S,
+) -> Iterator[Cluster]:
+    """The emulator with ``crds`` declared and the operator running against it; stopped after.
+
+    ``namespaces``, ``launch`` and ``start_wait_s`` are :class:`Cluster`'s: the operator's scope,
+    how its command is run, and how long its liveness endpoint may take to answer (seconds).
+    """
     with emulator(crds) as (url, server):
         mine = kubeconfig(workdir / "kubeconfig", url, "tester-token")
         cluster = Cluster(
@@ -405,6 +427,9 @@ def running_cluster(workdir: Path, crds: list[Mapping[str, Any]]) -> Iterator[Cl
             server,
             workdir,
             kubeconfig(workdir / "operator-kubeconfig", url, OPERATOR_TOKEN),
+            namespaces=namespaces,
+            launch=launch,
+            start_wait_s=start_wait_s,
         )
         try:
             cluster.start()

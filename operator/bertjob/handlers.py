@@ -24,7 +24,7 @@ import yaml
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
-from bertjob import changes, launchers, metrics
+from bertjob import changes, launchers, metrics, prerequisites
 from bertjob import status as lifecycle
 from bertjob.children import (
     ForeignObjectError,
@@ -51,11 +51,13 @@ READY = threading.Event()
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    """Connect the Kubernetes client (in-cluster, or ``$KUBECONFIG``), place kopf's state, and
-    serve metrics on ``$BERTJOB_METRICS_PORT`` if set.
+    """Connect the Kubernetes client (in-cluster, or ``$KUBECONFIG``), place kopf's state, serve
+    metrics on ``$BERTJOB_METRICS_PORT`` if set, and become ready once the BertPretrainJob CRD
+    exists (:mod:`bertjob.prerequisites`, every ``$BERTJOB_CRD_RETRY_SECONDS``, default 30).
 
     Raises:
         OSError: the metrics port is taken.
+        ValueError: ``$BERTJOB_CRD_RETRY_SECONDS`` is not a number.
     """
     kubernetes.config.load_config()
     memo.api = ApiClient()
@@ -63,13 +65,16 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=STORAGE_PREFIX)
     if port := os.environ.get(metrics.PORT_ENV):
         memo.metrics = metrics.serve(int(port), READY)
-    READY.set()
+    retry_s = float(os.environ.get(prerequisites.RETRY_ENV, prerequisites.RETRY_S))
+    memo.crd_check = prerequisites.start(memo.api, READY, retry_s)
 
 
 @kopf.on.cleanup()
 def stop_metrics(memo: kopf.Memo, **_: Any) -> None:
-    """Stop serving metrics."""
+    """Stop serving metrics and checking for the CRD."""
     READY.clear()
+    if stop := memo.get("crd_check"):
+        stop.set()
     if server := memo.get("metrics"):
         server.shutdown()
 

@@ -1,0 +1,93 @@
+"""The operator started before its CRD: one clear line, not ready, alive, and serving once it appears.
+
+Its own emulator (the session's ``cluster`` has every CRD from the start): Kubeflow's PyTorchJob
+CRD only, no BertPretrainJob CRD and no MPIJob CRD, and a CRD check every second instead of 30.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import kmock
+import pytest
+import yaml
+from kube_emulator import Cluster, answers, running_cluster
+from kubernetes.client import CustomObjectsApi
+from test_e2e_lifecycle import _job
+
+from bertjob import prerequisites
+from bertjob.crd import crd
+from jobs import REPO
+
+UPSTREAM_CRDS = REPO.parent / "shared" / "upstream-crds"
+RETRY_S = 1
+MISSING = f"the {prerequisites.OWN_CRD} CRD is not installed"
+
+
+def _readiness(cluster: Cluster) -> int:
+    try:
+        with urllib.request.urlopen(f"{cluster.metrics}/readyz", timeout=2) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+
+
+@pytest.fixture
+def without_our_crd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
+    path = UPSTREAM_CRDS / "kubeflow.org_pytorchjobs.yaml"
+    if not path.is_file():
+        pytest.skip(f"{path} is absent: the upstream Kubeflow CRDs are not checked out beside the repo")
+    monkeypatch.setenv(prerequisites.RETRY_ENV, str(RETRY_S))
+    with running_cluster(tmp_path, [yaml.safe_load(path.read_text())]) as cluster:
+        yield cluster
+
+
+def _install_our_crd(cluster: Cluster) -> None:
+    """What `kubectl apply -f manifests/crd.yaml` does to a real API server: the resource is
+    discovered, and the CRD object appears (with a watch event, which kopf follows)."""
+    definition = crd()
+    spec = definition["spec"]
+    [version] = spec["versions"]
+    cluster.server.resources[f"{spec['group']}/{version['name']}/{spec['names']['plural']}"] = (
+        kmock.ResourceInfo(
+            kind=spec["names"]["kind"],
+            singular=spec["names"]["singular"],
+            namespaced=True,
+            verbs={"create", "get", "list", "watch", "patch", "update", "delete"},
+            subresources=set(version["subresources"]),
+        )
+    )
+    CustomObjectsApi(cluster.api).create_cluster_custom_object(
+        "apiextensions.k8s.io", "v1", "customresourcedefinitions", definition
+    )
+
+
+def test_without_its_crd_the_operator_says_so_once_and_waits(without_our_crd: Cluster) -> None:
+    cluster = without_our_crd
+    cluster.wait_for("the missing-CRD line", lambda: MISSING in cluster.log.read_text())
+    # Several checks later: still one line, alive, live but not ready.
+    time.sleep(4 * RETRY_S)
+    log = cluster.log.read_text()
+    assert log.count(MISSING) == 1, log
+    [line] = [line for line in log.splitlines() if MISSING in line]
+    assert "helm" in line and "manifests/crd.yaml" in line
+    assert cluster.operator is not None and cluster.operator.poll() is None
+    assert answers(cluster.liveness)
+    assert _readiness(cluster) == 503
+    # The other launcher's CRD is missing too, but that is not this operator's to hold back on.
+    assert "mpijobs.kubeflow.org" not in log
+
+    _install_our_crd(cluster)
+
+    cluster.wait_for("readiness", lambda: _readiness(cluster) == 200)
+    log = cluster.log.read_text()
+    assert f"the {prerequisites.OWN_CRD} CRD is installed now" in log
+    assert "the mpijobs.kubeflow.org CRD is not installed" in log
+    cluster.create_job(_job("after-the-crd"))
+    status = cluster.status_when("after-the-crd", "Pending")
+    assert [child["kind"] for child in status["children"]] == ["PyTorchJob"]
+    assert cluster.operator.poll() is None
