@@ -1,7 +1,7 @@
 import pytest
 
 from bertjob.spec import SpecError, load_job, parse_job, parse_spec, to_document
-from jobs import DELETE, EXAMPLES, valid_job, with_value
+from jobs import DELETE, valid_job, with_value
 
 
 def test_valid_job_round_trips_through_its_document():
@@ -83,8 +83,3 @@ def test_load_job_names_the_file(tmp_path):
     broken.write_text("spec: [unclosed")
     with pytest.raises(SpecError, match="not valid YAML"):
         load_job(broken)
-
-
-@pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
-def test_examples_are_valid(name):
-    assert load_job(EXAMPLES / name).kind == "BertPretrainJob"

@@ -1,0 +1,185 @@
+"""examples/*.yaml: every job file fits the CRD and the spec, and every cluster example renders, as
+the operator would, into objects that Kubernetes and the Kubeflow operators accept.
+
+The files are enumerated, so a new example is tested without being named here; only the local
+demo (``make demo``), whose paths are relative to this machine, is not a cluster job.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from pathlib import PurePosixPath
+from typing import Any, get_args
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from bertjob.render import component, kustomize_build, render
+from bertjob.spec import Accelerator, BertPretrainJob, Launcher, SpecError, load_job
+from bertjob.validation import cluster_job
+from jobs import EXAMPLES
+from k8s_schema import assert_valid
+
+KUBERNETES_VERSION = "1.33"
+# Run by `bertjob run` on this machine, not by the operator.
+LOCAL_ONLY = {"bert-tiny-local.yaml"}
+ALL = sorted(path.name for path in EXAMPLES.glob("*.yaml"))
+CLUSTER = [name for name in ALL if name not in LOCAL_ONLY]
+STORAGE = EXAMPLES / "storage"
+DEVICES = {"nvidia-gpu": "nvidia.com/gpu", "habana-hpu": "habana.ai/gaudi", "xeon-cpu": None}
+# The trainer image's tag suffix for each accelerator (trainer_image/Dockerfile's targets).
+IMAGE_TARGETS = {"nvidia-gpu": "cuda", "habana-hpu": "gaudi", "xeon-cpu": "xeon"}
+
+
+def _document(name: str) -> dict[str, Any]:
+    document = yaml.safe_load((EXAMPLES / name).read_text(encoding="utf-8"))
+    assert isinstance(document, dict)
+    return document
+
+
+def _replicas(child: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    spec = child["spec"]
+    return dict(spec.get("pytorchReplicaSpecs") or spec["mpiReplicaSpecs"])
+
+
+def _claims() -> dict[str, dict[str, Any]]:
+    """The PersistentVolumeClaims of examples/storage, by name, as `kubectl kustomize` builds them."""
+    objects = [obj for obj in yaml.safe_load_all(kustomize_build(STORAGE)) if obj]
+    return {obj["metadata"]["name"]: obj for obj in objects if obj["kind"] == "PersistentVolumeClaim"}
+
+
+def _multi_node(job: BertPretrainJob) -> bool:
+    spec = job.spec
+    return spec.topology.nodes > 1 or (spec.elastic is not None and spec.elastic.max_nodes > 1)
+
+
+def test_the_examples_are_found() -> None:
+    assert CLUSTER, "no cluster example found under examples/"
+    assert set(ALL) >= LOCAL_ONLY, "an exempted example no longer exists"
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_example_fits_the_crd_schema_and_the_spec(name: str, bertjob_schema: dict[str, Any]) -> None:
+    assert_valid(_document(name), bertjob_schema)
+    assert load_job(EXAMPLES / name).kind == "BertPretrainJob"
+
+
+@pytest.mark.parametrize("name", sorted(LOCAL_ONLY))
+def test_a_local_only_example_is_refused_as_a_cluster_job(name: str) -> None:
+    # The exemption must not hide a cluster example: the operator would refuse this one.
+    with pytest.raises(SpecError, match="absolute path in the container"):
+        cluster_job(load_job(EXAMPLES / name))
+
+
+@pytest.mark.parametrize("name", CLUSTER)
+def test_every_cluster_example_renders_into_objects_the_cluster_accepts(
+    name: str, pytorchjob_schema: dict[str, Any], mpijob_schema: dict[str, Any]
+) -> None:
+    job = load_job(EXAMPLES / name)
+    spec = job.spec
+
+    rendered = render(job)  # with the operator's defaults and every cluster check
+
+    child = rendered[-1]
+    assert component(child) == "train"
+    for obj in rendered[:-1]:
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+    assert_valid(child, pytorchjob_schema if spec.launcher == "pytorchjob" else mpijob_schema)
+    replicas = _replicas(child)
+    for role, replica in replicas.items():
+        template = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": role.lower()}}
+        kubernetes_validate.validate(
+            {**template, "template": replica["template"]}, KUBERNETES_VERSION, strict=True
+        )
+    trainers = {role: replica for role, replica in replicas.items() if role != "Launcher"}
+    assert sum(replica["replicas"] for replica in trainers.values()) == spec.topology.nodes
+    if spec.launcher == "pytorchjob":
+        assert child["spec"]["nprocPerNode"] == str(spec.topology.processes_per_node)
+    else:
+        assert child["spec"]["slotsPerWorker"] == spec.topology.processes_per_node
+    claims = {
+        volume.source["persistentVolumeClaim"]["claimName"]
+        for volume in spec.volumes
+        if "persistentVolumeClaim" in volume.source
+    }
+    for replica in trainers.values():
+        pod = replica["template"]["spec"]
+        [container] = pod["containers"]
+        device = DEVICES[spec.accelerator]
+        if device is not None:
+            assert container["resources"]["limits"][device] == spec.topology.processes_per_node
+        mounted = {
+            v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v
+        }
+        assert mounted == claims
+
+
+def test_the_examples_cover_every_accelerator_launcher_and_topology() -> None:
+    jobs = [load_job(EXAMPLES / name).spec for name in CLUSTER]
+
+    assert {spec.accelerator for spec in jobs} == set(get_args(Accelerator))
+    assert {spec.launcher for spec in jobs} == set(get_args(Launcher))
+    assert {spec.topology.nodes > 1 for spec in jobs} == {False, True}, "single-node and multi-node"
+    gpu = [spec for spec in jobs if spec.accelerator == "nvidia-gpu" and spec.launcher == "pytorchjob"]
+    assert {spec.topology.nodes > 1 for spec in gpu} == {False, True}, (
+        "GPU PyTorchJobs on one and on several nodes"
+    )
+
+
+@pytest.mark.parametrize("name", CLUSTER)
+def test_a_cluster_example_runs_its_accelerators_trainer_image(name: str) -> None:
+    spec = load_job(EXAMPLES / name).spec
+    version = importlib.metadata.version("bertjob")
+
+    assert spec.image == f"ghcr.io/bertjob/trainer:{version}-{IMAGE_TARGETS[spec.accelerator]}"
+
+
+@pytest.mark.parametrize("name", CLUSTER)
+def test_a_cluster_examples_claims_are_in_examples_storage_and_shared_when_multi_node(name: str) -> None:
+    job = cluster_job(load_job(EXAMPLES / name))
+    claims = _claims()
+
+    outputs = [job.spec.data.shards, job.spec.checkpoint.path, job.spec.export.path, job.spec.logging.path]
+    for volume in job.spec.volumes:
+        source = volume.source.get("persistentVolumeClaim")
+        if source is None:
+            continue
+        claim = claims.get(source["claimName"])
+        assert claim is not None, f"{name}: claim {source['claimName']} is not in examples/storage"
+        writes_here = any(
+            path is not None and PurePosixPath(path).is_relative_to(volume.mount_path) for path in outputs
+        )
+        if _multi_node(job) and (writes_here or volume.name == "data"):
+            assert "ReadWriteMany" in claim["spec"]["accessModes"], (
+                f"{name}: every node mounts {volume.name}, whose claim must be ReadWriteMany"
+            )
+
+
+def test_the_storage_claims_are_valid_kubernetes_objects() -> None:
+    claims = _claims()
+
+    assert claims
+    for claim in claims.values():
+        kubernetes_validate.validate(claim, KUBERNETES_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_example_says_what_it_is_and_how_to_run_it(name: str) -> None:
+    text = (EXAMPLES / name).read_text(encoding="utf-8")
+    header = text[: text.index("apiVersion:")]
+    job = load_job(EXAMPLES / name)
+
+    assert header.startswith("# ") and all(line.startswith("#") for line in header.splitlines())
+    assert len(header.splitlines()) >= 3, "say what the job is, then how to run it"
+    if name in LOCAL_ONLY:
+        assert f"bertjob run examples/{name}" in header
+        return
+    assert f"bertjob validate examples/{name}" in header
+    assert f"kubectl apply -f examples/{name}" in header
+    # The pod (or Job) whose log follows training, under the names the Kubeflow operators give.
+    if job.spec.launcher == "mpijob":
+        assert f"kubectl logs -f job/{job.metadata.name}-launcher" in header
+    else:
+        role = "worker" if job.spec.elastic is not None else "master"
+        assert f"kubectl logs -f {job.metadata.name}-{role}-0" in header
