@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Build Horovod 0.28.1 for the installed torch and install it; used by the trainer image and by
-# `make test`. The wheel is kept in WHEEL_DIR, so a second call installs it without compiling.
+# Build Horovod 0.28.1 for the installed torch and install it; used by the trainer images and by
+# `make test`. The wheel is kept under WHEEL_DIR, so a second call installs it without compiling.
 #
-#   trainer_image/build_horovod.sh PYTHON WHEEL_DIR
+#   trainer_image/build_horovod.sh [--cached-only] PYTHON WHEEL_DIR
+#
+# --cached-only: install the kept wheel, or exit 3 without compiling when there is none (the
+# trainer image's Dockerfile then installs the compilers and calls the script again).
 #
 # Why a script: horovod 0.28.1's sdist compiles with C++14, and torch 2.x headers need C++17, so
 # `pip install horovod` fails; the two CMakeLists that set the standard are patched to 17.
@@ -10,16 +13,39 @@
 # Frameworks: PyTorch only. Controllers: Gloo always (horovodrun --gloo), MPI where an MPI
 # compiler (mpicxx) is on PATH. GPU collectives: set HOROVOD_GPU_OPERATIONS=NCCL (the CUDA image
 # does; it needs the CUDA and NCCL headers of a -devel base).
+#
+# The kept wheel's directory is named by everything the wheel depends on: Horovod's version, the
+# torch it was compiled against (its C++ ABI), the Python tag, and the controllers and GPU
+# operations it was built with. A wheel built without MPI (no mpicxx then) is not taken for one
+# with MPI once Open MPI is installed, and an image whose torch differs from the host's compiles
+# its own.
 set -euo pipefail
 
-PYTHON=${1:?usage: build_horovod.sh PYTHON WHEEL_DIR}
-WHEEL_DIR=${2:?usage: build_horovod.sh PYTHON WHEEL_DIR}
+cached_only=false
+if [[ "${1:-}" == "--cached-only" ]]; then
+    cached_only=true
+    shift
+fi
+PYTHON=${1:?usage: build_horovod.sh [--cached-only] PYTHON WHEEL_DIR}
+WHEEL_DIR=${2:?usage: build_horovod.sh [--cached-only] PYTHON WHEEL_DIR}
 VERSION=0.28.1
 
-mkdir -p "$WHEEL_DIR"
-WHEEL_DIR=$(cd "$WHEEL_DIR" && pwd)
-wheel=$(find "$WHEEL_DIR" -maxdepth 1 -name "horovod-${VERSION}-*.whl" | head -n 1)
+if command -v mpicxx >/dev/null; then mpi=HOROVOD_WITH_MPI; else mpi=HOROVOD_WITHOUT_MPI; fi
+gpu=${HOROVOD_GPU_OPERATIONS:-}
+torch_and_python=$("$PYTHON" -c 'import sys, torch; print(f"torch{torch.__version__}-cp{sys.version_info[0]}{sys.version_info[1]}")')
+controllers=gloo
+[[ "$mpi" == HOROVOD_WITH_MPI ]] && controllers+=-mpi
+[[ -n "$gpu" ]] && controllers+="-${gpu,,}"
+key="horovod-${VERSION}-${torch_and_python}-${controllers}"
+
+KEY_DIR=$(realpath -m "$WHEEL_DIR/$key")
+wheel=$(find "$KEY_DIR" -maxdepth 1 -name "horovod-${VERSION}-*.whl" 2>/dev/null | head -n 1)
+if [[ -z "$wheel" ]] && $cached_only; then
+    echo "build_horovod.sh: no wheel in $KEY_DIR; compiling needs cmake, a C++ compiler and, for MPI, mpicxx"
+    exit 3
+fi
 if [[ -z "$wheel" ]]; then
+    mkdir -p "$KEY_DIR"
     work=$(mktemp -d)
     trap 'rm -rf "$work"' EXIT
     "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: "horovod==${VERSION}" -d "$work"
@@ -32,13 +58,13 @@ if [[ -z "$wheel" ]]; then
         }
         sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/' "$cmake_file"
     done
-    if command -v mpicxx >/dev/null; then mpi=HOROVOD_WITH_MPI; else mpi=HOROVOD_WITHOUT_MPI; fi
-    echo "build_horovod.sh: compiling horovod ${VERSION} (PyTorch, Gloo, ${mpi}); about 6 minutes on 2 cores"
+    echo "build_horovod.sh: compiling $key; about 6 minutes on 2 cores"
     env HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 "${mpi}=1" \
         HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
         CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS="-j$(nproc)" \
         "$PYTHON" -m pip wheel --quiet --no-build-isolation --no-deps "$source_dir" -w "$work/dist"
-    wheel="$WHEEL_DIR/$(basename "$(find "$work/dist" -name 'horovod-*.whl' | head -n 1)")"
+    wheel="$KEY_DIR/$(basename "$(find "$work/dist" -name 'horovod-*.whl' | head -n 1)")"
+    # Renamed into place, so that an interrupted build leaves no wheel that a later call would take.
     mv "$work/dist/$(basename "$wheel")" "$wheel.tmp"
     mv "$wheel.tmp" "$wheel"
 fi
@@ -46,5 +72,18 @@ fi
 # (which pip would otherwise keep, though built with other controllers).
 "$PYTHON" -m pip install --quiet "$wheel"
 "$PYTHON" -m pip install --quiet --force-reinstall --no-deps "$wheel"
-"$PYTHON" -c "import horovod.torch as hvd; from importlib.metadata import version
-print('build_horovod.sh: horovod', version('horovod'), 'gloo', hvd.gloo_built(), 'mpi', hvd.mpi_built())"
+# The installed wheel must have every controller its key names: a wheel put in the wrong
+# directory by hand, or a build that silently dropped MPI, stops here.
+"$PYTHON" - "$controllers" <<'EOF'
+import sys
+from importlib.metadata import version
+
+import horovod.torch as hvd
+
+wanted = set(sys.argv[1].split("-"))
+built = {"gloo": bool(hvd.gloo_built()), "mpi": bool(hvd.mpi_built()), "nccl": bool(hvd.nccl_built())}
+missing = sorted(name for name in wanted if not built.get(name))
+print("build_horovod.sh: horovod", version("horovod"), " ".join(f"{k} {v}" for k, v in built.items()))
+if missing:
+    sys.exit(f"build_horovod.sh: the wheel lacks {', '.join(missing)}")
+EOF
