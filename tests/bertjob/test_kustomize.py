@@ -13,6 +13,7 @@ import yaml
 
 from bertjob.launchers import mpijob
 from bertjob.render import kustomize_build
+from bertjob.spec import parse_job
 from jobs import REPO
 from k8s_schema import assert_valid
 
@@ -107,12 +108,23 @@ def test_the_by_hand_mpijob_runs_the_launchers_trainer_command(tmp_path: Path) -
     assert command == ["mpirun", "--hostfile", mpijob.HOSTFILE, *forwarded, *mpijob.TRAINER_COMMAND]
 
 
-def test_the_gitops_example_builds(mpijob_schema: dict[str, Any]) -> None:
-    objects = [obj for obj in yaml.safe_load_all(kustomize_build(REPO / "examples" / "gitops")) if obj]
+def test_the_kustomize_by_hand_example_builds(mpijob_schema: dict[str, Any]) -> None:
+    directory = REPO / "examples" / "gitops" / "kustomize-by-hand"
+    objects = [obj for obj in yaml.safe_load_all(kustomize_build(directory)) if obj]
 
     kinds = {obj["kind"]: obj for obj in objects}
     assert sorted(kinds) == ["ConfigMap", "MPIJob"]
-    assert_valid(kinds["MPIJob"], mpijob_schema)
-    assert kinds["MPIJob"]["spec"]["slotsPerWorker"] == 2
-    config_volume = kinds["MPIJob"]["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["volumes"][0]
+    mpijob = kinds["MPIJob"]
+    assert_valid(mpijob, mpijob_schema)
+    job = parse_job(yaml.safe_load(kinds["ConfigMap"]["data"]["job.yaml"]))
+    assert mpijob["metadata"]["name"] == job.metadata.name
+    assert mpijob["spec"]["slotsPerWorker"] == job.spec.topology.processes_per_node
+    assert mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == job.spec.topology.nodes
+    images = {
+        container["image"]
+        for replica in mpijob["spec"]["mpiReplicaSpecs"].values()
+        for container in replica["template"]["spec"]["containers"]
+    }
+    assert images == {job.spec.image}, "the pods must run the image the job file names"
+    config_volume = mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["volumes"][0]
     assert config_volume["configMap"]["name"] == kinds["ConfigMap"]["metadata"]["name"]
