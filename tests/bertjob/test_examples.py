@@ -183,3 +183,35 @@ def test_every_example_says_what_it_is_and_how_to_run_it(name: str) -> None:
     else:
         role = "worker" if job.spec.elastic is not None else "master"
         assert f"kubectl logs -f {job.metadata.name}-{role}-0" in header
+
+
+def test_the_tensorboard_pod_sees_every_examples_logs_and_exports() -> None:
+    pod = yaml.safe_load((EXAMPLES / "tools" / "tensorboard.yaml").read_text(encoding="utf-8"))
+    kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
+    [container] = pod["spec"]["containers"]
+    logdir = PurePosixPath(container["command"][container["command"].index("--logdir") + 1])
+    mounts = {mount["name"]: mount["mountPath"] for mount in container["volumeMounts"]}
+    claims = {
+        volume["persistentVolumeClaim"]["claimName"]: mounts[volume["name"]]
+        for volume in pod["spec"]["volumes"]
+        if "persistentVolumeClaim" in volume
+    }
+    assert set(claims) <= set(_claims()), "the pod mounts a claim examples/storage does not make"
+
+    seen = 0
+    for name in CLUSTER:
+        spec = cluster_job(load_job(EXAMPLES / name)).spec
+        for volume in spec.volumes:
+            claim = volume.source.get("persistentVolumeClaim", {}).get("claimName")
+            if claim not in claims or volume.mount_path != claims[claim]:
+                continue
+            seen += 1
+            assert spec.logging.path is not None and spec.export.path is not None
+            assert PurePosixPath(spec.logging.path).is_relative_to(logdir), (
+                f"{name}: TensorBoard misses its logs"
+            )
+            assert PurePosixPath(spec.export.path).is_relative_to(volume.mount_path), name
+    assert seen, "no example writes to the claim the TensorBoard pod mounts"
+    assert container["image"].startswith("ghcr.io/bertjob/trainer:"), (
+        "TensorBoard comes with the trainer image"
+    )
