@@ -6,10 +6,15 @@ subset the API server accepts: ``$ref`` inlined, titles dropped, ``Optional[X]``
 OpenAPI 3.0's ``minimum: x, exclusiveMinimum: true``. ``status`` is :class:`JobStatus`, which
 the operator writes. ``manifests/crd.yaml`` is this module's output (``python -m bertjob.crd``),
 and a test checks that it is up to date, so that the CRD cannot drift from the spec.
+The Helm chart's ``templates/crd.yaml`` is the same CRD wrapped in the chart's switches
+(:func:`chart_template`, ``python -m bertjob.crd --chart-template``); ``hack/generate-manifests.sh``
+writes it, and ``manifests/crd.yaml`` is what Helm renders from it.
 """
 
 from __future__ import annotations
 
+import sys
+import textwrap
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Literal
@@ -233,5 +238,60 @@ def crd_yaml() -> str:
     return HEADER + yaml.safe_dump(crd(), sort_keys=False, width=100)
 
 
+CHART_HEADER = (
+    "{{- /* Generated from operator/bertjob/spec.py by `python -m bertjob.crd --chart-template`"
+    " (make generate); do not edit. */ -}}\n"
+)
+
+
+def escape_template(text: str) -> str:
+    """``text`` as a Go template that renders back to ``text``: every ``{{`` becomes an action
+    printing ``{{``, so that a description quoting template syntax stays text in the chart."""
+    return text.replace("{{", '{{ "{{" }}')
+
+
+def _block(obj: Mapping[str, Any]) -> str:
+    return escape_template(yaml.safe_dump(dict(obj), sort_keys=False, width=100))
+
+
+def chart_template(definition: Mapping[str, Any] | None = None) -> str:
+    """The chart's ``templates/crd.yaml``: the CRD (default: :func:`crd`) rendered only when
+    ``crds.install`` is true, labelled like the chart's other objects, and annotated
+    ``helm.sh/resource-policy: keep`` when ``crds.keep`` is true, so that ``helm uninstall`` does not
+    delete every BertPretrainJob with it.
+
+    The CRD sits in ``templates/`` rather than Helm's ``crds/``, which Helm installs once and never
+    upgrades, so that ``helm upgrade`` brings the schema up to date with the operator.
+    """
+    definition = crd() if definition is None else definition
+    head = {key: definition[key] for key in ("apiVersion", "kind")}
+    metadata = textwrap.indent(_block({"name": definition["metadata"]["name"]}), "  ")
+    body = {key: value for key, value in definition.items() if key not in (*head, "metadata")}
+    return (
+        CHART_HEADER
+        + "{{- if .Values.crds.install }}\n"
+        + _block(head)
+        + "metadata:\n"
+        + metadata
+        + "  labels:\n"
+        + '    {{- include "bertjob.labels" . | nindent 4 }}\n'
+        + "  {{- if .Values.crds.keep }}\n"
+        + "  annotations:\n"
+        + "    helm.sh/resource-policy: keep\n"
+        + "  {{- end }}\n"
+        + _block(body)
+        + "{{- end }}\n"
+    )
+
+
+def main(argv: list[str]) -> int:
+    """``python -m bertjob.crd``: print the CRD; with ``--chart-template``, the chart's template."""
+    if argv not in ([], ["--chart-template"]):
+        print("usage: python -m bertjob.crd [--chart-template]", file=sys.stderr)
+        return 2
+    print(chart_template() if argv else crd_yaml(), end="")
+    return 0
+
+
 if __name__ == "__main__":
-    print(crd_yaml(), end="")
+    sys.exit(main(sys.argv[1:]))

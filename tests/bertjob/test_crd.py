@@ -9,27 +9,82 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+import yaml
 
-from bertjob.crd import ChildRef, Condition, JobStatus, crd, crd_yaml, structural
+from bertjob.crd import (
+    ChildRef,
+    Condition,
+    JobStatus,
+    chart_template,
+    crd,
+    crd_yaml,
+    escape_template,
+    structural,
+)
 from bertjob.spec import SpecError, parse_job
 from jobs import DELETE, REPO, example, valid_job, with_value
 from k8s_schema import assert_valid, errors
 
-COMMITTED = REPO / "manifests" / "crd.yaml"
+CHART_TEMPLATE = REPO / "charts" / "bertjob" / "templates" / "crd.yaml"
+MANIFEST = REPO / "manifests" / "crd.yaml"
 
 
-def test_the_committed_crd_is_the_generated_one() -> None:
-    regenerate = ".venv/bin/python -m bertjob.crd > manifests/crd.yaml"
-    assert COMMITTED.read_text() == crd_yaml(), (
-        f"manifests/crd.yaml is stale: regenerate it with `{regenerate}`"
+def test_the_chart_template_is_the_generated_one() -> None:
+    assert CHART_TEMPLATE.read_text() == chart_template(), (
+        "charts/bertjob/templates/crd.yaml is stale: regenerate it with `make generate`"
     )
 
 
-def test_python_dash_m_prints_it() -> None:
-    printed = subprocess.run(
-        [sys.executable, "-m", "bertjob.crd"], capture_output=True, text=True, check=True
+def test_the_manifest_is_the_generated_crd() -> None:
+    # manifests/crd.yaml is Helm's rendering of the chart template (tests/charts/test_generate.py
+    # holds it to that); here, without helm, that it still carries the spec's CRD unchanged.
+    [manifest] = [doc for doc in yaml.safe_load_all(MANIFEST.read_text()) if doc]
+    generated = crd()
+    assert {key: manifest[key] for key in ("apiVersion", "kind", "spec")} == {
+        key: generated[key] for key in ("apiVersion", "kind", "spec")
+    }
+    assert manifest["metadata"]["name"] == generated["metadata"]["name"]
+    assert manifest["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+
+
+@pytest.mark.parametrize(("arguments", "printed"), [([], crd_yaml), (["--chart-template"], chart_template)])
+def test_python_dash_m_prints_it(arguments: list[str], printed: Any) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "bertjob.crd", *arguments], capture_output=True, text=True, check=True
     )
-    assert printed.stdout == crd_yaml()
+    assert result.stdout == printed()
+
+
+def test_python_dash_m_refuses_other_arguments() -> None:
+    result = subprocess.run([sys.executable, "-m", "bertjob.crd", "--chart"], capture_output=True, text=True)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert "usage" in result.stderr
+
+
+def test_the_chart_template_is_the_crd_inside_the_charts_switches() -> None:
+    lines = chart_template().splitlines()
+    assert lines[0].startswith("{{- /*") and lines[0].endswith("*/ -}}")
+    assert (lines[1], lines[-1]) == ("{{- if .Values.crds.install }}", "{{- end }}")
+    # What is left once the chart's own lines are taken out is the CRD, as YAML.
+    chart_lines = {
+        '    {{- include "bertjob.labels" . | nindent 4 }}',
+        "  {{- if .Values.crds.keep }}",
+        "  annotations:",
+        "    helm.sh/resource-policy: keep",
+        "  {{- end }}",
+        "  labels:",
+    }
+    body = yaml.safe_load("\n".join(line for line in lines[2:-1] if line not in chart_lines))
+    assert body == crd()
+
+
+def test_template_syntax_in_the_crd_is_escaped() -> None:
+    assert escape_template("a {{ .Values.x }} b {{{") == 'a {{ "{{" }} .Values.x }} b {{ "{{" }}{'
+    definition = crd()
+    definition["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["description"] = "{{ .Release.Name }}"
+    template = chart_template(definition)
+    assert "{{ .Release.Name" not in template
+    assert '{{ "{{" }} .Release.Name }}' in template
 
 
 def _nodes(schema: Mapping[str, Any], path: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:

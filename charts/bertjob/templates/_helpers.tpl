@@ -1,0 +1,116 @@
+{{/*
+Names. The release name is the prefix (or the whole name when it already says "bertjob"), cut so
+that "<prefix>-operator-metrics" stays within the 63 characters of a DNS label.
+*/}}
+{{- define "bertjob.fullname" -}}
+{{- $name := ternary .Release.Name (printf "%s-%s" .Release.Name .Chart.Name) (contains .Chart.Name .Release.Name) -}}
+{{- $name | trunc 46 | trimSuffix "-" -}}
+{{- end }}
+
+{{- define "bertjob.operatorName" -}}
+{{- printf "%s-operator" (include "bertjob.fullname" .) -}}
+{{- end }}
+
+{{- define "bertjob.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- .Values.serviceAccount.name | default (include "bertjob.operatorName" .) -}}
+{{- else -}}
+{{- required "serviceAccount.name: name the existing service account when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end }}
+
+{{/*
+Labels. "name" is the application's, as on the BertPretrainJobs' own children; "instance" tells
+releases apart, and "component" the operator from the objects it creates for jobs.
+*/}}
+{{- define "bertjob.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "bertjob.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | quote }}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service | quote }}
+{{- end }}
+
+{{- define "bertjob.operatorLabels" -}}
+{{ include "bertjob.labels" . }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/*
+The operator image: registry/repository, then @digest when one is given (it pins the image, so
+the tag would only mislead), else :tag, which defaults to the chart's appVersion.
+*/}}
+{{- define "bertjob.image" -}}
+{{- $image := .Values.image.repository -}}
+{{- with .Values.image.registry }}{{ $image = printf "%s/%s" . $image }}{{ end -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" $image .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $image (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+{{- end }}
+
+{{/*
+RBAC: the calls the operator makes, verb for verb (tests/bertjob/test_rbac_e2e.py compares these
+rules with the requests the operator makes against an API emulator, in both scopes).
+
+Cluster-scoped in either scope: kopf lists and watches CRDs to find the resources it serves, even
+when it serves only some namespaces.
+*/}}
+{{- define "bertjob.clusterRules" -}}
+# kopf: finds the resources it serves, and notices CRDs being added or changed.
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  verbs: [list, watch]
+{{- if .Values.watchNamespaces }}
+# kopf, serving listed namespaces: lists and watches namespaces to serve those of the list that
+# exist, and to notice one being created or deleted.
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [list, watch]
+{{- end }}
+{{- end }}
+
+{{/* Granted in every namespace served: cluster-wide by the ClusterRole, or by a Role in each. */}}
+{{- define "bertjob.namespacedRules" -}}
+# kopf: posts events (kopf.warn, handler outcomes); it never updates them.
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+# The jobs: watched; patched for kopf's annotations; read when a child reports.
+- apiGroups: [bertjob.dev]
+  resources: [bertpretrainjobs]
+  verbs: [get, list, watch, patch]
+# Status: patched by the operator. get too, because the operator creates each job's trainer
+# Role granting get and patch here, and RBAC lets no one grant what they do not hold.
+- apiGroups: [bertjob.dev]
+  resources: [bertpretrainjobs/status]
+  verbs: [get, patch]
+# Children carry blockOwnerDeletion, which the OwnerReferencesPermissionEnforcement admission
+# plugin allows only to those who may update the owner's finalizers.
+- apiGroups: [bertjob.dev]
+  resources: [bertpretrainjobs/finalizers]
+  verbs: [update]
+# The children: created, and read back when a retried handler or a restarted operator finds
+# one existing. No delete: deletion cascades through ownerReferences.
+- apiGroups: [""]
+  resources: [configmaps, serviceaccounts]
+  verbs: [create, get]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [create, get]
+# The data Job and the launchers' training jobs: also watched (outcome, conditions) and
+# patched (suspend and the other safe run-policy fields).
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [create, get, list, watch, patch]
+- apiGroups: [kubeflow.org]
+  resources: [pytorchjobs, mpijobs]
+  verbs: [create, get, list, watch, patch]
+{{- end }}

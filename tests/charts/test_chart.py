@@ -1,0 +1,452 @@
+"""charts/bertjob through the real helm: lint, what each values file renders, and the schema."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from helm_chart import (
+    BAD_VALUES,
+    CHART,
+    CI_VALUES,
+    KUBERNETES_VERSION,
+    NAMESPACE,
+    RELEASE,
+    chart_metadata,
+    default_values,
+    merged,
+    one,
+    operator_container,
+    schema_type,
+    settings,
+    values_schema,
+)
+
+from bertjob.crd import chart_template, crd
+from bertjob.metrics import PORT_ENV
+from jobs import REPO
+from k8s_schema import assert_valid
+
+Helm = Callable[..., subprocess.CompletedProcess[str]]
+Render = Callable[..., list[dict[str, Any]]]
+
+VALUES_FILES = [None, *CI_VALUES]
+VALUES_IDS = ["defaults", *(path.name.removesuffix("-values.yaml") for path in CI_VALUES)]
+
+# The Prometheus Operator's Duration.
+DURATION = "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+# What the Prometheus Operator's CRD requires of a ServiceMonitor, and the fields this chart sets
+# (monitoring.coreos.com/v1); unknown fields fail, as under strict field validation.
+SERVICE_MONITOR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"type": "string", "enum": ["monitoring.coreos.com/v1"]},
+        "kind": {"type": "string", "enum": ["ServiceMonitor"]},
+        "metadata": {"type": "object"},
+        "spec": {
+            "type": "object",
+            "required": ["selector"],
+            "properties": {
+                "selector": {
+                    "type": "object",
+                    "properties": {
+                        "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}}
+                    },
+                },
+                "namespaceSelector": {
+                    "type": "object",
+                    "properties": {"matchNames": {"type": "array", "items": {"type": "string"}}},
+                },
+                "endpoints": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "port": {"type": "string"},
+                            "path": {"type": "string"},
+                            "interval": {
+                                "type": "string",
+                                "pattern": DURATION,
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+def _files(path: Path | None) -> list[Path]:
+    return [] if path is None else [path]
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES, ids=VALUES_IDS)
+def test_helm_lint_strict_passes(helm: Helm, values_file: Path | None) -> None:
+    result = helm("lint", "--strict", str(CHART), *(f"--values={path}" for path in _files(values_file)))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_ci_values_files_cover_the_scopes_and_options_the_chart_offers() -> None:
+    names = {path.name for path in CI_VALUES}
+    assert {
+        "namespaced-values.yaml",
+        "servicemonitor-values.yaml",
+        "digest-values.yaml",
+        "ha-values.yaml",
+        "no-rbac-values.yaml",
+        "existing-serviceaccount-values.yaml",
+    } <= names
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES, ids=VALUES_IDS)
+def test_every_rendered_object_validates(render: Render, values_file: Path | None) -> None:
+    objects = render(files=_files(values_file))
+    assert objects
+    for obj in objects:
+        if obj["kind"] == "ServiceMonitor":
+            assert_valid(obj, SERVICE_MONITOR_SCHEMA)
+        else:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES, ids=VALUES_IDS)
+def test_namespaced_objects_name_their_namespace(render: Render, values_file: Path | None) -> None:
+    # `helm template` output is applied without Helm (manifests/): nothing may rely on -n.
+    cluster_scoped = {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "Namespace"}
+    for obj in render(files=_files(values_file)):
+        if obj["kind"] not in cluster_scoped:
+            assert obj["metadata"].get("namespace"), f"{obj['kind']} {obj['metadata']['name']}"
+
+
+def test_the_service_monitor_scrapes_the_metrics_service(render: Render) -> None:
+    objects = render(files=[CHART / "ci" / "servicemonitor-values.yaml"])
+    monitor, service = one(objects, "ServiceMonitor"), one(objects, "Service")
+    labels = service["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [service["metadata"]["namespace"]]}
+    [endpoint] = monitor["spec"]["endpoints"]
+    [port] = service["spec"]["ports"]
+    assert (endpoint["port"], endpoint["path"]) == (port["name"], "/metrics")
+    [container] = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert port["targetPort"] in [p["name"] for p in container["ports"]]
+    user = yaml.safe_load((CHART / "ci" / "servicemonitor-values.yaml").read_text())["metrics"][
+        "serviceMonitor"
+    ]
+    assert user["labels"].items() <= monitor["metadata"]["labels"].items()
+    assert endpoint["interval"] == user["interval"]
+
+
+def test_the_crd_is_the_one_generated_from_the_spec(render: Render) -> None:
+    rendered = one(render(), "CustomResourceDefinition")
+    generated = crd()
+    assert rendered["metadata"]["name"] == generated["metadata"]["name"]
+    assert rendered["spec"] == generated["spec"]
+    assert rendered["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert rendered["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
+
+
+def test_chart_yaml(helm: Helm) -> None:
+    chart = chart_metadata()
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert chart["apiVersion"] == "v2"
+    assert chart["version"] == "0.1.0"
+    # The operator image is tagged with the project's version, and the image tag defaults to this.
+    assert chart["appVersion"] == project["version"]
+    assert helm("template", RELEASE, str(CHART), "--kube-version=1.27.0").returncode == 0
+    too_old = helm("template", RELEASE, str(CHART), "--kube-version=1.26.15")
+    assert too_old.returncode != 0 and "kubeVersion" in too_old.stderr
+
+
+BAD: list[tuple[str, Path | dict[str, Any], str, str]] = [
+    ("wrong-type", BAD_VALUES / "wrong-type.yaml", "at '/image/tag'", "want string"),
+    (
+        "unknown-top-level-key",
+        BAD_VALUES / "unknown-top-level-key.yaml",
+        "at ''",
+        "'replicaCount' not allowed",
+    ),
+    ("unknown-nested-key", {"crds": {"instal": True}}, "at '/crds'", "'instal' not allowed"),
+    ("namespace-pattern", {"watchNamespaces": ["team-*"]}, "at '/watchNamespaces/0'", "does not match"),
+    ("log-level", {"logLevel": "trace"}, "at '/logLevel'", "must be one of"),
+    ("metrics-port-env", {"extraEnv": [{"name": PORT_ENV, "value": "1"}]}, "at '/extraEnv/0/name'", "failed"),
+    ("selector-label", {"podLabels": {"app.kubernetes.io/instance": "x"}}, "at '/podLabels'", "propertyName"),
+    ("account-without-name", {"serviceAccount": {"create": False}}, "at '/serviceAccount/name'", "minLength"),
+    ("digest-without-algorithm", {"image": {"digest": "0123abcd"}}, "at '/image/digest'", "does not match"),
+    ("egress-denied", {"networkPolicy": {"egress": []}}, "at '/networkPolicy/egress'", "minItems"),
+    (
+        "quantity",
+        {"resources": {"limits": {"memory": "lots"}}},
+        "at '/resources/limits/memory'",
+        "does not match",
+    ),
+]
+
+
+@pytest.mark.parametrize(("bad", "where", "says"), [case[1:] for case in BAD], ids=[case[0] for case in BAD])
+@pytest.mark.parametrize("command", ["lint", "template"])
+def test_bad_values_are_refused_naming_the_key(
+    helm: Helm, tmp_path: Path, command: str, bad: Path | dict[str, Any], where: str, says: str
+) -> None:
+    if isinstance(bad, dict):
+        path = tmp_path / "values.yaml"
+        path.write_text(json.dumps(bad))
+    else:
+        path = bad
+    arguments = ["lint", "--strict", str(CHART)] if command == "lint" else ["template", RELEASE, str(CHART)]
+
+    result = helm(*arguments, f"--values={path}")
+
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert "values don't meet the specifications of the schema" in output, output
+    assert where in output and says in output, output
+
+
+def test_the_schema_is_draft_07_and_closed_wherever_it_lists_properties() -> None:
+    schema = values_schema()
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+    jsonschema.Draft7Validator.check_schema(schema)
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "object" and "properties" in node:
+                assert node.get("additionalProperties") is False, f"{path or '<root>'} is open"
+            for key, sub in node.items():
+                walk(sub, f"{path}/{key}")
+        elif isinstance(node, list):
+            for index, sub in enumerate(node):
+                walk(sub, f"{path}/{index}")
+
+    walk(schema, "")
+
+
+@pytest.mark.parametrize("values_file", [CHART / "values.yaml", *CI_VALUES], ids=lambda path: path.name)
+def test_the_values_files_fit_the_schema(values_file: Path) -> None:
+    # Helm validates the defaults with the file merged over them; so does this, with another validator.
+    values = merged(default_values(), yaml.safe_load(values_file.read_text()))
+    jsonschema.Draft7Validator(values_schema()).validate(values)
+
+
+def _readme_rows() -> dict[str, tuple[str, Any, str]]:
+    rows: dict[str, tuple[str, Any, str]] = {}
+    for line in (CHART / "README.md").read_text().splitlines():
+        found = re.fullmatch(r"\| `([^`]+)` \| ([^|]+) \| `([^`]*)` \| (.+) \|", line)
+        if found:
+            key, type_, default, description = found.groups()
+            assert key not in rows, f"{key} twice in the README"
+            rows[key] = (type_.strip(), json.loads(default), description.strip())
+    return rows
+
+
+def test_the_readme_lists_every_value_with_its_type_and_default() -> None:
+    rows = _readme_rows()
+    values = {
+        key: (schema_type(node), value) for key, value, node in settings(default_values(), values_schema())
+    }
+
+    assert sorted(set(values) - set(rows)) == [], "values missing from charts/bertjob/README.md"
+    assert sorted(set(rows) - set(values)) == [], "README rows that are not values"
+    for key, (type_, default, description) in rows.items():
+        assert (type_, default) == values[key], key
+        assert description, key
+
+
+def test_the_schema_describes_every_value_and_allows_no_other() -> None:
+    schema = values_schema()
+    assert set(schema["properties"]) == set(default_values())
+    for key, _, node in settings(default_values(), schema):
+        assert node.get("description"), f"{key} has no description in values.schema.json"
+
+
+def test_the_operator_runs_locked_down(render: Render) -> None:
+    objects = render()
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 10001,
+        "runAsGroup": 10001,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    [container] = pod["containers"]
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    [mount] = container["volumeMounts"]
+    [volume] = pod["volumes"]
+    assert mount["mountPath"] == "/tmp" and volume == {"name": mount["name"], "emptyDir": {}}
+    # The account mounts no token anywhere; the operator's pod asks for its own.
+    assert one(objects, "ServiceAccount")["automountServiceAccountToken"] is False
+    assert pod["automountServiceAccountToken"] is True
+
+
+def test_one_replica_recreated_and_standalone(render: Render) -> None:
+    deployment = one(render(), "Deployment")
+    assert (deployment["spec"]["replicas"], deployment["spec"]["strategy"]) == (1, {"type": "Recreate"})
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert "--standalone" in container["command"]
+    assert not {"replicaCount", "replicas"} & set(values_schema()["properties"])
+
+
+def test_the_default_command_is_the_images(render: Render) -> None:
+    # The operator image's CMD is this line (tests/bertjob/test_dockerfiles.py compares it with
+    # manifests/deployment.yaml); the chart's defaults must not drift from it.
+    assert operator_container(render())["command"] == [
+        "kopf",
+        "run",
+        "--standalone",
+        "--all-namespaces",
+        "--liveness=http://0.0.0.0:8080/healthz",
+        "-m",
+        "bertjob.handlers",
+    ]
+
+
+def _granted(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
+    found: dict[tuple[str, str], set[str]] = {}
+    for rule in rules:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                found.setdefault((group, resource), set()).update(rule["verbs"])
+    return found
+
+
+def test_every_namespace_one_cluster_role_and_no_roles(render: Render) -> None:
+    objects = render()
+    assert not [obj for obj in objects if obj["kind"] in ("Role", "RoleBinding")]
+    operator = one(objects, "ClusterRole", f"{RELEASE}-operator")
+    assert ("bertjob.dev", "bertpretrainjobs") in _granted(operator["rules"])
+    binding = one(objects, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == operator["metadata"]["name"]
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": one(objects, "ServiceAccount")["metadata"]["name"],
+            "namespace": NAMESPACE,
+        }
+    ]
+
+
+def test_listed_namespaces_get_a_role_each_and_the_cluster_role_keeps_what_kopf_reads_cluster_wide(
+    render: Render,
+) -> None:
+    listed = yaml.safe_load((CHART / "ci" / "namespaced-values.yaml").read_text())["watchNamespaces"]
+    scoped, everywhere = render(files=[CHART / "ci" / "namespaced-values.yaml"]), render()
+    all_rules = _granted(one(everywhere, "ClusterRole", f"{RELEASE}-operator")["rules"])
+    cluster_rules = _granted(one(scoped, "ClusterRole", f"{RELEASE}-operator")["rules"])
+
+    roles = [obj for obj in scoped if obj["kind"] == "Role"]
+    bindings = [obj for obj in scoped if obj["kind"] == "RoleBinding"]
+    assert [role["metadata"]["namespace"] for role in roles] == listed
+    assert [binding["metadata"]["namespace"] for binding in bindings] == listed
+    account = one(scoped, "ServiceAccount")["metadata"]
+    for role, binding in zip(roles, bindings, strict=True):
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": role["metadata"]["name"],
+        }
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
+        ]
+        role_rules = _granted(role["rules"])
+        # The Role holds every namespaced grant of the cluster-wide scope, and nothing cluster-scoped.
+        assert role_rules == {key: verbs for key, verbs in all_rules.items() if key not in cluster_rules}
+    assert set(cluster_rules) == {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "namespaces")}
+
+    command = operator_container(scoped)["command"]
+    assert "--all-namespaces" not in command
+    assert [arg for arg in command if arg.startswith("--namespace")] == [f"--namespace={ns}" for ns in listed]
+
+
+def _aggregated(objects: list[dict[str, Any]], role: str) -> dict[tuple[str, str], set[str]]:
+    # What the API server's aggregation controller adds to the built-in role `role`.
+    label = f"rbac.authorization.k8s.io/aggregate-to-{role}"
+    rules = [
+        rule
+        for obj in objects
+        if obj["kind"] == "ClusterRole" and obj["metadata"].get("labels", {}).get(label) == "true"
+        for rule in obj["rules"]
+    ]
+    return _granted(rules)
+
+
+def test_the_built_in_roles_get_bertpretrainjobs(render: Render) -> None:
+    objects = render()
+    reading = {"get", "list", "watch"}
+    writing = {"create", "update", "patch", "delete", "deletecollection"}
+    jobs, status = ("bertjob.dev", "bertpretrainjobs"), ("bertjob.dev", "bertpretrainjobs/status")
+
+    assert _aggregated(objects, "view") == {jobs: reading, status: reading}
+    for role in ("edit", "admin"):
+        assert _aggregated(objects, role) == {jobs: reading | writing, status: reading}, role
+    # The operator's own role aggregates into nothing.
+    assert not [
+        key
+        for key in one(objects, "ClusterRole", f"{RELEASE}-operator")["metadata"]["labels"]
+        if "aggregate" in key
+    ]
+
+
+@pytest.mark.parametrize(
+    ("values", "says"),
+    [
+        (
+            {},
+            [
+                "every namespace",
+                f"kubectl -n {NAMESPACE} logs -f deployment/{RELEASE}-operator",
+                "kubectl get bpj",
+            ],
+        ),
+        (
+            {"watchNamespaces": ["team-a", "team-b"]},
+            ["the namespaces team-a, team-b", "kubectl apply -n team-a"],
+        ),
+        ({"crds": {"install": False}}, ["crds.install is false"]),
+    ],
+    ids=["defaults", "namespaced", "no-crd"],
+)
+def test_the_notes_say_what_to_run_next(
+    helm: Helm, tmp_path: Path, values: dict[str, Any], says: list[str]
+) -> None:
+    path = tmp_path / "values.yaml"
+    path.write_text(json.dumps(values))
+    result = helm(
+        "install", RELEASE, str(CHART), "--dry-run=client", f"--namespace={NAMESPACE}", f"--values={path}"
+    )
+    assert result.returncode == 0, result.stderr
+    notes = result.stdout.split("NOTES:", 1)[1]
+    for text in says:
+        assert text in notes
+    assert ("crds.install is false" in notes) == (values.get("crds") == {"install": False})
+
+
+def test_template_syntax_in_the_spec_renders_as_text(helm: Helm, tmp_path: Path) -> None:
+    # A description quoting Go template syntax (as a field's docs might) must reach the cluster as
+    # written, not be run by Helm.
+    chart = tmp_path / "bertjob"
+    shutil.copytree(CHART, chart)
+    definition = crd()
+    text = "Use {{ .Release.Name }} or {{{ literally }}}."
+    definition["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["description"] = text
+    (chart / "templates" / "crd.yaml").write_text(chart_template(definition))
+
+    result = helm("template", RELEASE, str(chart), "--show-only=templates/crd.yaml")
+
+    assert result.returncode == 0, result.stderr
+    [rendered] = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    assert rendered["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["description"] == text

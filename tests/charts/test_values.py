@@ -1,0 +1,422 @@
+"""Each value of the chart, one at a time: changing it changes what it should, and nothing else.
+
+A case renders the chart twice, with ``base`` and with ``base`` plus ``change``, and compares every
+leaf of every object: each difference must lie under one of the paths the case expects (an object
+appearing or disappearing is the path ""), and each expected path must see one. ``check`` then
+reads what the change rendered.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from helm_chart import (
+    RELEASE,
+    by_key,
+    chart_metadata,
+    default_values,
+    leaves,
+    merged,
+    one,
+    operator_container,
+    settings,
+    values_schema,
+)
+
+from bertjob.metrics import PORT_ENV
+
+Render = Callable[..., list[dict[str, Any]]]
+Objects = list[dict[str, Any]]
+
+OPERATOR = f"{RELEASE}-operator"
+POD = "spec.template.spec"
+CONTAINER = f"{POD}.containers[0]"
+DIGEST = "sha256:" + "ab" * 32
+APP_VERSION = chart_metadata()["appVersion"]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One value changed: the (kind, name, path) of each difference expected, and what ``read``
+    must find in the objects rendered with the change."""
+
+    id: str
+    change: dict[str, Any]
+    changes: set[tuple[str, str, str]]
+    read: Callable[[Objects], Any]
+    expected: Any
+    base: dict[str, Any] = field(default_factory=dict)
+
+
+def _image(objects: Objects) -> str:
+    return str(operator_container(objects)["image"])
+
+
+def _pod(objects: Objects) -> dict[str, Any]:
+    return dict(one(objects, "Deployment")["spec"]["template"]["spec"])
+
+
+def _pod_metadata(objects: Objects) -> dict[str, Any]:
+    return dict(one(objects, "Deployment")["spec"]["template"]["metadata"])
+
+
+def _added_to_command(objects: Objects) -> list[str]:
+    default = ["kopf", "run", "--standalone", "--all-namespaces", "--liveness=http://0.0.0.0:8080/healthz"]
+    return [arg for arg in operator_container(objects)["command"][:-2] if arg not in default]
+
+
+def _kinds(objects: Objects) -> list[tuple[str, str]]:
+    return sorted((obj["kind"], obj["metadata"]["name"]) for obj in objects)
+
+
+def _account(objects: Objects) -> tuple[str, list[str]]:
+    subjects = [subject["name"] for subject in one(objects, "ClusterRoleBinding")["subjects"]]
+    return _pod(objects)["serviceAccountName"], subjects
+
+
+TOLERATIONS = [{"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}]
+AFFINITY = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["ops"]}]}
+            ]
+        }
+    }
+}
+EGRESS = [{"to": [{"ipBlock": {"cidr": "10.0.0.10/32"}}], "ports": [{"port": 6443, "protocol": "TCP"}]}]
+ENV = [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+IMAGE = ("Deployment", OPERATOR, f"{CONTAINER}.image")
+SERVICE_MONITOR = {"metrics": {"serviceMonitor": {"enabled": True}}}
+
+CASES = [
+    Case(
+        "image.registry",
+        {"image": {"registry": "registry.example.com:5000"}},
+        {IMAGE},
+        _image,
+        f"registry.example.com:5000/bertjob/operator:{APP_VERSION}",
+    ),
+    Case(
+        "image.registry-empty",
+        {"image": {"registry": ""}},
+        {IMAGE},
+        _image,
+        f"bertjob/operator:{APP_VERSION}",
+    ),
+    Case(
+        "image.repository",
+        {"image": {"repository": "mirror/operator"}},
+        {IMAGE},
+        _image,
+        f"ghcr.io/mirror/operator:{APP_VERSION}",
+    ),
+    Case("image.tag", {"image": {"tag": "1.2.3"}}, {IMAGE}, _image, "ghcr.io/bertjob/operator:1.2.3"),
+    Case(
+        "image.digest",
+        {"image": {"digest": DIGEST}},
+        {IMAGE},
+        _image,
+        f"ghcr.io/bertjob/operator@{DIGEST}",
+        base={"image": {"tag": "1.2.3"}},
+    ),
+    Case(
+        "image.pullPolicy",
+        {"image": {"pullPolicy": "Always"}},
+        {("Deployment", OPERATOR, f"{CONTAINER}.imagePullPolicy")},
+        lambda o: operator_container(o)["imagePullPolicy"],
+        "Always",
+    ),
+    Case(
+        "imagePullSecrets",
+        {"imagePullSecrets": ["one", "two"]},
+        {("Deployment", OPERATOR, f"{POD}.imagePullSecrets")},
+        lambda o: _pod(o)["imagePullSecrets"],
+        [{"name": "one"}, {"name": "two"}],
+    ),
+    Case(
+        "crds.install",
+        {"crds": {"install": False}},
+        {("CustomResourceDefinition", "bertpretrainjobs.bertjob.dev", "")},
+        lambda o: [obj for obj in o if obj["kind"] == "CustomResourceDefinition"],
+        [],
+    ),
+    Case(
+        "crds.keep",
+        {"crds": {"keep": False}},
+        {("CustomResourceDefinition", "bertpretrainjobs.bertjob.dev", "metadata.annotations")},
+        lambda o: one(o, "CustomResourceDefinition")["metadata"].get("annotations"),
+        None,
+    ),
+    Case(
+        "serviceAccount.create",
+        {"serviceAccount": {"create": False, "name": "existing"}},
+        {
+            ("ServiceAccount", OPERATOR, ""),
+            ("ClusterRoleBinding", OPERATOR, "subjects[0].name"),
+            ("Deployment", OPERATOR, f"{POD}.serviceAccountName"),
+        },
+        _account,
+        ("existing", ["existing"]),
+    ),
+    Case(
+        "serviceAccount.name",
+        {"serviceAccount": {"name": "custom"}},
+        {
+            ("ServiceAccount", OPERATOR, ""),
+            ("ServiceAccount", "custom", ""),
+            ("ClusterRoleBinding", OPERATOR, "subjects[0].name"),
+            ("Deployment", OPERATOR, f"{POD}.serviceAccountName"),
+        },
+        _account,
+        ("custom", ["custom"]),
+    ),
+    Case(
+        "serviceAccount.annotations",
+        {"serviceAccount": {"annotations": {"iam.gke.io/gcp-service-account": "ops@example.iam"}}},
+        {("ServiceAccount", OPERATOR, "metadata.annotations")},
+        lambda o: one(o, "ServiceAccount")["metadata"]["annotations"],
+        {"iam.gke.io/gcp-service-account": "ops@example.iam"},
+    ),
+    Case(
+        "rbac.create",
+        {"rbac": {"create": False}},
+        {
+            ("ClusterRole", OPERATOR, ""),
+            ("ClusterRoleBinding", OPERATOR, ""),
+            ("ClusterRole", f"{RELEASE}-view", ""),
+            ("ClusterRole", f"{RELEASE}-edit", ""),
+        },
+        lambda o: [obj for obj in o if obj["apiVersion"].startswith("rbac.")],
+        [],
+    ),
+    Case(
+        "rbac.aggregateToDefaultRoles",
+        {"rbac": {"aggregateToDefaultRoles": False}},
+        {("ClusterRole", f"{RELEASE}-view", ""), ("ClusterRole", f"{RELEASE}-edit", "")},
+        lambda o: [obj["metadata"]["name"] for obj in o if obj["kind"] == "ClusterRole"],
+        [OPERATOR],
+    ),
+    Case(
+        "watchNamespaces",
+        {"watchNamespaces": ["a", "b"]},
+        {
+            ("Deployment", OPERATOR, f"{CONTAINER}.command"),
+            ("ClusterRole", OPERATOR, "rules"),
+            ("Role", OPERATOR, ""),
+            ("RoleBinding", OPERATOR, ""),
+        },
+        lambda o: (
+            _added_to_command(o),
+            sorted(
+                (obj["kind"], obj["metadata"]["namespace"]) for obj in o if obj["kind"].startswith("Role")
+            ),
+        ),
+        (
+            ["--namespace=a", "--namespace=b"],
+            [("Role", "a"), ("Role", "b"), ("RoleBinding", "a"), ("RoleBinding", "b")],
+        ),
+    ),
+    Case(
+        "logLevel",
+        {"logLevel": "warning"},
+        {("Deployment", OPERATOR, f"{CONTAINER}.command")},
+        _added_to_command,
+        ["--quiet"],
+    ),
+    Case(
+        "logLevel-debug",
+        {"logLevel": "debug"},
+        {("Deployment", OPERATOR, f"{CONTAINER}.command")},
+        _added_to_command,
+        ["--verbose"],
+    ),
+    Case(
+        "resources",
+        {"resources": {"requests": {"cpu": "1"}, "limits": {"memory": "1Gi"}}},
+        {("Deployment", OPERATOR, f"{CONTAINER}.resources")},
+        lambda o: operator_container(o)["resources"],
+        # Helm merges maps: the request for memory stays the default's.
+        merged(default_values()["resources"], {"requests": {"cpu": "1"}, "limits": {"memory": "1Gi"}}),
+    ),
+    Case(
+        "nodeSelector",
+        {"nodeSelector": {"kubernetes.io/os": "linux"}},
+        {("Deployment", OPERATOR, f"{POD}.nodeSelector")},
+        lambda o: _pod(o)["nodeSelector"],
+        {"kubernetes.io/os": "linux"},
+    ),
+    Case(
+        "tolerations",
+        {"tolerations": TOLERATIONS},
+        {("Deployment", OPERATOR, f"{POD}.tolerations")},
+        lambda o: _pod(o)["tolerations"],
+        TOLERATIONS,
+    ),
+    Case(
+        "affinity",
+        {"affinity": AFFINITY},
+        {("Deployment", OPERATOR, f"{POD}.affinity")},
+        lambda o: _pod(o)["affinity"],
+        AFFINITY,
+    ),
+    Case(
+        "priorityClassName",
+        {"priorityClassName": "ops-critical"},
+        {("Deployment", OPERATOR, f"{POD}.priorityClassName")},
+        lambda o: _pod(o)["priorityClassName"],
+        "ops-critical",
+    ),
+    Case(
+        "podLabels",
+        {"podLabels": {"team": "nlp"}},
+        {("Deployment", OPERATOR, "spec.template.metadata.labels.team")},
+        lambda o: _pod_metadata(o)["labels"]["team"],
+        "nlp",
+    ),
+    Case(
+        "podAnnotations",
+        {"podAnnotations": {"example.com/owner": "ops"}},
+        {("Deployment", OPERATOR, "spec.template.metadata.annotations.example.com/owner")},
+        lambda o: _pod_metadata(o)["annotations"]["example.com/owner"],
+        "ops",
+    ),
+    Case(
+        "extraEnv",
+        {"extraEnv": ENV},
+        {("Deployment", OPERATOR, f"{CONTAINER}.env[1]")},
+        lambda o: [var.get("name") for var in operator_container(o)["env"]],
+        [PORT_ENV, "NODE_NAME"],
+    ),
+    Case(
+        "metrics.serviceMonitor.enabled",
+        SERVICE_MONITOR,
+        {("ServiceMonitor", OPERATOR, "")},
+        lambda o: [(obj["kind"], obj["metadata"]["name"]) for obj in o if obj["kind"] == "ServiceMonitor"],
+        [("ServiceMonitor", OPERATOR)],
+    ),
+    Case(
+        "metrics.serviceMonitor.interval",
+        {"metrics": {"serviceMonitor": {"interval": "1m"}}},
+        {("ServiceMonitor", OPERATOR, "spec.endpoints[0].interval")},
+        lambda o: one(o, "ServiceMonitor")["spec"]["endpoints"][0]["interval"],
+        "1m",
+        base=SERVICE_MONITOR,
+    ),
+    Case(
+        "metrics.serviceMonitor.labels",
+        {"metrics": {"serviceMonitor": {"labels": {"release": "prometheus"}}}},
+        {("ServiceMonitor", OPERATOR, "metadata.labels.release")},
+        lambda o: one(o, "ServiceMonitor")["metadata"]["labels"]["release"],
+        "prometheus",
+        base=SERVICE_MONITOR,
+    ),
+    Case(
+        "podDisruptionBudget.enabled",
+        {"podDisruptionBudget": {"enabled": True}},
+        {("PodDisruptionBudget", OPERATOR, "")},
+        lambda o: one(o, "PodDisruptionBudget")["spec"]["selector"],
+        {
+            "matchLabels": {
+                "app.kubernetes.io/name": "bertjob",
+                "app.kubernetes.io/instance": RELEASE,
+                "app.kubernetes.io/component": "operator",
+            }
+        },
+    ),
+    Case(
+        "podDisruptionBudget.minAvailable",
+        {"podDisruptionBudget": {"minAvailable": "100%"}},
+        {("PodDisruptionBudget", OPERATOR, "spec.minAvailable")},
+        lambda o: one(o, "PodDisruptionBudget")["spec"]["minAvailable"],
+        "100%",
+        base={"podDisruptionBudget": {"enabled": True}},
+    ),
+    Case(
+        "networkPolicy.enabled",
+        {"networkPolicy": {"enabled": True}},
+        {("NetworkPolicy", OPERATOR, "")},
+        lambda o: one(o, "NetworkPolicy")["spec"]["egress"],
+        [{}],
+    ),
+    Case(
+        "networkPolicy.egress",
+        {"networkPolicy": {"egress": EGRESS}},
+        {("NetworkPolicy", OPERATOR, "spec.egress")},
+        lambda o: one(o, "NetworkPolicy")["spec"]["egress"],
+        EGRESS,
+        base={"networkPolicy": {"enabled": True}},
+    ),
+]
+
+
+def _flat(objects: Objects) -> dict[tuple[str, str, str | None], dict[str, Any]]:
+    return {
+        (kind, name, namespace): dict(leaves(obj)) for (kind, namespace, name), obj in by_key(objects).items()
+    }
+
+
+def _under(path: str, prefix: str) -> bool:
+    return prefix == "" or path == prefix or path.startswith((f"{prefix}.", f"{prefix}["))
+
+
+def differences(before: Objects, after: Objects) -> set[tuple[str, str, str]]:
+    """(kind, name, path) of every leaf that differs; path "" for an object only one side has."""
+    old, new = _flat(before), _flat(after)
+    found: set[tuple[str, str, str]] = set()
+    for key in old.keys() | new.keys():
+        kind, name, _ = key
+        if key not in old or key not in new:
+            found.add((kind, name, ""))
+            continue
+        for path in old[key].keys() | new[key].keys():
+            if old[key].get(path, KeyError) != new[key].get(path, KeyError):
+                found.add((kind, name, path))
+    return found
+
+
+@pytest.fixture(scope="module")
+def rendered(render: Render) -> Callable[[dict[str, Any]], Objects]:
+    cache: dict[str, Objects] = {}
+
+    def get(values: dict[str, Any]) -> Objects:
+        key = json.dumps(values, sort_keys=True)
+        if key not in cache:
+            cache[key] = render(values)
+        return cache[key]
+
+    return get
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_a_value_changes_what_it_should_and_only_that(
+    rendered: Callable[[dict[str, Any]], Objects], case: Case
+) -> None:
+    before = rendered(case.base)
+    after = rendered(merged(case.base, case.change))
+
+    found = differences(before, after)
+
+    unexpected = {
+        (kind, name, path)
+        for kind, name, path in found
+        if not any(k == kind and n == name and _under(path, p) for k, n, p in case.changes)
+    }
+    missing = {
+        (kind, name, prefix)
+        for kind, name, prefix in case.changes
+        if not any(k == kind and n == name and _under(path, prefix) for k, n, path in found)
+    }
+    assert (unexpected, missing) == (set(), set())
+    assert case.read(after) == case.expected
+
+
+def test_every_value_has_a_case() -> None:
+    schema = values_schema()
+    changed = {key for case in CASES for key, _, _ in settings(case.change, schema)}
+    every = {key for key, _, _ in settings(default_values(), schema)}
+    assert sorted(every - changed) == []
