@@ -8,6 +8,7 @@ demo (``make demo``), whose paths are relative to this machine, is not a cluster
 from __future__ import annotations
 
 import importlib.metadata
+import re
 from pathlib import PurePosixPath
 from typing import Any, get_args
 
@@ -215,3 +216,12 @@ def test_the_tensorboard_pod_sees_every_examples_logs_and_exports() -> None:
     assert container["image"].startswith("ghcr.io/bertjob/trainer:"), (
         "TensorBoard comes with the trainer image"
     )
+
+
+def test_every_example_the_readme_names_exists() -> None:
+    readme = (EXAMPLES.parent / "README.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"examples/[\w./-]*[\w/]", readme))
+
+    assert named
+    missing = sorted(path for path in named if not (EXAMPLES.parent / path).exists())
+    assert missing == [], "README.md names files that are not in the repository"
