@@ -1,23 +1,44 @@
-"""RBAC from the operator's own requests: the ClusterRole grants what it calls, and nothing more.
+"""RBAC from the operator's own requests: the chart grants what the operator calls, and nothing more,
+in both of its scopes.
 
-The emulator records every request made with the operator's token; this test drives a job
+The emulator records every request made with the operator's token; these tests drive jobs
 through every path that calls the API (children created, a data Job completed, the child's
-conditions mirrored, a spec change, a name conflict), then compares the verbs used per resource
-with manifests/rbac.yaml. It also counts what the rest of the session made the operator do.
+conditions mirrored, a spec change, a name conflict), then compare the verbs used per resource
+with the chart's rules:
+
+- every namespace (the session's ``cluster``, ``kopf run --all-namespaces``): the ClusterRole of
+  manifests/rbac.yaml, the chart's rendering with default values;
+- ``watchNamespaces: [a, b]`` (``kopf run --namespace=a --namespace=b``, this module's own
+  operator): each namespace's requests against its Role, the requests that name no namespace
+  against the ClusterRole, both rendered by ``helm template``; and no request at all for a job in
+  a namespace not listed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import attrs
+import kmock
+import kube_emulator
+import pytest
 import yaml
-from kube_emulator import Call, Cluster
-from kubernetes.client import CustomObjectsApi
-from test_e2e_lifecycle import _job, _running
-from test_handlers_e2e import CHILD_RESOURCES, children_of, kubeflow_condition
+from kmock._internal import parsing
+from kube_emulator import ApiServer, Call, Cluster, running_cluster
+from kubernetes.client import CoreV1Api, CustomObjectsApi
+from test_e2e_lifecycle import _job
+from test_handlers_e2e import CHILD_RESOURCES, kubeflow_condition
 
 from bertjob import launchers
-from bertjob.render import render
+from bertjob.crd import crd
+from bertjob.render import JOB_LABEL, render
 from bertjob.spec import parse_job
 from jobs import REPO
 
@@ -29,6 +50,12 @@ WITHOUT_A_CALL = {
     ("bertjob.dev", "bertpretrainjobs/finalizers"): {"update"},
     ("bertjob.dev", "bertpretrainjobs/status"): {"get"},
 }
+CHART = REPO / "charts" / "bertjob"
+UPSTREAM_CRDS = REPO.parent / "shared" / "upstream-crds"
+WATCHED = ("a", "b")
+UNWATCHED = "c"
+
+Grants = dict[tuple[str, str], set[str]]
 
 
 def verb(call: Call) -> str:
@@ -38,9 +65,9 @@ def verb(call: Call) -> str:
     return {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}[call.method]
 
 
-def used(calls: list[Call]) -> dict[tuple[str, str], set[str]]:
+def used(calls: list[Call]) -> Grants:
     """Verbs per (apiGroup, resource[/subresource]) of ``calls``."""
-    found: dict[tuple[str, str], set[str]] = {}
+    found: Grants = {}
     for call in calls:
         if call.resource:
             resource = f"{call.resource}/{call.subresource}" if call.subresource else call.resource
@@ -48,14 +75,9 @@ def used(calls: list[Call]) -> dict[tuple[str, str], set[str]]:
     return found
 
 
-def granted() -> dict[tuple[str, str], set[str]]:
-    """Verbs per (apiGroup, resource) that manifests/rbac.yaml's ClusterRole grants."""
-    [role] = [
-        obj
-        for obj in yaml.safe_load_all((REPO / "manifests" / "rbac.yaml").read_text())
-        if obj["kind"] == "ClusterRole"
-    ]
-    found: dict[tuple[str, str], set[str]] = {}
+def granted(role: dict[str, Any]) -> Grants:
+    """Verbs per (apiGroup, resource) that a Role or ClusterRole grants."""
+    found: Grants = {}
     for rule in role["rules"]:
         assert not rule.get("resourceNames") and not rule.get("nonResourceURLs"), rule
         for group in rule["apiGroups"]:
@@ -64,48 +86,188 @@ def granted() -> dict[tuple[str, str], set[str]]:
     return found
 
 
-def _drive_every_path(cluster: Cluster) -> None:
+def assert_exactly(calls: Grants, grants: Grants) -> None:
+    """Every verb called is granted, and every verb granted is called (or in WITHOUT_A_CALL)."""
+    missing = {key: verbs - grants.get(key, set()) for key, verbs in calls.items()}
+    assert {key: verbs for key, verbs in missing.items() if verbs} == {}, "called but not granted"
+    unused = {
+        key: verbs - calls.get(key, set()) - WITHOUT_A_CALL.get(key, set()) for key, verbs in grants.items()
+    }
+    assert {key: verbs for key, verbs in unused.items() if verbs} == {}, "granted but never called"
+
+
+def _phase(cluster: Cluster, name: str, phase: str, namespace: str) -> None:
+    cluster.wait_for(
+        f"{namespace}/{name} to be {phase}",
+        lambda: (cluster.job(name, namespace).get("status") or {}).get("phase") == phase,
+    )
+
+
+def _all_reach(cluster: Cluster, names: dict[str, str], phase: str) -> None:
+    for namespace, name in names.items():
+        _phase(cluster, name, phase, namespace)
+
+
+def _suspend(cluster: Cluster, names: dict[str, str], suspend: bool) -> None:
+    for namespace, name in names.items():
+        cluster.patch_job(name, {"spec": {"runPolicy": {"suspend": suspend}}}, namespace)
+
+
+def _drive_every_path(cluster: Cluster, namespaces: tuple[str, ...]) -> None:
+    """Each step for a job in every namespace before waiting for any, so that two namespaces take
+    about as long as one."""
     for name, launcher in launchers.LAUNCHERS.items():
-        job = f"rbac-{name}"
         resource = CHILD_RESOURCES[name]
-        cluster.create_job(_job(job, name, spec__prepare={"enabled": True}))
-        cluster.status_when(job, "Preparing")
+        jobs = {namespace: f"rbac-{name}" for namespace in namespaces}
+        for namespace, job in jobs.items():
+            cluster.create_job(_job(job, name, spec__prepare={"enabled": True}), namespace)
+        _all_reach(cluster, jobs, "Preparing")
         # Suspended while preparing: the data Job is patched.
-        cluster.patch_job(job, {"spec": {"runPolicy": {"suspend": True}}})
-        cluster.status_when(job, "Suspended")
-        cluster.patch_job(job, {"spec": {"runPolicy": {"suspend": False}}})
-        cluster.status_when(job, "Preparing")
-        [data_job] = children_of(cluster, job)["batch/v1/jobs"]
+        _suspend(cluster, jobs, True)
+        _all_reach(cluster, jobs, "Suspended")
+        _suspend(cluster, jobs, False)
+        _all_reach(cluster, jobs, "Preparing")
         complete = {"conditions": [{"type": "Complete", "status": "True"}]}
-        cluster.report("batch/v1/jobs", data_job["metadata"]["name"], complete)
-        _running(cluster, job, resource)
-        cluster.patch_job(job, {"spec": {"runPolicy": {"suspend": True}}})
-        cluster.status_when(job, "Suspended")
+        for namespace, job in jobs.items():
+            [data_job] = [
+                obj
+                for obj in cluster.stored("batch/v1/jobs", namespace)
+                if (obj["metadata"].get("labels") or {}).get(JOB_LABEL) == job
+            ]
+            cluster.report("batch/v1/jobs", data_job["metadata"]["name"], complete, namespace)
+        _all_reach(cluster, jobs, "Pending")
+        running = {"conditions": [kubeflow_condition("Created"), kubeflow_condition("Running")]}
+        for namespace, job in jobs.items():
+            cluster.report(resource, job, running, namespace)
+        _all_reach(cluster, jobs, "Running")
+        _suspend(cluster, jobs, True)
+        _all_reach(cluster, jobs, "Suspended")
         # A training job's name taken by someone else: the operator reads it to find its owner.
         group, version, plural = resource.split("/")
-        foreign = render(parse_job(_job(f"{job}-taken", name)))[-1]
-        CustomObjectsApi(cluster.api).create_namespaced_custom_object(
-            group, version, "default", plural, foreign
-        )
-        cluster.create_job(_job(f"{job}-taken", name))
-        cluster.status_when(f"{job}-taken", "Failed")
+        taken = {namespace: f"{job}-taken" for namespace, job in jobs.items()}
+        for namespace, job in taken.items():
+            document = _job(job, name, metadata__namespace=namespace)
+            foreign = render(parse_job(document))[-1]
+            CustomObjectsApi(cluster.api).create_namespaced_custom_object(
+                group, version, namespace, plural, foreign
+            )
+            cluster.create_job(document, namespace)
+        _all_reach(cluster, taken, "Failed")
         assert launcher.child.plural == plural
-    cluster.report(
-        CHILD_RESOURCES["pytorchjob"], "rbac-pytorchjob", {"conditions": [kubeflow_condition("Succeeded")]}
-    )
-    cluster.status_when("rbac-pytorchjob", "Succeeded")
+    succeeded = {"conditions": [kubeflow_condition("Succeeded")]}
+    for namespace in namespaces:
+        cluster.report(CHILD_RESOURCES["pytorchjob"], "rbac-pytorchjob", succeeded, namespace)
+    _all_reach(cluster, dict.fromkeys(namespaces, "rbac-pytorchjob"), "Succeeded")
 
 
 def test_the_cluster_role_grants_exactly_what_the_operator_calls(cluster: Cluster) -> None:
-    _drive_every_path(cluster)
+    _drive_every_path(cluster, ("default",))
 
-    calls = used(cluster.server.calls)
-    grants = granted()
+    [role] = [
+        obj
+        for obj in yaml.safe_load_all((REPO / "manifests" / "rbac.yaml").read_text())
+        if obj and obj["kind"] == "ClusterRole"
+    ]
+    assert_exactly(used(cluster.server.calls), granted(role))
 
-    assert {
-        key: verbs - grants.get(key, set()) for key, verbs in calls.items() if verbs - grants.get(key, set())
-    } == {}
-    unused: dict[tuple[str, str], Any] = {
-        key: verbs - calls.get(key, set()) - WITHOUT_A_CALL.get(key, set()) for key, verbs in grants.items()
-    }
-    assert {key: verbs for key, verbs in unused.items() if verbs} == {}
+
+# --- The chart's namespaced scope -------------------------------------------------------------
+
+
+@attrs.define(kw_only=True)
+class ScopedApiServer(ApiServer):
+    """The emulator, also recording the namespace of each of the operator's requests (None for a
+    cluster-wide one)."""
+
+    scoped: list[tuple[Call, str | None]] = attrs.field(factory=list, init=False)
+
+    def _record(self, request: kmock.Request) -> None:
+        recorded = len(self.calls)
+        super()._record(request)
+        if len(self.calls) > recorded:
+            self.scoped.append((self.calls[-1], request.namespace))
+
+
+_parse_path = parsing.parse_path
+
+
+def _parse_path_with_namespaces(path: str) -> parsing.ParsedPath:
+    # kmock 0.8 reads /api/v1/namespaces[/NAME] as the prefix of a namespaced path and fails
+    # (ValueError): kopf lists and watches namespaces when it serves listed ones.
+    parts = path.strip("/").split("/")
+    if parts[:3] == ["api", "v1", "namespaces"] and len(parts) <= 4:
+        return parsing.ParsedPath("", "v1", "namespaces", None, parts[3] if len(parts) == 4 else None, None)
+    return _parse_path(path)
+
+
+def _helm() -> str:
+    beside = Path(sys.executable).with_name("helm")
+    found = str(beside) if beside.is_file() else shutil.which("helm")
+    if found is None:
+        pytest.skip("helm is not installed: `make .venv/bin/helm` (hack/install-helm.sh) provides it")
+    return found
+
+
+@pytest.fixture(scope="module")
+def chart_rbac() -> list[dict[str, Any]]:
+    """The chart's RBAC objects with ``watchNamespaces: [a, b]``."""
+    rendered = subprocess.run(
+        [
+            _helm(),
+            "template",
+            "bertjob",
+            str(CHART),
+            "--namespace=bertjob-system",
+            "--show-only=templates/rbac.yaml",
+            f"--set-json=watchNamespaces={json.dumps(list(WATCHED))}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    return [obj for obj in yaml.safe_load_all(rendered) if obj]
+
+
+@pytest.fixture(scope="module")
+def namespaced_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The emulator with namespaces a, b and c, and an operator serving a and b only."""
+    crds = [crd()]
+    for filename in ("kubeflow.org_pytorchjobs.yaml", "kubeflow.org_mpijobs.yaml"):
+        path = UPSTREAM_CRDS / filename
+        if not path.is_file():
+            pytest.skip(f"{path} is absent: the upstream Kubeflow CRDs are not checked out beside the repo")
+        crds.append(yaml.safe_load(path.read_text()))
+    with pytest.MonkeyPatch.context() as patch, contextlib.ExitStack() as stack:
+        patch.setattr(parsing, "parse_path", _parse_path_with_namespaces)
+        # running_cluster makes its ApiServer before it returns; only that one is ours.
+        with pytest.MonkeyPatch.context() as constructing:
+            constructing.setattr(kube_emulator, "ApiServer", ScopedApiServer)
+            running = stack.enter_context(
+                running_cluster(tmp_path_factory.mktemp("namespaced"), crds, namespaces=WATCHED)
+            )
+        for namespace in (*WATCHED, UNWATCHED):
+            CoreV1Api(running.api).create_namespace({"metadata": {"name": namespace}})
+        yield running
+
+
+def test_the_namespaced_roles_grant_exactly_what_the_operator_calls_in_each_namespace(
+    namespaced_cluster: Cluster, chart_rbac: list[dict[str, Any]]
+) -> None:
+    cluster = namespaced_cluster
+    assert isinstance(cluster.server, ScopedApiServer)
+    cluster.create_job(_job("not-served", "pytorchjob"), UNWATCHED)
+
+    _drive_every_path(cluster, WATCHED)
+
+    calls = cluster.server.scoped
+    assert {namespace for _, namespace in calls} == {None, *WATCHED}
+    roles = {obj["metadata"]["namespace"]: obj for obj in chart_rbac if obj["kind"] == "Role"}
+    assert sorted(roles) == sorted(WATCHED)
+    for namespace in WATCHED:
+        assert_exactly(used([call for call, where in calls if where == namespace]), granted(roles[namespace]))
+    [cluster_role] = [obj for obj in chart_rbac if obj["kind"] == "ClusterRole"]
+    assert_exactly(used([call for call, where in calls if where is None]), granted(cluster_role))
+    # The job outside the scope was never touched: no status, no children.
+    assert "status" not in cluster.job("not-served", UNWATCHED)
+    assert not cluster.stored("v1/configmaps", UNWATCHED)
