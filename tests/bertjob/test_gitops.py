@@ -11,6 +11,7 @@ and render, and the Helm values they carry pass the chart's values.schema.json.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import re
@@ -45,8 +46,14 @@ PRUNE_PROTECTION = {
 Obj = dict[str, Any]
 
 
+@functools.cache
+def _built(directory: Path) -> str:
+    # The folders do not change during a run; building each once keeps the module fast.
+    return kustomize_build(directory)
+
+
 def _build(directory: Path) -> list[Obj]:
-    return [obj for obj in yaml.safe_load_all(kustomize_build(directory)) if obj]
+    return [obj for obj in yaml.safe_load_all(_built(directory)) if obj]
 
 
 def _file(path: Path) -> Obj:
