@@ -2,12 +2,15 @@
 
 A case renders the chart twice, with ``base`` and with ``base`` plus ``change``, and compares every
 leaf of every object: each difference must lie under one of the paths the case expects (an object
-appearing or disappearing is the path ""), and each expected path must see one. ``check`` then
-reads what the change rendered.
+appearing or disappearing is the path ""), and each expected path must see one. ``read`` then
+reads what the change rendered. Each case runs twice: over the defaults, and with every optional
+object switched on (ServiceMonitor, PodDisruptionBudget, NetworkPolicy), so that a value leaking
+into an object the defaults leave out is seen too.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -392,12 +395,34 @@ def rendered(render: Render) -> Callable[[dict[str, Any]], Objects]:
     return get
 
 
+EVERYTHING_ON = {
+    "metrics": {"serviceMonitor": {"enabled": True}},
+    "podDisruptionBudget": {"enabled": True},
+    "networkPolicy": {"enabled": True},
+}
+
+
+def _everything_on_but(change: dict[str, Any]) -> dict[str, Any]:
+    # The settings the case changes keep their defaults, so that switching one on still changes it.
+    values = copy.deepcopy(EVERYTHING_ON)
+    defaults = default_values()
+    for key, _, _ in settings(change, values_schema()):
+        *parents, last = key.split(".")
+        node, default = values, defaults
+        for part in parents:
+            node, default = node.setdefault(part, {}), default[part]
+        node[last] = default[last]
+    return values
+
+
+@pytest.mark.parametrize("everything_on", [False, True], ids=["over-defaults", "everything-on"])
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
 def test_a_value_changes_what_it_should_and_only_that(
-    rendered: Callable[[dict[str, Any]], Objects], case: Case
+    rendered: Callable[[dict[str, Any]], Objects], case: Case, everything_on: bool
 ) -> None:
-    before = rendered(case.base)
-    after = rendered(merged(case.base, case.change))
+    base = merged(_everything_on_but(case.change), case.base) if everything_on else case.base
+    before = rendered(base)
+    after = rendered(merged(base, case.change))
 
     found = differences(before, after)
 
