@@ -98,16 +98,43 @@ def test_helm_lint_strict_passes(helm: Helm, values_file: Path | None) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_the_ci_values_files_cover_the_scopes_and_options_the_chart_offers() -> None:
-    names = {path.name for path in CI_VALUES}
-    assert {
-        "namespaced-values.yaml",
-        "servicemonitor-values.yaml",
-        "digest-values.yaml",
-        "ha-values.yaml",
-        "no-rbac-values.yaml",
-        "existing-serviceaccount-values.yaml",
-    } <= names
+def _kinds(objects: list[dict[str, Any]]) -> set[str]:
+    return {obj["kind"] for obj in objects}
+
+
+def _pod_spec(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return dict(one(objects, "Deployment")["spec"]["template"]["spec"])
+
+
+# What each file in charts/bertjob/ci/ is for, read from what it renders.
+CI_INTENT: dict[str, Callable[[list[dict[str, Any]]], bool]] = {
+    "namespaced": lambda o: (
+        {"Role", "RoleBinding"} <= _kinds(o) and "--all-namespaces" not in operator_container(o)["command"]
+    ),
+    "servicemonitor": lambda o: "ServiceMonitor" in _kinds(o),
+    "digest": lambda o: (
+        "@sha256:" in operator_container(o)["image"] and bool(_pod_spec(o)["imagePullSecrets"])
+    ),
+    "ha": lambda o: (
+        "PodDisruptionBudget" in _kinds(o)
+        and bool(_pod_spec(o)["priorityClassName"])
+        and bool(_pod_spec(o)["affinity"])
+    ),
+    "locked-down": lambda o: one(o, "NetworkPolicy")["spec"]["egress"] != [{}],
+    "no-rbac": lambda o: not {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"} & _kinds(o),
+    "existing-serviceaccount": lambda o: (
+        "ServiceAccount" not in _kinds(o) and _pod_spec(o)["serviceAccountName"] != f"{RELEASE}-operator"
+    ),
+}
+
+
+def test_every_ci_values_file_has_a_purpose() -> None:
+    assert sorted(VALUES_IDS[1:]) == sorted(CI_INTENT)
+
+
+@pytest.mark.parametrize("name", sorted(CI_INTENT))
+def test_a_ci_values_file_renders_what_it_is_for(render: Render, name: str) -> None:
+    assert CI_INTENT[name](render(files=[CHART / "ci" / f"{name}-values.yaml"]))
 
 
 @pytest.mark.parametrize("values_file", VALUES_FILES, ids=VALUES_IDS)
