@@ -5,14 +5,15 @@
 #   trainer_image/build_horovod.sh [--cached-only] PYTHON WHEEL_DIR
 #
 # --cached-only: install the kept wheel, or exit 3 without compiling when there is none (the
-# trainer image's Dockerfile then installs the compilers and calls the script again).
+# trainer images' runtime stages, which have no compiler, install what their build stage made).
 #
 # Why a script: horovod 0.28.1's sdist compiles with C++14, and torch 2.x headers need C++17, so
 # `pip install horovod` fails; the two CMakeLists that set the standard are patched to 17.
 # CMAKE_POLICY_VERSION_MINIMUM lets CMake 4 accept the sdist's old minimum version (3.13).
-# Frameworks: PyTorch only. Controllers: Gloo always (horovodrun --gloo), MPI where an MPI
-# compiler (mpicxx) is on PATH. GPU collectives: set HOROVOD_GPU_OPERATIONS=NCCL (the CUDA image
-# does; it needs the CUDA and NCCL headers of a -devel base).
+# Frameworks: PyTorch only. Controllers: Gloo always (horovodrun --gloo); MPI with
+# HOROVOD_WITH_MPI=1, not with HOROVOD_WITHOUT_MPI=1, else where an MPI compiler (mpicxx) is on
+# PATH. GPU collectives: set HOROVOD_GPU_OPERATIONS=NCCL (the CUDA image does; it needs the CUDA
+# and NCCL headers of a -devel base).
 #
 # The kept wheel's directory is named by everything the wheel depends on: Horovod's version, the
 # torch it was compiled against (its C++ ABI), the Python tag, and the controllers and GPU
@@ -30,7 +31,15 @@ PYTHON=${1:?usage: build_horovod.sh [--cached-only] PYTHON WHEEL_DIR}
 WHEEL_DIR=${2:?usage: build_horovod.sh [--cached-only] PYTHON WHEEL_DIR}
 VERSION=0.28.1
 
-if command -v mpicxx >/dev/null; then mpi=HOROVOD_WITH_MPI; else mpi=HOROVOD_WITHOUT_MPI; fi
+# Horovod's own switches say whether MPI is wanted (an image's runtime stage has mpirun but no
+# mpicxx, yet installs a wheel with MPI); without either, MPI is built where mpicxx is found.
+if [[ -n "${HOROVOD_WITH_MPI:-}" ]]; then
+    mpi=HOROVOD_WITH_MPI
+elif [[ -n "${HOROVOD_WITHOUT_MPI:-}" ]] || ! command -v mpicxx >/dev/null; then
+    mpi=HOROVOD_WITHOUT_MPI
+else
+    mpi=HOROVOD_WITH_MPI
+fi
 gpu=${HOROVOD_GPU_OPERATIONS:-}
 torch_and_python=$("$PYTHON" -c 'import sys, torch; print(f"torch{torch.__version__}-cp{sys.version_info[0]}{sys.version_info[1]}")')
 controllers=gloo
@@ -39,7 +48,7 @@ controllers=gloo
 key="horovod-${VERSION}-${torch_and_python}-${controllers}"
 
 KEY_DIR=$(realpath -m "$WHEEL_DIR/$key")
-wheel=$(find "$KEY_DIR" -maxdepth 1 -name "horovod-${VERSION}-*.whl" 2>/dev/null | head -n 1)
+wheel=$(find "$KEY_DIR" -maxdepth 1 -name "horovod-${VERSION}-*.whl" 2>/dev/null | head -n 1 || true)
 if [[ -z "$wheel" ]] && $cached_only; then
     echo "build_horovod.sh: no wheel in $KEY_DIR; compiling needs cmake, a C++ compiler and, for MPI, mpicxx"
     exit 3
