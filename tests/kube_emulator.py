@@ -31,6 +31,7 @@ import aiohttp.web
 import attrs
 import kmock
 import yaml
+from kmock._internal import parsing
 from kubernetes.client import ApiClient, CustomObjectsApi
 from kubernetes.config import new_client_from_config
 
@@ -58,14 +59,29 @@ BUILTIN = [
 VERBS = {"create", "get", "list", "watch", "patch", "update", "delete"}
 
 
+_parse_path = parsing.parse_path
+
+
+def _parse_path_with_namespaces(path: str) -> parsing.ParsedPath:
+    # kmock 0.8 reads /api/v1/namespaces[/NAME] as the prefix of a namespaced path and fails
+    # (ValueError); kopf lists and watches namespaces when it serves named ones (--namespace).
+    parts = path.strip("/").split("/")
+    if parts[:3] == ["api", "v1", "namespaces"] and len(parts) <= 4:
+        return parsing.ParsedPath("", "v1", "namespaces", None, parts[3] if len(parts) == 4 else None, None)
+    return _parse_path(path)
+
+
+parsing.parse_path = _parse_path_with_namespaces
+
+
 class WaitTimeoutError(AssertionError):
     """A bounded wait ran out (the message carries the operator's log tail)."""
 
 
 @dataclass(frozen=True)
 class Call:
-    """One request the operator made: HTTP method, API group, resource, subresource, and whether
-    it named an object and asked to watch."""
+    """One request the operator made: HTTP method, API group, resource, subresource, whether it
+    named an object and asked to watch, and its namespace (None for a cluster-wide request)."""
 
     method: str
     group: str
@@ -73,6 +89,7 @@ class Call:
     subresource: str | None
     named: bool
     watch: bool
+    namespace: str | None = None
 
 
 @attrs.define(kw_only=True)
@@ -127,6 +144,7 @@ class ApiServer(kmock.KubernetesEmulator):
                 subresource=request.subresource,
                 named=request.name is not None,
                 watch=request.action == kmock.action.WATCH,
+                namespace=request.namespace,
             )
         )
 

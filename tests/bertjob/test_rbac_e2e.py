@@ -16,7 +16,6 @@ with the chart's rules:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 import subprocess
@@ -25,13 +24,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import attrs
-import kmock
-import kube_emulator
 import pytest
 import yaml
-from kmock._internal import parsing
-from kube_emulator import ApiServer, Call, Cluster, running_cluster
+from kube_emulator import Call, Cluster, running_cluster
 from kubernetes.client import CoreV1Api, CustomObjectsApi
 from test_e2e_lifecycle import _job
 from test_handlers_e2e import CHILD_RESOURCES, kubeflow_condition
@@ -174,32 +169,6 @@ def test_the_cluster_role_grants_exactly_what_the_operator_calls(cluster: Cluste
 # --- The chart's namespaced scope -------------------------------------------------------------
 
 
-@attrs.define(kw_only=True)
-class ScopedApiServer(ApiServer):
-    """The emulator, also recording the namespace of each of the operator's requests (None for a
-    cluster-wide one)."""
-
-    scoped: list[tuple[Call, str | None]] = attrs.field(factory=list, init=False)
-
-    def _record(self, request: kmock.Request) -> None:
-        recorded = len(self.calls)
-        super()._record(request)
-        if len(self.calls) > recorded:
-            self.scoped.append((self.calls[-1], request.namespace))
-
-
-_parse_path = parsing.parse_path
-
-
-def _parse_path_with_namespaces(path: str) -> parsing.ParsedPath:
-    # kmock 0.8 reads /api/v1/namespaces[/NAME] as the prefix of a namespaced path and fails
-    # (ValueError): kopf lists and watches namespaces when it serves listed ones.
-    parts = path.strip("/").split("/")
-    if parts[:3] == ["api", "v1", "namespaces"] and len(parts) <= 4:
-        return parsing.ParsedPath("", "v1", "namespaces", None, parts[3] if len(parts) == 4 else None, None)
-    return _parse_path(path)
-
-
 def _helm() -> str:
     beside = Path(sys.executable).with_name("helm")
     found = str(beside) if beside.is_file() else shutil.which("helm")
@@ -238,14 +207,7 @@ def namespaced_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clu
         if not path.is_file():
             pytest.skip(f"{path} is absent: the upstream Kubeflow CRDs are not checked out beside the repo")
         crds.append(yaml.safe_load(path.read_text()))
-    with pytest.MonkeyPatch.context() as patch, contextlib.ExitStack() as stack:
-        patch.setattr(parsing, "parse_path", _parse_path_with_namespaces)
-        # running_cluster makes its ApiServer before it returns; only that one is ours.
-        with pytest.MonkeyPatch.context() as constructing:
-            constructing.setattr(kube_emulator, "ApiServer", ScopedApiServer)
-            running = stack.enter_context(
-                running_cluster(tmp_path_factory.mktemp("namespaced"), crds, namespaces=WATCHED)
-            )
+    with running_cluster(tmp_path_factory.mktemp("namespaced"), crds, namespaces=WATCHED) as running:
         for namespace in (*WATCHED, UNWATCHED):
             CoreV1Api(running.api).create_namespace({"metadata": {"name": namespace}})
         yield running
@@ -255,19 +217,19 @@ def test_the_namespaced_roles_grant_exactly_what_the_operator_calls_in_each_name
     namespaced_cluster: Cluster, chart_rbac: list[dict[str, Any]]
 ) -> None:
     cluster = namespaced_cluster
-    assert isinstance(cluster.server, ScopedApiServer)
     cluster.create_job(_job("not-served", "pytorchjob"), UNWATCHED)
 
     _drive_every_path(cluster, WATCHED)
 
-    calls = cluster.server.scoped
-    assert {namespace for _, namespace in calls} == {None, *WATCHED}
+    calls = cluster.server.calls
+    assert {call.namespace for call in calls} == {None, *WATCHED}
     roles = {obj["metadata"]["namespace"]: obj for obj in chart_rbac if obj["kind"] == "Role"}
     assert sorted(roles) == sorted(WATCHED)
     for namespace in WATCHED:
-        assert_exactly(used([call for call, where in calls if where == namespace]), granted(roles[namespace]))
+        in_namespace = [call for call in calls if call.namespace == namespace]
+        assert_exactly(used(in_namespace), granted(roles[namespace]))
     [cluster_role] = [obj for obj in chart_rbac if obj["kind"] == "ClusterRole"]
-    assert_exactly(used([call for call, where in calls if where is None]), granted(cluster_role))
+    assert_exactly(used([call for call in calls if call.namespace is None]), granted(cluster_role))
     # The job outside the scope was never touched: no status, no children.
     assert "status" not in cluster.job("not-served", UNWATCHED)
     assert not cluster.stored("v1/configmaps", UNWATCHED)
