@@ -1,4 +1,5 @@
-"""The two images' Dockerfiles: hadolint-clean, non-root, and built the way the manifests expect."""
+"""The images' Dockerfiles: hadolint-clean, non-root, every base image a build argument, and built the
+way the manifests and the trainer expect. tests/images builds and runs the operator and Xeon images."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ from jobs import REPO
 
 OPERATOR = REPO / "Dockerfile"
 TRAINER = REPO / "trainer_image" / "Dockerfile"
+# Build targets of the trainer image, one per accelerator (tags ghcr.io/bertjob/trainer:VERSION-TARGET).
+TRAINER_TARGETS = ("cuda", "xeon", "gaudi")
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+Instruction = tuple[str, str]
 
 
 def _hadolint() -> str:
@@ -33,7 +39,7 @@ def test_hadolint_finds_nothing(dockerfile: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def _instructions(dockerfile: Path) -> list[tuple[str, str]]:
+def _instructions(dockerfile: Path) -> list[Instruction]:
     text = re.sub(r"\\\n", " ", dockerfile.read_text())
     return [
         (line.split(maxsplit=1)[0].upper(), line.split(maxsplit=1)[1])
@@ -42,29 +48,86 @@ def _instructions(dockerfile: Path) -> list[tuple[str, str]]:
     ]
 
 
-def _final_stage(dockerfile: Path) -> list[tuple[str, str]]:
-    instructions = _instructions(dockerfile)
-    last_from = max(index for index, (name, _) in enumerate(instructions) if name == "FROM")
-    return instructions[last_from:]
+def _stages(dockerfile: Path) -> dict[str, list[Instruction]]:
+    """Each stage's instructions, FROM first, by stage name (the index for unnamed ones); the
+    global ARGs before the first FROM under ``""``."""
+    stages: dict[str, list[Instruction]] = {"": []}
+    current = ""
+    for name, argument in _instructions(dockerfile):
+        if name == "FROM":
+            match = re.fullmatch(r"(\S+)(?:\s+AS\s+(\S+))?", argument, re.IGNORECASE)
+            assert match is not None, argument
+            current = match.group(2) or str(len(stages))
+            stages[current] = []
+        stages[current].append((name, argument))
+    return stages
+
+
+def _final_stage(dockerfile: Path) -> list[Instruction]:
+    return list(_stages(dockerfile).values())[-1]
+
+
+def _chain(stages: dict[str, list[Instruction]], name: str) -> list[Instruction]:
+    """The instructions that make stage ``name``'s image: those of the stages it starts from, then
+    its own."""
+    base = stages[name][0][1].split()[0]
+    return (_chain(stages, base) if base in stages else []) + stages[name]
+
+
+def _images() -> list[tuple[str, list[Instruction]]]:
+    trainer = _stages(TRAINER)
+    return [("operator", _final_stage(OPERATOR))] + [
+        (target, _chain(trainer, target)) for target in TRAINER_TARGETS
+    ]
+
+
+@pytest.mark.parametrize(("image", "stage"), _images(), ids=[name for name, _ in _images()])
+def test_every_image_runs_as_a_numeric_non_root_user(image: str, stage: list[Instruction]) -> None:
+    users = [argument for name, argument in stage if name == "USER"]
+    assert users, f"{image}: no USER, the image would run as root"
+    uid, _, gid = users[-1].partition(":")
+    assert uid.isdigit() and int(uid) != 0 and gid.isdigit(), users[-1]
+
+
+def test_the_trainer_has_one_target_per_accelerator_and_cuda_is_the_default() -> None:
+    stages = _stages(TRAINER)
+    assert set(TRAINER_TARGETS) <= set(stages)
+    # The default target of a plain `docker build` is the last stage: the CUDA image, as before.
+    assert list(stages)[-1] == "cuda"
 
 
 @pytest.mark.parametrize("dockerfile", [OPERATOR, TRAINER], ids=["operator", "trainer"])
-def test_the_image_runs_as_a_numeric_non_root_user(dockerfile: Path) -> None:
-    users = [argument for name, argument in _final_stage(dockerfile) if name == "USER"]
-    assert users, "no USER: the image would run as root"
-    uid = users[-1].split(":")[0]
-    assert uid.isdigit() and int(uid) != 0
+def test_every_base_image_is_a_build_argument(dockerfile: Path) -> None:
+    stages = _stages(dockerfile)
+    defaults = dict(
+        argument.split("=", 1) for name, argument in stages[""] if name == "ARG" and "=" in argument
+    )
+    for stage_name, instructions in list(stages.items())[1:]:
+        base = instructions[0][1].split()[0]
+        earlier = list(stages)[: list(stages).index(stage_name)]
+        if base == "scratch" or base in earlier:
+            continue
+        variable = re.fullmatch(r"\$\{(\w+)\}", base)
+        assert variable is not None, f"stage {stage_name} starts from {base}, not from a build argument"
+        assert defaults.get(variable.group(1)), f"{variable.group(1)} has no default image"
 
 
-def test_the_operator_image_has_no_torch_and_its_kustomize_tree() -> None:
+def test_the_operator_image_has_no_torch_kubectl_and_its_kustomize_tree() -> None:
     stage = _final_stage(OPERATOR)
     runs = " ".join(argument for name, argument in stage if name == "RUN")
-    assert "[operator]" in runs and "trainer]" not in runs and "torch" not in runs
+    assert "[operator]" in runs and "trainer" not in runs and "torch" not in runs
     [env] = [argument for name, argument in stage if name == "ENV" and "BERTJOB_KUSTOMIZE_DIR" in argument]
-    tree = re.search(r"BERTJOB_KUSTOMIZE_DIR=(\S+)", env)
-    assert tree is not None
-    assert ("COPY", f"kustomize/ {tree.group(1)}/") in stage
-    assert any(name == "COPY" and "/usr/local/bin/kustomize" in argument for name, argument in stage)
+    assert re.search(r"BERTJOB_KUSTOMIZE_DIR=/\S+", env)
+    assert 'mv /src/kustomize "$BERTJOB_KUSTOMIZE_DIR"' in runs
+    # bertjob.render runs `kubectl kustomize` when no kustomize is on PATH: kubectl comes from the
+    # KUBECTL_IMAGE stage, where Kubernetes' kubectl image has it.
+    stages = _stages(OPERATOR)
+    [kubectl_stage] = [
+        name
+        for name, instructions in stages.items()
+        if instructions[:1] == [("FROM", "${KUBECTL_IMAGE} AS " + name)]
+    ]
+    assert ("COPY", f"--from={kubectl_stage} /bin/kubectl /usr/local/bin/kubectl") in stage
 
 
 def test_the_operator_image_runs_what_the_deployment_runs() -> None:
@@ -77,16 +140,83 @@ def test_the_operator_image_runs_what_the_deployment_runs() -> None:
     assert user == f"{pod_security['runAsUser']}:{pod_security['runAsGroup']}"
 
 
-def test_the_trainer_image_installs_the_trainer_on_a_pytorch_cuda_base() -> None:
-    instructions = _instructions(TRAINER)
-    base = next(
-        argument for name, argument in instructions if name == "ARG" and argument.startswith("BASE_IMAGE=")
-    )
-    tag = re.fullmatch(r"BASE_IMAGE=pytorch/pytorch:([\d.]+)-cuda[\d.]+-cudnn\d+-runtime", base)
-    assert tag is not None, base
-    # pip keeps the base's torch only if it is the one the [trainer] extra pins.
-    trainer_extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"][
-        "trainer"
-    ]
-    assert f"torch=={tag.group(1)}" in trainer_extra
-    assert any(name == "RUN" and '[trainer]"' in argument for name, argument in instructions)
+def _requirements_step(stage: list[Instruction]) -> tuple[str, list[str]]:
+    """The ``python -c`` program that lists a stage's requirements from pyproject.toml, and its
+    arguments (the extra, then the names it leaves out)."""
+    [run] = [argument for name, argument in stage if name == "RUN" and "tomllib" in argument]
+    match = re.search(r'-c "([^"]+)"\s+/src/pyproject.toml((?:\s+\w+)+)\s+>', run)
+    assert match is not None, run
+    return match.group(1), match.group(2).split()
+
+
+@pytest.mark.parametrize(
+    ("image", "kept"),
+    [("operator", "operator"), ("cuda", "trainer"), ("xeon", "trainer"), ("gaudi", "trainer")],
+)
+def test_the_dependency_layer_installs_what_pyproject_names(image: str, kept: str) -> None:
+    stage = dict(_images())[image]
+    program, arguments = _requirements_step(stage)
+    assert arguments[0] == kept
+    # The image's own program, run on the repository's pyproject.toml.
+    listed = subprocess.run(
+        [sys.executable, "-c", program, str(REPO / "pyproject.toml"), *arguments],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.split()
+    expected = PYPROJECT["dependencies"] + PYPROJECT["optional-dependencies"][kept]
+    if image == "gaudi":
+        # Habana's torch stays: pip would replace it with upstream's, which has no HPU.
+        assert arguments[1:] == ["torch"]
+        expected = [requirement for requirement in expected if not requirement.startswith("torch=")]
+    assert listed == expected
+    package = " ".join(argument for name, argument in stage if name == "RUN" and "/src[" in argument)
+    assert f'"/src[{kept}]"' in package
+
+
+def test_the_cuda_target_starts_from_the_pinned_torch() -> None:
+    defaults = dict(argument.split("=", 1) for name, argument in _stages(TRAINER)[""] if name == "ARG")
+    # pip keeps the base's torch only if it is the one the [trainer] extra pins; Horovod's wheel
+    # is compiled in the -devel twin of the same tag.
+    tag = re.fullmatch(r"pytorch/pytorch:([\d.]+)-cuda[\d.]+-cudnn\d+-runtime", defaults["CUDA_BASE_IMAGE"])
+    assert tag is not None, defaults["CUDA_BASE_IMAGE"]
+    assert f"torch=={tag.group(1)}" in PYPROJECT["optional-dependencies"]["trainer"]
+    assert defaults["CUDA_BUILD_IMAGE"] == defaults["CUDA_BASE_IMAGE"].replace("-runtime", "-devel")
+
+
+def test_the_gaudi_target_starts_from_habanas_pytorch_image() -> None:
+    defaults = dict(argument.split("=", 1) for name, argument in _stages(TRAINER)[""] if name == "ARG")
+    assert re.fullmatch(
+        r"vault\.habana\.ai/gaudi-docker/[\d.]+/ubuntu[\d.]+/habanalabs/pytorch-installer-[\d.]+:latest",
+        defaults["GAUDI_BASE_IMAGE"],
+    ), defaults["GAUDI_BASE_IMAGE"]
+
+
+def _layout(stage: list[Instruction]) -> str:
+    [run] = [argument for name, argument in stage if name == "RUN" and "useradd" in argument]
+    return run[run.index("useradd") :]
+
+
+def test_every_trainer_target_has_mpi_operators_non_root_sshd_layout() -> None:
+    stages = _stages(TRAINER)
+    layouts = {target: _layout(_chain(stages, target)) for target in TRAINER_TARGETS}
+    assert len(set(layouts.values())) == 1, layouts
+    layout = layouts["xeon"]
+    assert "--uid 10001" in layout and "--home-dir /home/mpiuser" in layout and " mpiuser " in layout
+    assert "> /home/mpiuser/.sshd_config" in layout and "'Port 2222'" in layout
+    for target in TRAINER_TARGETS:
+        stage = _chain(stages, target)
+        assert [a for n, a in stage if n == "USER"][-1] == "10001:10001"
+        assert [a for n, a in stage if n == "WORKDIR"][-1] == "/home/mpiuser"
+
+
+@pytest.mark.parametrize("target", ["cuda", "xeon"])
+def test_horovod_is_installed_with_mpi_from_a_replaceable_wheel_stage(target: str) -> None:
+    stages = _stages(TRAINER)
+    # hack/build-images.sh --horovod-wheels replaces this stage with a directory (--build-context).
+    assert stages[f"{target}-horovod"][0] == ("FROM", f"scratch AS {target}-horovod")
+    runs = " ".join(argument for name, argument in stages[target] if name == "RUN")
+    assert f"--mount=type=bind,from={target}-horovod," in runs
+    assert "HOROVOD_WITH_MPI=1" in runs and "build_horovod.sh --cached-only" in runs
+    assert ("ARG", "HOROVOD_WHEELS_DIGEST") in stages[target]

@@ -1,0 +1,242 @@
+#!/usr/bin/env bash
+# Build bertjob's images: the operator, and the trainer for each accelerator.
+#
+#   hack/build-images.sh [--builder docker|buildah|print] [--local] [--horovod-wheels DIR] [TARGET...]
+#   hack/build-images.sh --buildah-flags      # buildah's storage flags, one a line (for scripts)
+#
+# TARGET: operator, cuda, xeon, gaudi (default: all four). Tags: ghcr.io/bertjob/operator:VERSION
+# and ghcr.io/bertjob/trainer:VERSION-TARGET, VERSION from pyproject.toml; $REGISTRY replaces
+# ghcr.io/bertjob.
+#
+# --builder: docker (BuildKit) when `docker info` answers, else buildah when it is installed, else
+#   print, which prints the docker commands and builds nothing.
+# --local: for a machine that reaches no image registry, as the tests' (buildah only; operator and
+#   xeon): the base is Debian bookworm made here with mmdebstrap (kept in $BERTJOB_CACHE/images),
+#   the kubectl image a stand-in carrying this machine's kubectl at /bin/kubectl, as Kubernetes'
+#   own kubectl image does, and pip in the build trusts this machine's CA bundle ($PIP_CERT or
+#   $SSL_CERT_FILE) and reads its find-links directories ($PIP_FIND_LINKS or pip's config), where
+#   torch's CPU wheel is; those files are mounted read-only at their own paths. Horovod's wheel
+#   comes from .cache/wheels when build_horovod.sh left one there (see --horovod-wheels).
+# --horovod-wheels DIR: a directory that trainer_image/build_horovod.sh filled for the image's
+#   torch and Python; the xeon (or cuda) image installs its wheel instead of compiling Horovod
+#   (about 6 minutes on 2 cores). The image build fails if DIR has no wheel for it.
+#
+# buildah keeps its images in $BERTJOB_CACHE/containers (default: .cache/containers in the
+# repository), with the overlay driver where it works, else vfs ($BUILDAH_DRIVER chooses), and
+# --layers, so that a second build reuses every unchanged layer. To push one:
+#   buildah $(hack/build-images.sh --buildah-flags | tr '\n' ' ') push IMAGE docker://IMAGE
+# To start over, delete $BERTJOB_CACHE/containers.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+CACHE=${BERTJOB_CACHE:-$REPO/.cache}
+REGISTRY=${REGISTRY:-ghcr.io/bertjob}
+VERSION=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$REPO/pyproject.toml" | head -n 1)
+LOCAL_BASE=localhost/bertjob-base:bookworm
+LOCAL_KUBECTL=localhost/bertjob-kubectl:local
+
+# overlay where this machine can mount it (root, a kernel with overlayfs, a cache directory that is
+# not itself on overlayfs), else vfs. vfs works everywhere but copies the whole root filesystem
+# for every instruction of a Dockerfile, cached or not: on the tests' machine the operator image
+# took 156 s cold and 83 s fully cached with vfs, 45 s and under 10 s with overlay.
+overlay_works() {
+    local probe status=1
+    [[ $EUID -eq 0 ]] || return 1
+    mkdir -p "$CACHE/containers"
+    probe=$(mktemp -d "$CACHE/containers/.overlay-probe.XXXXXX")
+    mkdir "$probe/lower" "$probe/upper" "$probe/work" "$probe/merged"
+    if mount -t overlay overlay -o "lowerdir=$probe/lower,upperdir=$probe/upper,workdir=$probe/work" \
+        "$probe/merged" 2>/dev/null; then
+        umount "$probe/merged" && status=0
+    fi
+    rm -rf "$probe"
+    return $status
+}
+if [[ -z "${BUILDAH_DRIVER:-}" ]]; then
+    if overlay_works; then BUILDAH_DRIVER=overlay; else BUILDAH_DRIVER=vfs; fi
+fi
+# One storage directory per driver: containers/storage refuses to open one made by another.
+BUILDAH_FLAGS=(--root "$CACHE/containers/$BUILDAH_DRIVER" --runroot "$CACHE/containers/$BUILDAH_DRIVER-run"
+    --storage-driver "$BUILDAH_DRIVER")
+# Without this, the overlay driver leaves its directory bind-mounted after buildah exits, and
+# deleting .cache fails with "Device or resource busy".
+[[ "$BUILDAH_DRIVER" == overlay ]] && BUILDAH_FLAGS+=(--storage-opt overlay.skip_mount_home=true)
+
+usage() {
+    sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
+    exit 2
+}
+
+builder=""
+local_mode=false
+wheels=""
+targets=()
+while (($#)); do
+    case "$1" in
+        --builder) builder=${2:?--builder needs docker, buildah or print}; shift 2 ;;
+        --local) local_mode=true; shift ;;
+        --horovod-wheels) wheels=$(cd "${2:?--horovod-wheels needs a directory}" && pwd); shift 2 ;;
+        --buildah-flags) printf '%s\n' "${BUILDAH_FLAGS[@]}"; exit 0 ;;
+        -h | --help) usage ;;
+        operator | cuda | xeon | gaudi) targets+=("$1"); shift ;;
+        *) echo "build-images.sh: unknown argument '$1'" >&2; usage ;;
+    esac
+done
+((${#targets[@]})) || targets=(operator cuda xeon gaudi)
+
+if [[ -z "$builder" ]]; then
+    if command -v docker >/dev/null && docker info >/dev/null 2>&1; then
+        builder=docker
+    elif command -v buildah >/dev/null; then
+        builder=buildah
+    else
+        builder=print
+    fi
+fi
+case "$builder" in docker | buildah | print) ;; *) echo "build-images.sh: unknown builder $builder" >&2; exit 2 ;; esac
+if $local_mode && [[ "$builder" != buildah ]]; then
+    echo "build-images.sh: --local builds with buildah only (found builder: $builder)" >&2
+    exit 2
+fi
+if $local_mode; then
+    for target in "${targets[@]}"; do
+        if [[ "$target" == cuda || "$target" == gaudi ]]; then
+            echo "build-images.sh: --local builds operator and xeon; $target needs its registry's base image" >&2
+            exit 2
+        fi
+    done
+    if [[ -z "$wheels" && -n "$(find "$REPO/.cache/wheels" -path '*/horovod-*/horovod-*.whl' 2>/dev/null | head -n 1)" ]]; then
+        wheels="$REPO/.cache/wheels"
+    fi
+fi
+
+tag() {
+    if [[ "$1" == operator ]]; then echo "$REGISTRY/operator:$VERSION"; else echo "$REGISTRY/trainer:$VERSION-$1"; fi
+}
+
+buildah_() {
+    buildah "${BUILDAH_FLAGS[@]}" "$@"
+}
+
+# The Debian bookworm base, made from the Debian archive and kept as a tarball, then imported once.
+local_base() {
+    local tarball="$CACHE/images/debian-bookworm.tar"
+    if [[ ! -f "$tarball" ]]; then
+        mkdir -p "$CACHE/images"
+        echo "build-images.sh: making $tarball with mmdebstrap (about a minute)"
+        # mmdebstrap picks its output format from the name's extension: keep .tar while it is partial.
+        mmdebstrap --quiet --variant=minbase --include=python3,python3-venv,ca-certificates \
+            bookworm "$CACHE/images/debian-bookworm.partial.tar"
+        mv "$CACHE/images/debian-bookworm.partial.tar" "$tarball"
+    fi
+    if ! buildah_ inspect --type image "$LOCAL_BASE" >/dev/null 2>&1; then
+        local container
+        container=$(buildah_ from scratch)
+        buildah_ add --quiet "$container" "$tarball" /
+        # A tarball carries no image configuration: give it the PATH that Debian's images have.
+        buildah_ config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+            --cmd /bin/bash "$container"
+        buildah_ commit --quiet --rm "$container" "$LOCAL_BASE" >/dev/null
+    fi
+}
+
+# Kubernetes' kubectl image (registry.k8s.io/kubectl) is Debian with the binary at /bin/kubectl;
+# the stand-in is the local base with this machine's kubectl there, labelled with its digest so
+# that another kubectl replaces it.
+local_kubectl() {
+    local binary digest container
+    binary=$(readlink -f "${KUBECTL:-$(command -v kubectl || true)}")
+    if [[ ! -x "$binary" ]]; then
+        echo "build-images.sh: --local needs kubectl on PATH (or \$KUBECTL) for the operator image" >&2
+        exit 1
+    fi
+    digest=$(sha256sum "$binary" | cut -d' ' -f1)
+    if [[ "$(buildah_ inspect --type image --format '{{index .OCIv1.Config.Labels "bertjob.kubectl.sha256"}}' \
+        "$LOCAL_KUBECTL" 2>/dev/null || true)" != "$digest" ]]; then
+        container=$(buildah_ from "$LOCAL_BASE")
+        buildah_ copy --quiet --chmod 0755 "$container" "$binary" /bin/kubectl
+        buildah_ config --label "bertjob.kubectl.sha256=$digest" "$container"
+        buildah_ commit --quiet --rm "$container" "$LOCAL_KUBECTL" >/dev/null
+    fi
+}
+
+# The arguments that point a build at this machine's pip set-up (--local).
+local_pip_args() {
+    local cert=${PIP_CERT:-${SSL_CERT_FILE:-}} links found=()
+    if [[ -n "$cert" && -f "$cert" ]]; then
+        printf '%s\n' --volume "$cert:$cert:ro" --build-arg "PIP_CERT=$cert"
+    fi
+    links=${PIP_FIND_LINKS:-$(python3 -m pip config get global.find-links 2>/dev/null || true)}
+    for dir in $links; do
+        dir=${dir#file://}
+        if [[ -d "$dir" ]]; then
+            found+=("$dir")
+            printf '%s\n' --volume "$dir:$dir:ro"
+        fi
+    done
+    if ((${#found[@]})); then
+        printf '%s\n' --build-arg "PIP_FIND_LINKS=${found[*]}"
+    fi
+    if [[ -z "$(find "${found[@]:-/nonexistent}" -maxdepth 1 -name 'torch-*+cpu-*.whl' 2>/dev/null | head -n 1)" ]]; then
+        echo "build-images.sh: no torch CPU wheel in the find-links directories (${found[*]:-none}):" \
+            "the xeon image would take PyPI's torch, the CUDA build" >&2
+    fi
+    # PyTorch's CPU index cannot be reached either; the find-links directories stand for it.
+    printf '%s\n' --build-arg PIP_EXTRA_INDEX_URL=
+}
+
+# Every build argument and option for one target, one a line.
+build_options() {
+    local target=$1
+    if [[ "$target" == operator ]]; then
+        printf '%s\n' --file "$REPO/Dockerfile"
+    else
+        printf '%s\n' --file "$REPO/trainer_image/Dockerfile" --target "$target"
+    fi
+    if [[ -n "$wheels" && ("$target" == xeon || "$target" == cuda) ]]; then
+        # The layer cache does not look into the wheel directory; its digest does.
+        printf '%s\n' --build-context "$target-horovod=$wheels" --build-arg "HOROVOD_WHEELS_DIGEST=$(
+            cd "$wheels" && find . -type f -name '*.whl' | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16
+        )"
+    fi
+    if $local_mode; then
+        if [[ "$target" == operator ]]; then
+            printf '%s\n' --build-arg "BASE_IMAGE=$LOCAL_BASE" --build-arg "KUBECTL_IMAGE=$LOCAL_KUBECTL"
+        else
+            printf '%s\n' --build-arg "XEON_BASE_IMAGE=$LOCAL_BASE"
+        fi
+        local_pip_args
+    fi
+}
+
+if [[ "$builder" == buildah ]] && $local_mode; then
+    local_base
+    [[ " ${targets[*]} " == *" operator "* ]] && local_kubectl
+fi
+
+for target in "${targets[@]}"; do
+    mapfile -t options < <(build_options "$target")
+    image=$(tag "$target")
+    case "$builder" in
+        print)
+            printf 'DOCKER_BUILDKIT=1 docker build'
+            printf ' %q' "${options[@]}" -t "$image" "$REPO"
+            printf '\n'
+            ;;
+        docker)
+            echo "build-images.sh: building $image with docker"
+            DOCKER_BUILDKIT=1 docker build "${options[@]}" -t "$image" "$REPO"
+            ;;
+        buildah)
+            echo "build-images.sh: building $image with buildah (storage: $CACHE/containers)"
+            start=$SECONDS
+            before=$(buildah_ containers --quiet --notruncate | sort)
+            buildah_ bud --isolation chroot --layers "${options[@]}" -t "$image" "$REPO"
+            # buildah 1.28 leaves the container of a stage used only by COPY --from (kubectl),
+            # mounted; only the ones this build made go.
+            comm -13 <(echo "$before") <(buildah_ containers --quiet --notruncate | sort) |
+                while read -r leftover; do buildah_ rm "$leftover" >/dev/null; done
+            echo "build-images.sh: built $image in $((SECONDS - start)) s"
+            ;;
+    esac
+done
