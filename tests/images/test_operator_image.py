@@ -1,0 +1,123 @@
+"""The operator image run as its Deployment runs it, against the Kubernetes API emulator on 127.0.0.1.
+
+The container runs the image's own command (its CMD, which is the Deployment's) as the Deployment's
+user, with a host directory at each of the Deployment's volume mounts (/tmp) and the kubeconfig of
+the emulator read-only; the Deployment makes the root filesystem read-only, so the test checks
+that nothing else in it was written. A BertPretrainJob created in the emulator must become a
+PyTorchJob (rendered inside the image, by its kubectl's kustomize), and the Kubeflow conditions
+reported on the child must move the job's phase.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from buildah_images import (
+    BUILD_TIMEOUT_S,
+    Buildah,
+    Built,
+    Mount,
+    snapshot,
+    volume_dir,
+    written_outside,
+)
+from kube_emulator import answers, running_cluster
+
+from bertjob.crd import crd
+from jobs import REPO, valid_job, with_value
+
+# The first test waits for the session's image builds.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(BUILD_TIMEOUT_S + 300)]
+
+DEPLOYMENT = yaml.safe_load((REPO / "manifests" / "deployment.yaml").read_text())
+UPSTREAM_CRDS = REPO.parent / "shared" / "upstream-crds"
+PYTORCHJOBS = "kubeflow.org/v1/pytorchjobs"
+# Where the container finds the emulator's kubeconfig (a cluster's operator uses its service
+# account instead).
+KUBECONFIG_IN_CONTAINER = "/etc/bertjob-test/kubeconfig"
+# Seconds for the container to start and kopf to answer on its liveness endpoint.
+START_WAIT_S = 120
+
+
+def _crds() -> list[dict[str, Any]]:
+    crds = [crd()]
+    for filename in ("kubeflow.org_pytorchjobs.yaml", "kubeflow.org_mpijobs.yaml"):
+        path = UPSTREAM_CRDS / filename
+        if not path.is_file():
+            pytest.skip(f"{path} is absent: the upstream Kubeflow CRDs are not checked out beside the repo")
+        crds.append(yaml.safe_load(path.read_text()))
+    return crds
+
+
+def _condition(type_: str, status: str = "True") -> dict[str, str]:
+    """A JobCondition as Kubeflow's training operator writes it."""
+    return {
+        "type": type_,
+        "status": status,
+        "reason": f"PyTorchJob{type_}",
+        "message": f"the job is {type_.lower()}",
+        "lastUpdateTime": "2026-01-01T00:00:00Z",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }
+
+
+def _but_liveness(command: list[str]) -> list[str]:
+    # The harness serves the liveness probe on a free port of 127.0.0.1 rather than 0.0.0.0:8080.
+    return [argument for argument in command if not argument.startswith("--liveness=")]
+
+
+def test_the_operator_image_turns_a_job_into_a_pytorchjob_and_follows_it(
+    operator_image: Built, buildah: Buildah, tmp_path: Path
+) -> None:
+    pod = DEPLOYMENT["spec"]["template"]["spec"]
+    [deployed] = pod["containers"]
+    user = f"{pod['securityContext']['runAsUser']}:{pod['securityContext']['runAsGroup']}"
+    image_command = buildah.config(operator_image.name)["Cmd"]
+    assert image_command == deployed["command"]
+    volumes = [
+        Mount(volume_dir(tmp_path / "volumes" / mount["name"]), mount["mountPath"])
+        for mount in deployed["volumeMounts"]
+    ]
+    assert deployed["securityContext"]["readOnlyRootFilesystem"] is True
+    started: list[list[str]] = []
+
+    with buildah.container(operator_image.name) as container:
+        before = snapshot(container.rootfs())
+        kubeconfig = Mount(tmp_path / "operator-kubeconfig", KUBECONFIG_IN_CONTAINER, read_only=True)
+
+        def launch(command: list[str], env: dict[str, str]) -> list[str]:
+            assert _but_liveness(command) == _but_liveness(image_command), (command, image_command)
+            assert Path(env["KUBECONFIG"]) == kubeconfig.source
+            started.append(command)
+            return container.run_argv(
+                command, {**env, "KUBECONFIG": kubeconfig.target}, [*volumes, kubeconfig], user
+            )
+
+        with running_cluster(tmp_path, _crds(), launch=launch, start_wait_s=START_WAIT_S) as cluster:
+            name = "from-the-image"
+            cluster.create_job(with_value(valid_job(), "metadata.name", name))
+            status = cluster.status_when(name, "Pending", wait_s=60)
+            child = cluster.object(PYTORCHJOBS, name)
+            assert child is not None, cluster.log_tail()
+            assert [(c["apiVersion"], c["name"]) for c in status["children"]] == [("kubeflow.org/v1", name)]
+            assert child["metadata"]["ownerReferences"][0]["name"] == name
+            assert "Master" in child["spec"]["pytorchReplicaSpecs"]
+
+            cluster.report(PYTORCHJOBS, name, {"conditions": [_condition("Created"), _condition("Running")]})
+            cluster.status_when(name, "Running")
+            succeeded = [_condition("Created"), _condition("Running", "False"), _condition("Succeeded")]
+            cluster.report(PYTORCHJOBS, name, {"conditions": succeeded})
+            assert cluster.status_when(name, "Succeeded")["phase"] == "Succeeded"
+            # The readiness probe's endpoint, on the metrics port the Deployment sets.
+            assert answers(f"{cluster.metrics}/readyz")
+        after = snapshot(container.rootfs())
+
+    assert len(started) == 1
+    log = cluster.log.read_text()
+    assert "Traceback" not in log, log[-4000:]
+    # Only the volumes: the Deployment's root filesystem is read-only.
+    outside = written_outside(before, after, [*volumes, kubeconfig])
+    assert outside == [], "written outside the Deployment's volumes:\n" + "\n".join(outside)
