@@ -91,16 +91,38 @@ class Container:
         env: Mapping[str, str] = {},
         mounts: Sequence[Mount] = (),
         user: str | None = None,
+        read_only_root: bool = False,
     ) -> list[str]:
         """The command line that runs ``command`` in this container as a pod would: the image's
         environment plus ``env``, the host's network, ``mounts``, and the image's user unless
-        ``user`` (``uid:gid``) is given. buildah passes SIGTERM on to the command."""
+        ``user`` (``uid:gid``) is given. buildah passes SIGTERM on to the command.
+
+        ``read_only_root`` makes the root filesystem read-only for the command, as a pod's
+        readOnlyRootFilesystem does (``mounts`` stay as they are), and runs it without any
+        capability and with no_new_privs (a pod's ``capabilities: drop: [ALL]`` and
+        ``allowPrivilegeEscalation: false``). buildah has no such option, and remounting its
+        root from outside breaks buildah's own clean-up; so the command starts as root with
+        CAP_SYS_ADMIN, remounts its own view of / read-only (its mount namespace is private)
+        and gives up root with setpriv before anything of the image runs. ``user`` is required.
+        """
         options = ["--isolation", "chroot"]
         for key, value in env.items():
             options += ["--env", f"{key}={value}"]
         for mount in mounts:
             options += ["--volume", mount.option()]
-        if user is not None:
+        if read_only_root:
+            if user is None:
+                raise ValueError("read_only_root needs the user (uid:gid) to run the command as")
+            uid, _, gid = user.partition(":")
+            drop = (
+                "mount -o remount,bind,ro / && "
+                f'HOME="$(getent passwd {uid} | cut -d: -f6)" '
+                f"exec setpriv --reuid={uid} --regid={gid or uid} --clear-groups --no-new-privs "
+                '--inh-caps=-all --bounding-set=-all -- "$@"'
+            )
+            options += ["--user", "0:0", "--cap-add", "CAP_SYS_ADMIN"]
+            command = ["sh", "-c", drop, "sh", *command]
+        elif user is not None:
             options += ["--user", user]
         return self.buildah.argv("run", *options, self.name, "--", *command)
 
