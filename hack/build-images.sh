@@ -52,15 +52,20 @@ overlay_works() {
     rm -rf "$probe"
     return $status
 }
-if [[ -z "${BUILDAH_DRIVER:-}" ]]; then
-    if overlay_works; then BUILDAH_DRIVER=overlay; else BUILDAH_DRIVER=vfs; fi
-fi
-# One storage directory per driver: containers/storage refuses to open one made by another.
-BUILDAH_FLAGS=(--root "$CACHE/containers/$BUILDAH_DRIVER" --runroot "$CACHE/containers/$BUILDAH_DRIVER-run"
-    --storage-driver "$BUILDAH_DRIVER")
-# Without this, the overlay driver leaves its directory bind-mounted after buildah exits, and
-# deleting .cache fails with "Device or resource busy".
-[[ "$BUILDAH_DRIVER" == overlay ]] && BUILDAH_FLAGS+=(--storage-opt overlay.skip_mount_home=true)
+# buildah's global flags for the storage in $CACHE/containers (sets BUILDAH_FLAGS).
+storage_flags() {
+    if [[ -z "${BUILDAH_DRIVER:-}" ]]; then
+        if overlay_works; then BUILDAH_DRIVER=overlay; else BUILDAH_DRIVER=vfs; fi
+    fi
+    # One storage directory per driver: containers/storage refuses to open one made by another.
+    BUILDAH_FLAGS=(--root "$CACHE/containers/$BUILDAH_DRIVER" --runroot "$CACHE/containers/$BUILDAH_DRIVER-run"
+        --storage-driver "$BUILDAH_DRIVER")
+    # Without this, the overlay driver leaves its directory bind-mounted after buildah exits, and
+    # deleting .cache fails with "Device or resource busy".
+    if [[ "$BUILDAH_DRIVER" == overlay ]]; then
+        BUILDAH_FLAGS+=(--storage-opt overlay.skip_mount_home=true)
+    fi
+}
 
 usage() {
     sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
@@ -76,7 +81,7 @@ while (($#)); do
         --builder) builder=${2:?--builder needs docker, buildah or print}; shift 2 ;;
         --local) local_mode=true; shift ;;
         --horovod-wheels) wheels=$(cd "${2:?--horovod-wheels needs a directory}" && pwd); shift 2 ;;
-        --buildah-flags) printf '%s\n' "${BUILDAH_FLAGS[@]}"; exit 0 ;;
+        --buildah-flags) storage_flags; printf '%s\n' "${BUILDAH_FLAGS[@]}"; exit 0 ;;
         -h | --help) usage ;;
         operator | cuda | xeon | gaudi) targets+=("$1"); shift ;;
         *) echo "build-images.sh: unknown argument '$1'" >&2; usage ;;
@@ -160,9 +165,9 @@ local_kubectl() {
     fi
 }
 
-# The arguments that point a build at this machine's pip set-up (--local).
+# The arguments that point a build of target $1 at this machine's pip set-up (--local).
 local_pip_args() {
-    local cert=${PIP_CERT:-${SSL_CERT_FILE:-}} links found=()
+    local target=$1 cert=${PIP_CERT:-${SSL_CERT_FILE:-}} links found=()
     if [[ -n "$cert" && -f "$cert" ]]; then
         printf '%s\n' --volume "$cert:$cert:ro" --build-arg "PIP_CERT=$cert"
     fi
@@ -177,7 +182,7 @@ local_pip_args() {
     if ((${#found[@]})); then
         printf '%s\n' --build-arg "PIP_FIND_LINKS=${found[*]}"
     fi
-    if [[ -z "$(find "${found[@]:-/nonexistent}" -maxdepth 1 -name 'torch-*+cpu-*.whl' 2>/dev/null | head -n 1)" ]]; then
+    if [[ "$target" == xeon && -z "$(find "${found[@]:-/nonexistent}" -maxdepth 1 -name 'torch-*+cpu-*.whl' 2>/dev/null | head -n 1)" ]]; then
         echo "build-images.sh: no torch CPU wheel in the find-links directories (${found[*]:-none}):" \
             "the xeon image would take PyPI's torch, the CUDA build" >&2
     fi
@@ -205,13 +210,16 @@ build_options() {
         else
             printf '%s\n' --build-arg "XEON_BASE_IMAGE=$LOCAL_BASE"
         fi
-        local_pip_args
+        local_pip_args "$target"
     fi
 }
 
-if [[ "$builder" == buildah ]] && $local_mode; then
-    local_base
-    [[ " ${targets[*]} " == *" operator "* ]] && local_kubectl
+if [[ "$builder" == buildah ]]; then
+    storage_flags
+    if $local_mode; then
+        local_base
+        if [[ " ${targets[*]} " == *" operator "* ]]; then local_kubectl; fi
+    fi
 fi
 
 for target in "${targets[@]}"; do
