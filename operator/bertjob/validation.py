@@ -12,7 +12,7 @@ from bertjob.defaults import batch_split_problem, resolve_model, volumes, with_d
 from bertjob.spec import BertPretrainJob, JobSpec, SpecError
 
 # Volumes the base pod template mounts itself (kustomize/base): a job volume may not take their names.
-RESERVED_VOLUMES = {"job-config": "/etc/bertjob", "dshm": "/dev/shm"}
+RESERVED_VOLUMES = {"job-config": "/etc/bertjob", "dshm": "/dev/shm", "tmp": "/tmp"}
 
 
 def problems(spec: JobSpec, training: bool = True) -> list[tuple[str, str]]:

@@ -73,7 +73,7 @@ def test_every_combination_builds_by_hand(
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
         }
-        assert [volume["name"] for volume in pod["volumes"]] == ["job-config", "data", "dshm"]
+        assert [volume["name"] for volume in pod["volumes"]] == ["job-config", "data", "dshm", "tmp"]
         env = {var["name"] for var in container["env"]}
         assert {"BERTJOB_NAME", "BERTJOB_NAMESPACE"} <= env
         kubernetes_validate.validate(

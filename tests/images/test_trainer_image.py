@@ -51,6 +51,8 @@ from kubeflow_env import (
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(BUILD_TIMEOUT_S + 600)]
 
 JOB_FILE = "/etc/bertjob/job.yaml"
+# The job's own volume (spec.volumes), mounted from the host directory that holds its corpus.
+WORK_VOLUME = "work"
 TRAIN_TIMEOUT_S = 300
 # Two ranks on two cores: one thread each, as the source-tree pod tests run them.
 THREADS = {"OMP_NUM_THREADS": "1"}
@@ -60,7 +62,7 @@ def _job(work: Path, **spec: Any) -> tuple[dict[str, Any], str]:
     """A tiny CPU job whose corpus, shards and checkpoints are in ``work``, the job's own volume;
     its rendered child and its job file."""
     document = small_training_job(work)
-    document["spec"]["volumes"] = [{"name": "work", "mountPath": str(work)}]
+    document["spec"]["volumes"] = [{"name": WORK_VOLUME, "mountPath": str(work)}]
     document["spec"].update(spec)
     rendered = render(parse_job(document))
     return rendered[-1], rendered[0]["data"]["job.yaml"]
@@ -68,8 +70,9 @@ def _job(work: Path, **spec: Any) -> tuple[dict[str, Any], str]:
 
 def _pod_mounts(pod: dict[str, Any], container: dict[str, Any], job_file: str, root: Path) -> list[Mount]:
     """A host directory for each volume the container mounts: the job's ConfigMap holding its job
-    file, an emptyDir volume mounted from a fresh directory anyone may write (as the kubelet makes
-    one), except the job's own, whose directory already holds the corpus."""
+    file, the job's own volume (:data:`WORK_VOLUME`), whose directory already holds the corpus, and
+    for every other volume (dshm, tmp, data) a fresh directory under ``root`` anyone may write, as
+    the kubelet makes an emptyDir; never the host's own /tmp or /dev/shm."""
     volumes = {volume["name"]: volume for volume in pod["volumes"]}
     mounts = []
     for mount in container["volumeMounts"]:
@@ -78,7 +81,7 @@ def _pod_mounts(pod: dict[str, Any], container: dict[str, Any], job_file: str, r
             config = volume_dir(root / mount["name"])
             (config / Path(JOB_FILE).name).write_text(job_file)
             source = config
-        elif Path(mount["mountPath"]).is_dir():
+        elif mount["name"] == WORK_VOLUME:
             source = volume_dir(Path(mount["mountPath"]))
         else:
             source = volume_dir(root / mount["name"])
@@ -147,14 +150,10 @@ def test_pytorchjob_master_pod_trains_to_an_export_writing_only_its_volumes(
     assert export.is_file(), output[-4000:]
     # Written by the image's non-root user.
     assert export.stat().st_uid == _image_uid(buildah, xeon_image.name)
+    # torchrun's agent writes /tmp/torchelastic_*, which lies on the pod's tmp volume.
+    assert any(mount.target == "/tmp" for mount in mounts)
     outside = written_outside(before, after, mounts)
-    in_tmp = [path for path in outside if path == "/tmp" or path.startswith("/tmp/")]
-    assert outside == in_tmp, "written outside the pod's volumes:\n" + "\n".join(outside)
-    if in_tmp and not any(mount.target == "/tmp" for mount in mounts):
-        # torchrun's agent keeps its logs in /tmp/torchelastic_*, and torch's inductor its cache
-        # in /tmp/torchinductor_<user>: the pod needs a volume there (an emptyDir at /tmp in
-        # kustomize/base/trainer-pod.yaml) before its root filesystem can be read-only.
-        pytest.xfail("the trainer pod has no volume at /tmp, where torch writes:\n" + "\n".join(in_tmp))
+    assert outside == [], "written outside the pod's volumes:\n" + "\n".join(outside)
 
 
 def test_mpijob_launcher_trains_over_the_hostfile_with_horovod(
