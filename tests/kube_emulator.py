@@ -30,14 +30,19 @@ from typing import Any, TypeVar
 import aiohttp.web
 import attrs
 import kmock
+import pytest
 import yaml
 from kmock._internal import parsing
 from kubernetes.client import ApiClient, CustomObjectsApi
 from kubernetes.config import new_client_from_config
 
+from bertjob import crd as bertjob_crd
 from bertjob.spec import GROUP, PLURAL, VERSION
 
 WAIT_S = 30
+# Kubeflow's CRDs live in the shared checkout beside the repository, not in it.
+UPSTREAM_CRDS = Path(__file__).resolve().parents[2] / "shared" / "upstream-crds"
+KUBEFLOW_CRD_FILES = {"pytorchjob": "kubeflow.org_pytorchjobs.yaml", "mpijob": "kubeflow.org_mpijobs.yaml"}
 OPERATOR_TOKEN = "operator-token"
 # kmock keeps every request for assertions, and matches each new request to its reactions by
 # scanning them all, so a long session slows quadratically. The tests assert on ApiServer.calls
@@ -72,6 +77,25 @@ def _parse_path_with_namespaces(path: str) -> parsing.ParsedPath:
 
 
 parsing.parse_path = _parse_path_with_namespaces
+
+
+def cluster_crds(
+    launchers: Iterable[str] = tuple(KUBEFLOW_CRD_FILES), ours: bool = True
+) -> list[dict[str, Any]]:
+    """The CRDs of a cluster to run the operator against: ours (generated from the spec) unless
+    ``ours`` is false, and the upstream Kubeflow CRD of each of ``launchers`` (``spec.launcher``
+    values) from ``../shared/upstream-crds``.
+
+    Raises:
+        pytest.skip.Exception: an upstream CRD file is absent (shared/ is not beside the repo).
+    """
+    crds = [bertjob_crd.crd()] if ours else []
+    for launcher in launchers:
+        path = UPSTREAM_CRDS / KUBEFLOW_CRD_FILES[launcher]
+        if not path.is_file():
+            pytest.skip(f"{path} is absent: the upstream Kubeflow CRDs are not checked out beside the repo")
+        crds.append(yaml.safe_load(path.read_text()))
+    return crds
 
 
 class WaitTimeoutError(AssertionError):

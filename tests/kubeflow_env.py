@@ -157,3 +157,15 @@ def mpijob_launcher_command(
     launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
     paths = {MPI_HOSTFILE: hostfile, MPI_DISCOVER_HOSTS: discover_hosts}
     return [paths.get(arg, arg) for arg in [*launcher.get("command", []), *launcher.get("args", [])]]
+
+
+def kubeflow_condition(type_: str, status: str = "True") -> dict[str, Any]:
+    """A JobCondition as Kubeflow's operators write it into a PyTorchJob's or MPIJob's status."""
+    return {
+        "type": type_,
+        "status": status,
+        "reason": f"Job{type_}",
+        "message": f"the job is {type_.lower()}",
+        "lastUpdateTime": "2026-01-01T00:00:00Z",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }

@@ -7,16 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from kube_emulator import Cluster, running_cluster
+from kube_emulator import UPSTREAM_CRDS, Cluster, cluster_crds, running_cluster
 
-from bertjob.crd import crd, resource_schema
-from jobs import REPO
+from bertjob.crd import resource_schema
 from k8s_schema import load_crd_schema
-
-# Kubeflow's CRDs live in the shared checkout beside the repository, not in it.
-UPSTREAM_CRDS = REPO.parent / "shared" / "upstream-crds"
-UPSTREAM_CRD_FILES = ("kubeflow.org_pytorchjobs.yaml", "kubeflow.org_mpijobs.yaml")
 
 
 @pytest.fixture(scope="session")
@@ -48,11 +42,5 @@ def _upstream(filename: str, version: str) -> dict[str, Any]:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """kmock's Kubernetes emulator on 127.0.0.1 with our CRD and Kubeflow's PyTorchJob and MPIJob
     CRDs, and the operator (`kopf run`) running against it; one for the whole session."""
-    crds = [crd()]
-    for filename in UPSTREAM_CRD_FILES:
-        path = UPSTREAM_CRDS / filename
-        if not path.is_file():
-            pytest.skip(f"{path} is absent: the upstream Kubeflow CRDs are not checked out beside the repo")
-        crds.append(yaml.safe_load(path.read_text()))
-    with running_cluster(tmp_path_factory.mktemp("e2e"), crds) as running:
+    with running_cluster(tmp_path_factory.mktemp("e2e"), cluster_crds()) as running:
         yield running

@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 from kube_emulator import Cluster
 from kubernetes.client import CustomObjectsApi
-from test_handlers_e2e import CHILD_RESOURCES, LAUNCHERS, children_of, kubeflow_condition
+from test_handlers_e2e import CHILD_RESOURCES, LAUNCHERS, children_of
 
 from bertjob.spec import GROUP, PLURAL, VERSION
 from jobs import valid_job, with_value
+from kubeflow_env import kubeflow_condition
 
 PYTORCHJOBS = CHILD_RESOURCES["pytorchjob"]
 

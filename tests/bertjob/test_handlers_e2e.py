@@ -20,6 +20,7 @@ from bertjob.render import JOB_LABEL, render
 from bertjob.spec import parse_job
 from jobs import valid_job, with_value
 from k8s_schema import assert_valid
+from kubeflow_env import kubeflow_condition
 
 LAUNCHERS = ["pytorchjob", "mpijob"]
 CHILD_RESOURCES = {"pytorchjob": "kubeflow.org/v1/pytorchjobs", "mpijob": "kubeflow.org/v2beta1/mpijobs"}
@@ -32,18 +33,6 @@ OWNED = (
     "batch/v1/jobs",
     *CHILD_RESOURCES.values(),
 )
-
-
-def kubeflow_condition(type_: str, status: str = "True") -> dict[str, Any]:
-    """A JobCondition as Kubeflow's operators write it."""
-    return {
-        "type": type_,
-        "status": status,
-        "reason": f"Job{type_}",
-        "message": f"the job is {type_.lower()}",
-        "lastUpdateTime": "2026-01-01T00:00:00Z",
-        "lastTransitionTime": "2026-01-01T00:00:00Z",
-    }
 
 
 def children_of(cluster: Cluster, name: str) -> dict[str, list[dict[str, Any]]]:

@@ -14,16 +14,13 @@ from pathlib import Path
 
 import kmock
 import pytest
-import yaml
-from kube_emulator import Cluster, answers, running_cluster
+from kube_emulator import Cluster, answers, cluster_crds, running_cluster
 from kubernetes.client import CustomObjectsApi
 from test_e2e_lifecycle import _job
 
 from bertjob import prerequisites
 from bertjob.crd import crd
-from jobs import REPO
 
-UPSTREAM_CRDS = REPO.parent / "shared" / "upstream-crds"
 RETRY_S = 1
 MISSING = f"the {prerequisites.OWN_CRD} CRD is not installed"
 
@@ -38,11 +35,9 @@ def _readiness(cluster: Cluster) -> int:
 
 @pytest.fixture
 def without_our_crd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
-    path = UPSTREAM_CRDS / "kubeflow.org_pytorchjobs.yaml"
-    if not path.is_file():
-        pytest.skip(f"{path} is absent: the upstream Kubeflow CRDs are not checked out beside the repo")
+    crds = cluster_crds(["pytorchjob"], ours=False)
     monkeypatch.setenv(prerequisites.RETRY_ENV, str(RETRY_S))
-    with running_cluster(tmp_path, [yaml.safe_load(path.read_text())]) as cluster:
+    with running_cluster(tmp_path, crds) as cluster:
         yield cluster
 
 

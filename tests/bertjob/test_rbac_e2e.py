@@ -26,16 +26,16 @@ from typing import Any
 
 import pytest
 import yaml
-from kube_emulator import Call, Cluster, running_cluster
+from kube_emulator import Call, Cluster, cluster_crds, running_cluster
 from kubernetes.client import CoreV1Api, CustomObjectsApi
 from test_e2e_lifecycle import _job
-from test_handlers_e2e import CHILD_RESOURCES, kubeflow_condition
+from test_handlers_e2e import CHILD_RESOURCES
 
 from bertjob import launchers
-from bertjob.crd import crd
 from bertjob.render import JOB_LABEL, render
 from bertjob.spec import parse_job
 from jobs import REPO
+from kubeflow_env import kubeflow_condition
 
 # Granted without a request of the operator's own: the OwnerReferencesPermissionEnforcement
 # admission plugin lets only those who may update the owner's finalizers set blockOwnerDeletion,
@@ -46,7 +46,6 @@ WITHOUT_A_CALL = {
     ("bertjob.dev", "bertpretrainjobs/status"): {"get"},
 }
 CHART = REPO / "charts" / "bertjob"
-UPSTREAM_CRDS = REPO.parent / "shared" / "upstream-crds"
 WATCHED = ("a", "b")
 UNWATCHED = "c"
 
@@ -201,12 +200,7 @@ def chart_rbac() -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def namespaced_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """The emulator with namespaces a, b and c, and an operator serving a and b only."""
-    crds = [crd()]
-    for filename in ("kubeflow.org_pytorchjobs.yaml", "kubeflow.org_mpijobs.yaml"):
-        path = UPSTREAM_CRDS / filename
-        if not path.is_file():
-            pytest.skip(f"{path} is absent: the upstream Kubeflow CRDs are not checked out beside the repo")
-        crds.append(yaml.safe_load(path.read_text()))
+    crds = cluster_crds()
     with running_cluster(tmp_path_factory.mktemp("namespaced"), crds, namespaces=WATCHED) as running:
         for namespace in (*WATCHED, UNWATCHED):
             CoreV1Api(running.api).create_namespace({"metadata": {"name": namespace}})

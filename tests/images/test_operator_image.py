@@ -12,49 +12,25 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 from buildah_images import BUILD_TIMEOUT_S, Buildah, Built, Mount, volume_dir
-from kube_emulator import answers, running_cluster
+from kube_emulator import answers, cluster_crds, running_cluster
 
-from bertjob.crd import crd
 from jobs import REPO, valid_job, with_value
+from kubeflow_env import kubeflow_condition
 
 # The first test waits for the session's image builds.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(BUILD_TIMEOUT_S + 300)]
 
 DEPLOYMENT = yaml.safe_load((REPO / "manifests" / "deployment.yaml").read_text())
-UPSTREAM_CRDS = REPO.parent / "shared" / "upstream-crds"
 PYTORCHJOBS = "kubeflow.org/v1/pytorchjobs"
 # Where the container finds the emulator's kubeconfig (a cluster's operator uses its service
 # account instead).
 KUBECONFIG_IN_CONTAINER = "/etc/bertjob-test/kubeconfig"
 # Seconds for the container to start and kopf to answer on its liveness endpoint.
 START_WAIT_S = 120
-
-
-def _crds() -> list[dict[str, Any]]:
-    crds = [crd()]
-    for filename in ("kubeflow.org_pytorchjobs.yaml", "kubeflow.org_mpijobs.yaml"):
-        path = UPSTREAM_CRDS / filename
-        if not path.is_file():
-            pytest.skip(f"{path} is absent: the upstream Kubeflow CRDs are not checked out beside the repo")
-        crds.append(yaml.safe_load(path.read_text()))
-    return crds
-
-
-def _condition(type_: str, status: str = "True") -> dict[str, str]:
-    """A JobCondition as Kubeflow's training operator writes it."""
-    return {
-        "type": type_,
-        "status": status,
-        "reason": f"PyTorchJob{type_}",
-        "message": f"the job is {type_.lower()}",
-        "lastUpdateTime": "2026-01-01T00:00:00Z",
-        "lastTransitionTime": "2026-01-01T00:00:00Z",
-    }
 
 
 def _but_liveness(command: list[str]) -> list[str]:
@@ -104,7 +80,7 @@ def test_the_operator_image_turns_a_job_into_a_pytorchjob_and_follows_it(
                 read_only_root=True,
             )
 
-        with running_cluster(tmp_path, _crds(), launch=launch, start_wait_s=START_WAIT_S) as cluster:
+        with running_cluster(tmp_path, cluster_crds(), launch=launch, start_wait_s=START_WAIT_S) as cluster:
             name = "from-the-image"
             cluster.create_job(with_value(valid_job(), "metadata.name", name))
             status = cluster.status_when(name, "Pending", wait_s=60)
@@ -114,9 +90,14 @@ def test_the_operator_image_turns_a_job_into_a_pytorchjob_and_follows_it(
             assert child["metadata"]["ownerReferences"][0]["name"] == name
             assert "Master" in child["spec"]["pytorchReplicaSpecs"]
 
-            cluster.report(PYTORCHJOBS, name, {"conditions": [_condition("Created"), _condition("Running")]})
+            running = [kubeflow_condition("Created"), kubeflow_condition("Running")]
+            cluster.report(PYTORCHJOBS, name, {"conditions": running})
             cluster.status_when(name, "Running")
-            succeeded = [_condition("Created"), _condition("Running", "False"), _condition("Succeeded")]
+            succeeded = [
+                kubeflow_condition("Created"),
+                kubeflow_condition("Running", "False"),
+                kubeflow_condition("Succeeded"),
+            ]
             cluster.report(PYTORCHJOBS, name, {"conditions": succeeded})
             assert cluster.status_when(name, "Succeeded")["phase"] == "Succeeded"
             # The readiness probe's endpoint, on the metrics port the Deployment sets.
