@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
@@ -100,7 +100,10 @@ def wait_for_crds(
             if present:
                 if said_missing:
                     log.info("the %s CRD is installed now: serving %ss", OWN_CRD, KIND)
-                _best_effort(report_launchers, api)
+                try:
+                    report_launchers(api)
+                except ApiException as error:
+                    log.warning("cannot list the Kubeflow CRDs (HTTP %s %s)", error.status, error.reason)
                 ready.set()
                 return
             if not said_missing:
@@ -114,13 +117,6 @@ def wait_for_crds(
                 )
             said_missing = True
         stop.wait(retry_s)
-
-
-def _best_effort(report: Callable[[ApiClient], None], api: ApiClient) -> None:
-    try:
-        report(api)
-    except ApiException as error:
-        log.warning("cannot list the Kubeflow CRDs (HTTP %s %s)", error.status, error.reason)
 
 
 def start(api: ApiClient, ready: threading.Event, retry_s: float = RETRY_S) -> threading.Event:

@@ -15,9 +15,7 @@ import functools
 import json
 import os
 import re
-import shutil
 import subprocess
-import sys
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -30,11 +28,11 @@ from jsonschema import Draft7Validator
 from bertjob.render import kustomize_build, render
 from bertjob.spec import parse_job
 from bertjob.validation import cluster_job
+from helm_chart import CHART, helm_or_skip
 from jobs import EXAMPLES, REPO
 from k8s_schema import assert_valid
 
 GITOPS = EXAMPLES / "gitops"
-CHART = REPO / "charts" / "bertjob"
 KUBERNETES_VERSION = "1.33"
 # Flux's metav1.Duration pattern (kubebuilder validation of interval, timeout, retryInterval).
 DURATION = re.compile(r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$")
@@ -269,11 +267,6 @@ def _chart_default_values() -> dict[str, Any]:
     return _file(CHART / "values.yaml")
 
 
-def _helm() -> str | None:
-    beside = Path(sys.executable).with_name("helm")
-    return str(beside) if beside.is_file() else shutil.which("helm")
-
-
 # --- tests ---------------------------------------------------------------------------------------
 
 
@@ -501,9 +494,7 @@ def test_the_operator_serves_the_jobs_namespace() -> None:
 
 
 def test_helm_renders_the_chart_with_the_gitops_values(tmp_path: Path) -> None:
-    binary = _helm()
-    if binary is None:
-        pytest.skip("helm is not installed: `make .venv/bin/helm` (hack/install-helm.sh) provides it")
+    binary = helm_or_skip()
     [release] = _by_kind(_flux(), "HelmRelease")
     version = _file(CHART / "Chart.yaml")["appVersion"]
 

@@ -17,11 +17,8 @@ with the chart's rules:
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,6 +31,7 @@ from test_handlers_e2e import CHILD_RESOURCES
 from bertjob import launchers
 from bertjob.render import JOB_LABEL, render
 from bertjob.spec import parse_job
+from helm_chart import CHART, helm_or_skip
 from jobs import REPO
 from kubeflow_env import kubeflow_condition
 
@@ -45,7 +43,6 @@ WITHOUT_A_CALL = {
     ("bertjob.dev", "bertpretrainjobs/finalizers"): {"update"},
     ("bertjob.dev", "bertpretrainjobs/status"): {"get"},
 }
-CHART = REPO / "charts" / "bertjob"
 WATCHED = ("a", "b")
 UNWATCHED = "c"
 
@@ -168,20 +165,12 @@ def test_the_cluster_role_grants_exactly_what_the_operator_calls(cluster: Cluste
 # --- The chart's namespaced scope -------------------------------------------------------------
 
 
-def _helm() -> str:
-    beside = Path(sys.executable).with_name("helm")
-    found = str(beside) if beside.is_file() else shutil.which("helm")
-    if found is None:
-        pytest.skip("helm is not installed: `make .venv/bin/helm` (hack/install-helm.sh) provides it")
-    return found
-
-
 @pytest.fixture(scope="module")
 def chart_rbac() -> list[dict[str, Any]]:
     """The chart's RBAC objects with ``watchNamespaces: [a, b]``."""
     rendered = subprocess.run(
         [
-            _helm(),
+            helm_or_skip(),
             "template",
             "bertjob",
             str(CHART),

@@ -10,15 +10,14 @@ from typing import Any
 
 import pytest
 import yaml
-from helm_chart import CHART, NAMESPACE, RELEASE, helm_binary
+
+from helm_chart import CHART, NAMESPACE, RELEASE, helm_or_skip
 
 
 @pytest.fixture(scope="session")
 def helm() -> Callable[..., subprocess.CompletedProcess[str]]:
     """Run helm with the given arguments; the completed process (not checked)."""
-    binary = helm_binary()
-    if binary is None:
-        pytest.skip("helm is not installed: `make .venv/bin/helm` (hack/install-helm.sh) provides it")
+    binary = helm_or_skip()
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([binary, *args], capture_output=True, text=True, timeout=60)

@@ -15,6 +15,9 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+
+from bertjob.crd import chart_template, crd
+from bertjob.metrics import PORT_ENV
 from helm_chart import (
     BAD_VALUES,
     CHART,
@@ -31,9 +34,6 @@ from helm_chart import (
     settings,
     values_schema,
 )
-
-from bertjob.crd import chart_template, crd
-from bertjob.metrics import PORT_ENV
 from jobs import REPO
 from k8s_schema import assert_valid
 

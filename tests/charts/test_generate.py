@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helm_chart import CHART, helm_binary
 
+from helm_chart import CHART, helm_binary
 from jobs import REPO
 
 GENERATE = REPO / "hack" / "generate-manifests.sh"

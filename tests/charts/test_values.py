@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+
+from bertjob.metrics import PORT_ENV
 from helm_chart import (
     RELEASE,
     by_key,
@@ -29,8 +31,6 @@ from helm_chart import (
     settings,
     values_schema,
 )
-
-from bertjob.metrics import PORT_ENV
 
 Render = Callable[..., list[dict[str, Any]]]
 Objects = list[dict[str, Any]]

@@ -1,4 +1,4 @@
-"""Helpers for the chart's tests: where the chart is, finding helm, and reading what it renders."""
+"""Helpers for the tests that use the chart: where it is, finding helm, and reading what it renders."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from jobs import REPO
@@ -27,6 +28,14 @@ def helm_binary() -> str | None:
     """helm beside this interpreter (make installs it into .venv/bin), else on PATH."""
     beside = Path(sys.executable).with_name("helm")
     return str(beside) if beside.is_file() else shutil.which("helm")
+
+
+def helm_or_skip() -> str:
+    """:func:`helm_binary`; skips the calling test with how to install helm when there is none."""
+    binary = helm_binary()
+    if binary is None:
+        pytest.skip("helm is not installed: `make .venv/bin/helm` (hack/install-helm.sh) provides it")
+    return binary
 
 
 def by_key(objects: list[dict[str, Any]]) -> Objects:
