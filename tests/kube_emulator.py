@@ -194,21 +194,28 @@ class ApiServer(kmock.KubernetesEmulator):
             await self._collect_garbage(str(obj.last.get("metadata", {}).get("uid")))
 
 
+def serve(server: ApiServer, crd: Mapping[str, Any]) -> None:
+    """Let the emulator serve every version of ``crd``'s resource (names, scope and subresources as
+    the CRD gives them), as an API server does once a CRD is established; the CRD object itself is
+    not stored."""
+    spec, names = crd["spec"], crd["spec"]["names"]
+    for version in spec["versions"]:
+        server.resources[f"{spec['group']}/{version['name']}/{names['plural']}"] = kmock.ResourceInfo(
+            kind=names["kind"],
+            singular=names.get("singular"),
+            namespaced=spec["scope"] == "Namespaced",
+            verbs=VERBS,
+            subresources=set(version.get("subresources") or {}),
+        )
+
+
 def declare(server: ApiServer, crds: Iterable[Mapping[str, Any]]) -> None:
     """Declare the built-in kinds and every served version of ``crds`` (names, scope and
     subresources as the CRDs give them), and store the CRDs themselves."""
     for path, kind, namespaced in BUILTIN:
         server.resources[path] = kmock.ResourceInfo(kind=kind, namespaced=namespaced, verbs=VERBS)
     for crd in crds:
-        spec, names = crd["spec"], crd["spec"]["names"]
-        for version in spec["versions"]:
-            server.resources[f"{spec['group']}/{version['name']}/{names['plural']}"] = kmock.ResourceInfo(
-                kind=names["kind"],
-                singular=names.get("singular"),
-                namespaced=spec["scope"] == "Namespaced",
-                verbs=VERBS,
-                subresources=set(version.get("subresources") or {}),
-            )
+        serve(server, crd)
         server.objects[
             (
                 kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions"),

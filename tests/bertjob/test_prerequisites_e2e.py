@@ -12,9 +12,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import kmock
 import pytest
-from kube_emulator import Cluster, answers, cluster_crds, running_cluster
+from kube_emulator import Cluster, answers, cluster_crds, running_cluster, serve
 from kubernetes.client import CustomObjectsApi
 from test_e2e_lifecycle import _job
 
@@ -45,17 +44,7 @@ def _install_our_crd(cluster: Cluster) -> None:
     """What `kubectl apply -f manifests/crd.yaml` does to a real API server: the resource is
     discovered, and the CRD object appears (with a watch event, which kopf follows)."""
     definition = crd()
-    spec = definition["spec"]
-    [version] = spec["versions"]
-    cluster.server.resources[f"{spec['group']}/{version['name']}/{spec['names']['plural']}"] = (
-        kmock.ResourceInfo(
-            kind=spec["names"]["kind"],
-            singular=spec["names"]["singular"],
-            namespaced=True,
-            verbs={"create", "get", "list", "watch", "patch", "update", "delete"},
-            subresources=set(version["subresources"]),
-        )
-    )
+    serve(cluster.server, definition)
     CustomObjectsApi(cluster.api).create_cluster_custom_object(
         "apiextensions.k8s.io", "v1", "customresourcedefinitions", definition
     )
