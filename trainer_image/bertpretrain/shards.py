@@ -28,6 +28,11 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+SHARD_FORMAT = 2
+"""Version of the on-disk shard layout, bumped whenever it changes (2: fletcher32 checksums).
+
+Data preparation's cache key includes it, so shards written by an older version are rebuilt."""
+
 SHARD_DTYPES: dict[str, type[np.integer]] = {
     "input_ids": np.int32,
     "input_mask": np.int8,
