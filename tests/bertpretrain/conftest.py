@@ -91,7 +91,8 @@ def write_shard(
     min_length: int | None = None,
 ) -> None:
     """One shard of valid random instances in NVIDIA's schema and dtypes, of ``min_length``
-    (default half of ``max_seq_length``) to ``max_seq_length`` tokens."""
+    (default half of ``max_seq_length``) to ``max_seq_length`` tokens. Written as NVIDIA's script
+    writes them, gzip-compressed without checksums: the shards of other tools must load too."""
     rng = np.random.default_rng(seed)
     ranks = np.arange(1, len(WORDS) + 1)
     probs = ranks**-1.2 / np.sum(ranks**-1.2)
@@ -165,6 +166,39 @@ def make_shards(tmp_path: Path) -> ShardMaker:
         return directory
 
     return make
+
+
+def _damage(path: Path, dataset: str = "input_ids", size: int = 64 << 10) -> None:
+    with h5py.File(path, "r") as file:
+        stored = file[dataset].id
+        if file[dataset].chunks is None:
+            extents = [(stored.get_offset(), stored.get_storage_size())]
+        else:
+            infos = [stored.get_chunk_info(index) for index in range(stored.get_num_chunks())]
+            extents = sorted((info.byte_offset, info.size) for info in infos)
+    total = sum(length for _, length in extents)
+    size = min(size, total // 2)
+    skip = (total - size) // 2  # bytes of data before the damage
+    garbage = np.random.default_rng(15)
+    with open(path, "r+b") as handle:
+        for offset, length in extents:
+            start = min(max(skip, 0), length)
+            end = min(max(skip + size, 0), length)
+            if start < end:
+                handle.seek(offset + start)
+                original = np.frombuffer(handle.read(end - start), np.uint8)
+                handle.seek(offset + start)
+                # XOR with non-zero bytes: every byte changes.
+                handle.write((original ^ garbage.integers(1, 256, len(original), np.uint8)).tobytes())
+            skip -= length
+
+
+@pytest.fixture
+def damage_shard() -> Callable[..., None]:
+    """``damage_shard(path, dataset="input_ids", size=64 KiB)``: overwrite ``size`` bytes (at
+    most half of them) in the middle of the dataset's stored data with garbage, inside its chunks
+    only, so that the file's structure stays intact and its values do not."""
+    return _damage
 
 
 @pytest.fixture

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,10 @@ from bertpretrain.loader import (
     build_loader,
     find_shards,
     heldout_batches,
+    verify_phases,
+    verify_shards,
 )
+from bertpretrain.shards import read_shard, write_shard
 from bertpretrain.vocab import SpecialIds
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -156,6 +161,84 @@ def test_wrong_sequence_length_is_named(shard_dir: Path) -> None:
 def test_ids_outside_the_vocabulary_are_named(shard_dir: Path, vocab_size: int) -> None:
     with pytest.raises(ShardError, match=r"shard_000\d.hdf5: input_ids holds ids .* vocabulary of 20"):
         take(shard_dir, 1, 20)
+
+
+@pytest.mark.parametrize("checksums", [True, False], ids=["fletcher32", "nvidia-gzip"])
+def test_damaged_shard_is_named_before_any_batch(
+    shard_dir: Path, vocab_size: int, damage_shard, checksums: bool
+) -> None:
+    if checksums:  # as the data stage writes them; the fixture's are NVIDIA's, without checksums
+        for path in shard_dir.glob("shard_*.hdf5"):
+            write_shard(path, read_shard(path))
+    damage_shard(shard_dir / "shard_0001.hdf5")
+    shards = find_shards(shard_dir, SEQ, PRED)  # the structure is intact
+    with pytest.raises(
+        ShardError, match=r"shard_0001\.hdf5: dataset input_ids cannot be read, the file is damaged"
+    ):
+        verify_shards(shards, vocab_size)
+
+
+def test_verification_finds_ids_outside_the_vocabulary(shard_dir: Path) -> None:
+    with pytest.raises(ShardError, match=r"shard_0000.hdf5: input_ids holds ids .* vocabulary of 20"):
+        verify_shards(find_shards(shard_dir, SEQ, PRED), 20)
+
+
+@pytest.mark.parametrize("damaged", [0, 1, 2])
+def test_each_rank_verifies_its_share_of_the_shards(
+    shard_dir: Path, vocab_size: int, damage_shard, damaged: int
+) -> None:
+    damage_shard(shard_dir / f"shard_000{damaged}.hdf5")
+    shards = find_shards(shard_dir, SEQ, PRED)
+    failed = set()
+    for rank in range(2):
+        try:
+            verify_shards(shards, vocab_size, rank, world_size=2)
+        except ShardError:
+            failed.add(rank)
+    assert failed == {damaged % 2}
+
+
+def test_every_rank_stops_on_damage_any_rank_found_in_any_phase(
+    make_shards, make_spec, vocab_size: int, damage_shard
+) -> None:
+    phases = make_spec(
+        [{"maxSeqLength": SEQ, "maxPredictionsPerSeq": PRED, "globalBatchSize": 8, "learningRate": 1e-3,
+          "steps": 1},
+         {"maxSeqLength": 64, "maxPredictionsPerSeq": 9, "globalBatchSize": 8, "learningRate": 1e-3,
+          "steps": 1}]
+    ).phases  # fmt: skip
+    directories = [make_shards("phase1", num_shards=1), make_shards("phase2", 64, 9, num_shards=2)]
+    make_shards("phase2", 64, 9, num_shards=1, prefix="heldout")
+    damaged = directories[1] / "heldout_0000.hdf5"
+    damage_shard(damaged)
+    # Shards in order: phase1/shard_0000, phase2/shard_0000, phase2/shard_0001, phase2/heldout_0000:
+    # rank 1 of 2 reads the damaged one. Two threads stand in for the ranks, meeting in an all-gather.
+    values: list[object] = [None, None]
+    meeting = threading.Barrier(2)
+    errors: list[BaseException | None] = [None, None]
+
+    def rank(number: int) -> None:
+        def gather(value: object) -> list[object]:
+            values[number] = value
+            meeting.wait()
+            return list(values)
+
+        try:
+            verify_phases(phases, directories, vocab_size, number, 2, gather)
+        except ShardError as error:
+            errors[number] = error
+
+    threads = [threading.Thread(target=rank, args=(number,)) for number in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert [str(error).startswith(f"{damaged}: dataset input_ids cannot be read") for error in errors] == [
+        True,
+        True,
+    ]
+    with pytest.raises(ShardError, match=re.escape(str(damaged))):
+        verify_phases(phases, directories, vocab_size)  # one process reads them all
 
 
 @pytest.fixture

@@ -3,8 +3,11 @@ run in test_kubeflow_pods.py)."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +106,30 @@ def test_run_exit_codes(
     assert bertpretrain_main(["run", "--config", str(job_file)]) == code
     captured = capsys.readouterr()
     assert message in captured.err + captured.out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "shard",
+    ["seq_len_64_max_pred_10/shard_00000.hdf5", "seq_len_128_max_pred_20/shard_00000.hdf5"],
+    ids=["phase1", "phase2"],
+)
+def test_damaged_shard_stops_the_run_before_training(tmp_path: Path, damage_shard, shard: str) -> None:
+    """Unchecked, both damaged shards cost work: phase 1's 30 steps read only the first shard of
+    its order (shard_00001), so it exits 0 on a damaged shard_00000; phase 2's comes after phase 1's
+    checkpoints."""
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(small_training_job(tmp_path, processes=1)))
+    assert bertpretrain_main(["prepare", "--config", str(job_file)]) == 0
+    damaged = tmp_path / "data" / shard
+    damage_shard(damaged)  # up to 64 KiB of garbage in the middle of input_ids' data
+    result = subprocess.run(
+        [sys.executable, "-m", "bertpretrain", "run", "--config", str(job_file)],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert not list((tmp_path / "checkpoints").rglob("*.pt")), result.stdout
+    assert f"{damaged}: dataset input_ids cannot be read, the file is damaged" in result.stderr
 
 
 def test_prepare_command_makes_the_data_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import h5py
@@ -49,3 +50,21 @@ def test_wrong_dtype_is_named(tmp_path: Path) -> None:
     write_shard(tmp_path / "shard.hdf5", {**arrays(2), "input_ids": arrays(2)["input_ids"].astype(np.int64)})
     with pytest.raises(ValueError, match=r"shard\.hdf5: dataset input_ids should be int32, found int64"):
         read_shard(tmp_path / "shard.hdf5")
+
+
+def test_datasets_carry_checksums_in_chunks_of_whole_rows(tmp_path: Path) -> None:
+    write_shard(tmp_path / "shard.hdf5", arrays(300))
+    with h5py.File(tmp_path / "shard.hdf5") as file:
+        for name in SHARD_DTYPES:
+            assert file[name].fletcher32, name
+            assert file[name].chunks[1:] == file[name].shape[1:], name
+
+
+def test_damaged_data_fails_its_checksum_naming_file_and_dataset(tmp_path: Path, damage_shard) -> None:
+    path = tmp_path / "shard.hdf5"
+    write_shard(path, arrays(300))
+    damage_shard(path, "masked_lm_ids")
+    with pytest.raises(
+        OSError, match=rf"{re.escape(str(path))}: dataset masked_lm_ids cannot be read, the file is damaged"
+    ):
+        read_shard(path)

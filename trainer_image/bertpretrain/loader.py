@@ -23,7 +23,7 @@ order, by :func:`heldout_batches`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -33,10 +33,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from bertjob.spec import PhaseSpec
 from bertpretrain.masking import mask_tokens
 from bertpretrain.model import IGNORE_INDEX
 from bertpretrain.packing import PACKED_DTYPES, packed_shapes
-from bertpretrain.shards import DYNAMIC_DTYPES, PREDICTION_DATASETS, SHARD_DTYPES, shard_shapes
+from bertpretrain.shards import DYNAMIC_DTYPES, PREDICTION_DATASETS, SHARD_DTYPES, read_datasets, shard_shapes
 from bertpretrain.vocab import SpecialIds, continuation_table, load_tokenizer
 
 Batch = dict[str, torch.Tensor]
@@ -155,14 +156,14 @@ def load_shard(shard: Shard, vocab_size: int) -> Arrays:
     """All datasets of one shard as numpy arrays, checked to be valid token ids and positions.
 
     Raises:
-        ShardError: the file cannot be read, or holds ids outside ``[0, vocab_size)`` or masked
-            positions outside the sequence.
+        ShardError: the file cannot be read (damaged: its checksums, where it has them, or its
+            structure; see ``bertpretrain.shards.read_datasets``), or holds ids outside
+            ``[0, vocab_size)`` or masked positions outside the sequence.
     """
     try:
-        with h5py.File(shard.path, "r") as file:
-            arrays = {name: file[name][()] for name in _SCHEMAS[shard.kind]}
+        arrays = read_datasets(shard.path, _SCHEMAS[shard.kind])
     except (OSError, KeyError) as error:
-        raise ShardError(f"{shard.path}: cannot read ({error})") from None
+        raise ShardError(error.args[0]) from None
     for name in ("input_ids", "masked_lm_ids"):
         values = arrays.get(name, np.zeros(0, np.int32))
         if values.size and (values.min() < 0 or values.max() >= vocab_size):
@@ -174,6 +175,66 @@ def load_shard(shard: Shard, vocab_size: int) -> Arrays:
     if positions.size and (positions.min() < 0 or positions.max() >= arrays["input_ids"].shape[1]):
         raise ShardError(f"{shard.path}: masked_lm_positions outside the sequence")
     return arrays
+
+
+def verify_shards(shards: Sequence[Shard], vocab_size: int, rank: int = 0, world_size: int = 1) -> None:
+    """Load this rank's share of ``shards`` once each (see :func:`load_shard`), before training.
+
+    Rank ``r`` reads the shards at positions ``r, r + world_size, ...``, so the ranks together read
+    every shard once: eight ranks on one node do not read the same files eight times.
+
+    Raises:
+        ShardError: the first of its shards that is damaged or holds invalid values.
+    """
+    for shard in shards[rank::world_size]:
+        load_shard(shard, vocab_size)
+
+
+def phase_shards(shard_dir: Path, max_seq_length: int, max_predictions_per_seq: int) -> list[Shard]:
+    """A phase's training shards, then its held-out shards if it has any (see :func:`find_shards`).
+
+    Raises:
+        ShardError: see :func:`find_shards`.
+    """
+    shards = find_shards(shard_dir, max_seq_length, max_predictions_per_seq)
+    if any(shard_dir.glob(HELDOUT_PATTERN)):
+        shards += find_shards(shard_dir, max_seq_length, max_predictions_per_seq, HELDOUT_PATTERN)
+    return shards
+
+
+def verify_phases(
+    phases: Sequence[PhaseSpec],
+    directories: Sequence[Path],
+    vocab_size: int,
+    rank: int = 0,
+    world_size: int = 1,
+    gather: Callable[[object], list[object]] | None = None,
+) -> None:
+    """Check every shard of every phase (``directories[k]`` holds ``phases[k]``'s) before step 1.
+
+    Every rank runs this: each reads its share of all the phases' shards (:func:`verify_shards`),
+    then ``gather`` (an all-gather over the ranks, ``DataParallel.gather_object``) tells each rank
+    what the others found, so that all of them stop with the same error, and rank 0's log, the
+    one people read, names the file even when another node found it.
+
+    Raises:
+        ShardError: a directory, or a shard in it, that :func:`find_shards` or :func:`load_shard`
+            refuses; with several ranks, the error of the lowest rank that found one.
+    """
+    error = None
+    try:
+        shards = [
+            shard
+            for phase, directory in zip(phases, directories, strict=True)
+            for shard in phase_shards(directory, phase.max_seq_length, phase.max_predictions_per_seq)
+        ]
+        verify_shards(shards, vocab_size, rank, world_size)
+    except ShardError as found:
+        error = str(found)
+    errors = gather(error) if gather is not None else [error]
+    first = next((message for message in errors if message is not None), None)
+    if first is not None:
+        raise ShardError(first)
 
 
 def to_batch(arrays: Arrays) -> Batch:

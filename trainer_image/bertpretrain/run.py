@@ -23,6 +23,7 @@ from bertjob.spec import BertPretrainJob, JobSpec, SpecError, load_job
 from bertjob.validation import check
 from bertpretrain.checkpoint import latest, phase_dir
 from bertpretrain.export import export_hf, fill_mask
+from bertpretrain.loader import verify_phases
 from bertpretrain.parallel import DataParallel, join
 from bertpretrain.preemption import Preempted
 from bertpretrain.prepare import VOCAB_DIR, PreparedData, prepare
@@ -68,9 +69,14 @@ def run_job(spec: JobSpec) -> JobOutputs:
 
 
 def _prepare_and_train(spec: JobSpec, parallel: DataParallel) -> tuple[PreparedData, list[Path]]:
-    """The data, then each phase; returns the data and each phase's final checkpoint. Run again
-    from the start after an elastic reset, it finds the data made and resumes from checkpoints."""
+    """The data, its check (every phase's shards, before step 1), then each phase; returns the data
+    and each phase's final checkpoint. Run again from the start after an elastic reset, it finds
+    the data made and resumes from checkpoints."""
     data = _prepare_on_rank_zero(spec, parallel)
+    world = parallel.world
+    verify_phases(
+        spec.phases, data.phase_dirs, data.vocab_size, world.rank, world.world_size, parallel.gather_object
+    )
     checkpoints: list[Path] = []
     for index in range(len(spec.phases)):
         init_from = checkpoints[-1] if checkpoints else None
