@@ -18,7 +18,8 @@ both drawn from ``(seed, epoch)``; every rank draws the same permutation and tak
 the remainder being dropped, the same number of batches. Batches run on across shard and epoch
 boundaries, and the stream never ends: the training loop counts steps, not epochs. A shard is
 read whole into memory when its turn comes. Held-out shards (``heldout_*.hdf5``) are read once, in
-order, by :func:`heldout_batches`.
+order, by :func:`heldout_batches`. Before training, :func:`verify_phases` reads every shard of the
+job once, the ranks sharing the work, so that a damaged file stops the job before step 1.
 """
 
 from __future__ import annotations
