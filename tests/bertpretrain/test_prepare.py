@@ -70,7 +70,8 @@ def test_builtin_python_docs_give_both_phases(tmp_path: Path, capsys: pytest.Cap
     assert data == PreparedData(
         tmp_path / "vocab", 1000, [tmp_path / "seq_len_128_max_pred_20", tmp_path / "seq_len_512_max_pred_80"]
     )
-    assert sorted(p.name for p in data.vocab_dir.iterdir()) == ["tokenizer.json", "vocab.txt"]
+    vocab_files = ["parameters.json", "tokenizer.json", "vocab.txt"]
+    assert sorted(p.name for p in data.vocab_dir.iterdir()) == vocab_files
     manifest = json.loads((tmp_path / "documents" / "manifest.json").read_text())
     assert [piece["file"] for piece in manifest["pieces"]] == ["piece_000000.npz", "piece_000001.npz"]
     for directory, (length, predictions) in zip(data.phase_dirs, [(128, 20), (512, 80)], strict=True):

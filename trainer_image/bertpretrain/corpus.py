@@ -199,12 +199,7 @@ def read_source(source: SourceSpec, skipped: Skipped) -> Iterator[RawDocument]:
         yield from _python_docs()
         return
     path = Path(source.path)
-    if path.is_dir():
-        files = _directory_files(path)
-    elif path.is_file():
-        files = [path]
-    else:
-        raise FileNotFoundError(f"corpus source {source.path!r}: no such file or directory")
+    files = source_files(source)
     files_read = 0
     for file in files:
         with _named_errors(file):
@@ -226,6 +221,61 @@ def read_source(source: SourceSpec, skipped: Skipped) -> Iterator[RawDocument]:
     if files_read == 0 and path.is_dir():
         found = f"{len(files)} files, all skipped" if files else "no files"
         raise FileNotFoundError(f"corpus directory {path} holds no readable file ({found})")
+
+
+def source_files(source: SourceSpec) -> list[Path]:
+    """The files a source other than ``builtin:python-docs`` is read from, in reading order.
+
+    Raises:
+        FileNotFoundError: the path does not exist.
+    """
+    path = Path(source.path)
+    if path.is_dir():
+        return _directory_files(path)
+    if path.is_file():
+        return [path]
+    raise FileNotFoundError(f"corpus source {source.path!r}: no such file or directory")
+
+
+def identity(sources: Sequence[SourceSpec]) -> list[dict[str, Any]]:
+    """What the corpus is made of, to tell whether it changed since an earlier run (JSON-ready).
+
+    Per source: its settings, and under ``files`` the ``[size, mtime_ns]`` of each file it reads,
+    by path; for ``builtin:python-docs``, the Python version instead (the text comes with it).
+    Files are told apart by size and modification time, as ``make`` and ``rsync`` do, not by a
+    hash: hashing would read the whole corpus on every run. A file rewritten within the same
+    clock tick at the same size, or copied with its old time kept, is missed.
+
+    Raises:
+        FileNotFoundError: a source's path does not exist.
+    """
+    found = []
+    for source in sources:
+        if source.path == BUILTIN_PYTHON_DOCS or source.format == "python-docs":
+            files: dict[str, Any] = {BUILTIN_PYTHON_DOCS: f"Python {sys.version}"}
+        else:
+            stats = {str(file): file.stat() for file in source_files(source)}
+            files = {name: [stat.st_size, stat.st_mtime_ns] for name, stat in stats.items()}
+        found.append({**source.model_dump(mode="json"), "files": files})
+    return found
+
+
+def describe_change(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> str:
+    """How corpus ``new`` differs from ``old`` (both from :func:`identity`), for a message:
+    ``"the corpus changed (size/mtime of /data/a.txt, /data/b.txt added)"``."""
+    old_files = {name: value for source in old for name, value in source.get("files", {}).items()}
+    new_files = {name: value for source in new for name, value in source.get("files", {}).items()}
+    changes = [
+        f"size/mtime of {name}" if isinstance(value, list) else f"{name}: {old_files[name]} -> {value}"
+        for name, value in new_files.items()
+        if name in old_files and old_files[name] != value
+    ]
+    changes += [f"{name} added" for name in new_files if name not in old_files]
+    changes += [f"{name} removed" for name in old_files if name not in new_files]
+    if not changes:
+        changes = ["a source's format, field or weight"]
+    shown = changes[:3] + ([f"{len(changes) - 3} more"] if len(changes) > 3 else [])
+    return f"the corpus changed ({', '.join(shown)})"
 
 
 def read_corpus(sources: Sequence[SourceSpec], seed: int, skipped: Skipped) -> Iterator[RawDocument]:

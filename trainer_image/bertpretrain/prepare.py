@@ -3,6 +3,7 @@
 Everything goes under ``spec.data.shards``::
 
     vocab/vocab.txt, vocab/tokenizer.json         the WordPiece vocabulary (bertpretrain.vocab)
+    vocab/parameters.json                         what made it, written last
     documents/piece_{i:06d}.npz                   the corpus, tokenized, in ~1 MB pieces
     documents/manifest.json                       counts per piece, written last
     <dataset>/shard_{i:05d}.hdf5                  training shards of a phase (bertpretrain.shards)
@@ -27,19 +28,28 @@ What is made depends only on the corpus, the vocabulary, the parameters and the 
 number of workers: pieces are cut by bytes, and each shard's draws come from a generator seeded
 with ``(seed, max_seq_length, max_predictions_per_seq, split, shard index)``.
 
-Resuming: every file is written under a temporary name and renamed, and each directory records
-its parameters first. A re-run keeps the vocabulary, the pieces and the shards already made with
-the same parameters and makes only what is missing; changed parameters remake that stage. A
-corpus whose files changed under the same name is not noticed: delete ``documents/``.
+Reusing and resuming: each stage has a *key*, everything that made its output (the corpus's files
+by path, size and modification time, the vocabulary settings or file, the vocabulary's SHA-256,
+seed, held-out fraction, instance parameters, ``SHARD_FORMAT``), recorded in a file written last
+and only on success (``vocab/parameters.json``, ``documents/manifest.json``,
+``<dataset>/metadata.json``). A re-run reuses a stage whose recorded key matches and otherwise
+makes it again, printing why. Every file is written under a temporary name and renamed, and the
+pieces' and shards' directories record their key in ``parameters.json`` first, so that a re-run
+after an interruption keeps the files made with the same key and makes only what is missing.
+Workers die with the main process (``_die_with_parent``).
 """
 
 from __future__ import annotations
 
 import collections
+import ctypes
 import hashlib
+import itertools
 import json
 import math
 import os
+import signal
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -57,7 +67,7 @@ from bertpretrain import corpus, documents, vocab
 from bertpretrain.instances import InstanceParams, assemble, create_pairs
 from bertpretrain.masking import mask_tokens
 from bertpretrain.packing import pack_instances, padding_fraction
-from bertpretrain.shards import read_attrs, write_shard
+from bertpretrain.shards import SHARD_FORMAT, read_attrs, write_shard
 
 VOCAB_DIR = "vocab"
 DOCUMENTS_DIR = "documents"
@@ -109,23 +119,22 @@ def prepare(spec: JobSpec) -> PreparedData:
     root = Path(data.shards)
     _check_writable(root)
     vocab_dir = root / VOCAB_DIR
-    _make_vocab(spec, vocab_dir)
+    corpus_identity = corpus.identity(data.sources)
+    _make_vocab(spec, corpus_identity, vocab_dir)
     tokenizer = vocab.load_tokenizer(vocab_dir)
     special = vocab.SpecialIds.of(tokenizer, vocab_dir / vocab.VOCAB_FILE)
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=False)
-    vocab_sha256 = hashlib.sha256((vocab_dir / vocab.VOCAB_FILE).read_bytes()).hexdigest()
     _report(f"vocabulary: {vocab_size} tokens, lowercase={vocab.has_lowercase(tokenizer)}")
 
+    documents_key = _documents_key(spec, corpus_identity, vocab_dir)
     phase_dirs = [root / dataset_dir_name(phase, data) for phase in spec.phases]
     pending = {}
     for phase, directory in zip(spec.phases, phase_dirs, strict=True):
-        parameters = _dataset_parameters(spec, phase, vocab_sha256, vocab_size)
-        if _read_json(directory / METADATA_FILE).get("parameters") == parameters:
-            _report(f"{directory}: already made with these parameters, kept")
-        else:
-            pending[directory] = parameters
+        key = _dataset_key(spec, phase, documents_key, vocab_size)
+        if not _reuse(str(directory), _read_json(directory / METADATA_FILE).get("parameters"), key):
+            pending[directory] = key
     if pending:
-        pieces = _make_documents(spec, tokenizer, vocab_sha256, root / DOCUMENTS_DIR)
+        pieces = _make_documents(spec, tokenizer, documents_key, root / DOCUMENTS_DIR)
         for directory, parameters in pending.items():
             _make_dataset(directory, parameters, pieces, special, tokenizer, _workers(data))
     return PreparedData(vocab_dir, vocab_size, phase_dirs)
@@ -164,45 +173,56 @@ def _check_writable(root: Path) -> None:
 # Vocabulary -------------------------------------------------------------------------------------
 
 
-def _make_vocab(spec: JobSpec, vocab_dir: Path) -> None:
-    """Train, copy or reuse the vocabulary (padded to ``padToMultipleOf`` when asked)."""
+def _make_vocab(spec: JobSpec, corpus_identity: list[dict[str, Any]], vocab_dir: Path) -> None:
+    """Train, copy or reuse the vocabulary (padded to ``padToMultipleOf`` when asked).
+
+    ``vocab/parameters.json`` records what made the vocabulary there; it is written last, so a
+    vocabulary without one (an interrupted or failed run) is never reused.
+    """
     data = spec.data
-    reason = _vocab_to_make(spec, vocab_dir)
-    if reason is None:
-        _report(f"vocabulary: reusing {vocab_dir}")
+    key = _vocab_key(spec, corpus_identity)
+    record = vocab_dir / PARAMETERS_FILE
+    made = all((vocab_dir / name).is_file() for name in (vocab.VOCAB_FILE, vocab.TOKENIZER_FILE))
+    if _reuse("vocabulary", _read_json(record) if made else None, key, where=vocab_dir):
         return
+    record.unlink(missing_ok=True)
     pad = data.vocab.pad_to_multiple_of
     if data.vocab.file is not None:
         vocab.import_vocab(Path(data.vocab.file), data.lowercase, vocab_dir, pad)
         _report(f"vocabulary: {data.vocab.file} copied to {vocab_dir}")
+        _write_json(record, key)
         return
     assert data.vocab.train_size is not None  # VocabSpec holds exactly one of the two
-    _report(f"vocabulary: training {data.vocab.train_size} tokens ({reason})")
+    _report(f"vocabulary: training {data.vocab.train_size} tokens")
     started = time.perf_counter()
     skipped: collections.Counter[str] = collections.Counter()
     # Sentence splitting runs here, in one process: training needs one pass over the text, and
     # tokenizers' trainer holds word counts, not the corpus.
     documents_read = tqdm(corpus.read_corpus(data.sources, spec.seed, skipped), desc="vocabulary", unit="doc")
     sentences = (s for document in documents_read for s in corpus.sentences(document))
-    vocab.train_vocab(sentences, data.vocab.train_size, data.lowercase, vocab_dir, pad)
+    first = next(sentences, None)
+    if first is None:
+        # Trained on nothing, the vocabulary would hold the special tokens alone: all text [UNK].
+        raise ValueError(f"data.sources: {_NO_TEXT}{_skips(skipped)}")
+    vocab.train_vocab(
+        itertools.chain([first], sentences), data.vocab.train_size, data.lowercase, vocab_dir, pad
+    )
+    _write_json(record, key)
     _report(f"vocabulary: trained in {time.perf_counter() - started:.1f} s -> {vocab_dir}{_skips(skipped)}")
 
 
-def _vocab_to_make(spec: JobSpec, vocab_dir: Path) -> str | None:
-    """Why the vocabulary must be made (trained or copied), or None to reuse the one there."""
-    if spec.data.vocab.file is not None:
-        # Copying is cheap and catches a changed file; the SHA-256 then decides what to remake.
-        return "from file"
-    if not all((vocab_dir / name).is_file() for name in (vocab.VOCAB_FILE, vocab.TOKENIZER_FILE)):
-        return "none yet"
-    tokenizer = vocab.load_tokenizer(vocab_dir)
-    existing = vocab.has_lowercase(tokenizer)
-    if existing != spec.data.lowercase:
-        return f"the one in {vocab_dir} has lowercase={existing}"
-    pad = spec.data.vocab.pad_to_multiple_of
-    if pad and tokenizer.get_vocab_size(with_added_tokens=False) % pad:
-        return f"the one in {vocab_dir} is not padded to a multiple of {pad}"
-    return None
+def _vocab_key(spec: JobSpec, corpus_identity: list[dict[str, Any]]) -> dict[str, Any]:
+    """Everything the vocabulary is made from: the file, or the corpus and training settings."""
+    data = spec.data
+    settings = {"lowercase": data.lowercase, "pad_to_multiple_of": data.vocab.pad_to_multiple_of}
+    if data.vocab.file is not None:
+        try:
+            stat = Path(data.vocab.file).stat()
+        except OSError:
+            # Made again, and import_vocab names the missing file.
+            return {"file": data.vocab.file, "file_identity": None, **settings}
+        return {"file": data.vocab.file, "file_identity": [stat.st_size, stat.st_mtime_ns], **settings}
+    return {"train_size": data.vocab.train_size, **settings, "seed": spec.seed, "corpus": corpus_identity}
 
 
 # Pass 1: documents ------------------------------------------------------------------------------
@@ -236,22 +256,36 @@ def _piece_counts(file: str, tokenized: documents.TokenizedDocuments) -> Piece:
     return Piece(file, **counts)
 
 
-def _make_documents(spec: JobSpec, tokenizer: Tokenizer, vocab_sha256: str, directory: Path) -> list[Piece]:
-    """Pass 1: the corpus, tokenized, as pieces under ``directory`` (made or found)."""
-    data = spec.data
-    piece_bytes = _piece_bytes(data)
-    parameters = {
-        "sources": [source.model_dump(mode="json") for source in data.sources],
-        "vocab_sha256": vocab_sha256,
+def _documents_key(spec: JobSpec, corpus_identity: list[dict[str, Any]], vocab_dir: Path) -> dict[str, Any]:
+    """Everything the tokenized pieces are made from.
+
+    The vocabulary counts by the SHA-256 of both its files: ``tokenizer.json`` also holds the
+    normalizer, so a ``vocab.txt`` taken again with another ``lowercase`` is another vocabulary.
+    """
+    vocab_hash = hashlib.sha256()
+    for name in (vocab.VOCAB_FILE, vocab.TOKENIZER_FILE):
+        vocab_hash.update((vocab_dir / name).read_bytes())
+    return {
+        "corpus": corpus_identity,
+        "vocab_sha256": vocab_hash.hexdigest(),
         "seed": spec.seed,
-        "heldout_fraction": data.heldout_fraction,
-        "piece_bytes": piece_bytes,
+        "heldout_fraction": spec.data.heldout_fraction,
+        "piece_bytes": _piece_bytes(spec.data),
     }
+
+
+def _make_documents(spec: JobSpec, tokenizer: Tokenizer, key: dict[str, Any], directory: Path) -> list[Piece]:
+    """Pass 1: the corpus, tokenized, as pieces under ``directory`` (made or found).
+
+    ``manifest.json`` records ``key`` and the pieces' counts; it is written last, and only when
+    the corpus gave some text, so that a failed run is never taken for a finished one.
+    """
+    data = spec.data
+    piece_bytes = key["piece_bytes"]
     manifest = _read_json(directory / MANIFEST_FILE)
-    if manifest.get("parameters") == parameters:
-        _report(f"{directory}: already tokenized with these parameters, kept")
+    if _reuse("documents", manifest.get("parameters"), key, where=directory):
         return [Piece(**piece) for piece in manifest["pieces"]]
-    _start_directory(directory, parameters, "piece_*.npz")
+    _start_directory(directory, key, "piece_*.npz")
     started = time.perf_counter()
     skipped: collections.Counter[str] = collections.Counter()
     raw_documents = corpus.read_corpus(data.sources, spec.seed, skipped)
@@ -270,15 +304,15 @@ def _make_documents(spec: JobSpec, tokenizer: Tokenizer, vocab_sha256: str, dire
     }
     megabytes = sum(sum(p.text_bytes) for p in pieces) / 1e6
     seconds = time.perf_counter() - started
-    manifest = {"parameters": parameters, "seconds": round(seconds, 2), "skipped": dict(skipped)}
-    _write_json(directory / MANIFEST_FILE, {**manifest, "pieces": [asdict(p) for p in pieces]})
     _report(
         f"documents: {totals['documents']} documents, {totals['sentences']} sentences, {totals['tokens']} "
         f"tokens from {megabytes:.1f} MB of text in {len(pieces)} pieces, {seconds:.1f} s "
         f"({megabytes / max(seconds, 1e-9):.2f} MB/s){_skips(skipped)}"
     )
     if not totals["documents"]:
-        raise ValueError(f"data.sources: no document with any text was found{_skips(skipped)}")
+        raise ValueError(f"data.sources: {_NO_TEXT}{_skips(skipped)}")
+    manifest = {"parameters": key, "seconds": round(seconds, 2), "skipped": dict(skipped)}
+    _write_json(directory / MANIFEST_FILE, {**manifest, "pieces": [asdict(p) for p in pieces]})
     return pieces
 
 
@@ -333,13 +367,14 @@ def _make_piece(path: Path, raw_documents: list[corpus.RawDocument]) -> Piece:
 # Pass 2: shards ---------------------------------------------------------------------------------
 
 
-def _dataset_parameters(
-    spec: JobSpec, phase: PhaseSpec, vocab_sha256: str, vocab_size: int
+def _dataset_key(
+    spec: JobSpec, phase: PhaseSpec, documents_key: dict[str, Any], vocab_size: int
 ) -> dict[str, Any]:
+    """Everything a phase's shards are made from: the pieces' key, the instance and masking
+    parameters, and the shards' on-disk format (so that shards of an older layout are remade)."""
     data = spec.data
     return {
-        "sources": [source.model_dump(mode="json") for source in data.sources],
-        "vocab_sha256": vocab_sha256,
+        **documents_key,
         "vocab_size": vocab_size,
         **asdict(_instance_params(spec, phase)),
         "whole_word_mask": data.whole_word_mask,
@@ -348,8 +383,7 @@ def _dataset_parameters(
         "max_sequences_per_pack": data.max_sequences_per_pack if data.packing != "none" else None,
         "num_shards": data.num_shards,
         "max_shard_mb": data.max_shard_mb,
-        "heldout_fraction": data.heldout_fraction,
-        "seed": spec.seed,
+        "shard_format": SHARD_FORMAT,
     }
 
 
@@ -452,7 +486,14 @@ def _make_dataset(
     tokenizer: Tokenizer,
     workers: int,
 ) -> None:
-    """Pass 2 for one phase: every shard of every split, then ``metadata.json``."""
+    """Pass 2 for one phase: every shard of every split, then ``metadata.json``.
+
+    ``metadata.json`` records ``parameters`` (the dataset's key) and is written last, and only
+    when there is something to train on.
+
+    Raises:
+        ValueError: no training instance was made (every document held out, say).
+    """
     started = time.perf_counter()
     _start_directory(directory, parameters, "*.hdf5")
     plan = plan_shards(pieces, parameters)
@@ -480,6 +521,11 @@ def _make_dataset(
         "shards": results["train"],
         "heldout_shards": results["heldout"],
     }
+    if not metadata["instances"]:
+        raise ValueError(
+            f"{directory}: no training instance could be made from {metadata['documents']} documents "
+            f"({metadata['heldout']['documents']} held out); add text or lower data.heldoutFraction"
+        )
     _write_json(directory / METADATA_FILE, metadata)
     packed = (
         f", {metadata['rows']} packed rows of {metadata['sequences_per_row']:.2f} sequences, padding "
@@ -601,15 +647,51 @@ def _run_parallel(
                 os.environ[_PARALLELISM] = saved
         return
     window: collections.deque[Future[Any]] = collections.deque()
-    with ProcessPoolExecutor(
-        workers, mp_context=get_context("spawn"), initializer=initializer[0], initargs=initializer[1]
-    ) as pool:
+    pool = ProcessPoolExecutor(
+        workers, mp_context=get_context("spawn"), initializer=_start_worker,
+        initargs=(os.getpid(), *initializer),
+    )  # fmt: skip
+    try:
         for function, arguments in calls:
             window.append(pool.submit(function, *arguments))
             if len(window) >= 2 * workers:
                 yield window.popleft().result()
         while window:
             yield window.popleft().result()
+    finally:
+        # After an error (or an abandoned generator) the calls still queued are dropped, not run.
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _start_worker(parent: int, initializer: Callable[..., None], arguments: tuple[Any, ...]) -> None:
+    """Worker start-up: tie the worker's life to ``parent``'s, then ``initializer(*arguments)``."""
+    _die_with_parent(parent)
+    initializer(*arguments)
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this process when ``parent`` (the process that started it) dies.
+
+    A main process killed outright (SIGKILL from the OOM killer or after the kubelet's grace
+    period) cannot stop its workers, which would go on writing shards and holding memory and
+    the volume. Linux's ``prctl(PR_SET_PDEATHSIG)`` kills them with it, with no thread or pipe
+    to watch; it fires when the *thread* that started the worker ends, which for a
+    ``ProcessPoolExecutor`` is the one calling ``submit`` and it outlives the pool. The parent's
+    pid is checked afterwards, in case it died before the call (the worker has been re-parented
+    by then). Elsewhere than on Linux only that check is made.
+
+    Raises:
+        OSError: prctl failed.
+    """
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def _start_directory(directory: Path, parameters: dict[str, Any], pattern: str) -> None:
@@ -628,6 +710,48 @@ def _start_directory(directory: Path, parameters: dict[str, Any], pattern: str) 
         _write_json(directory / PARAMETERS_FILE, parameters)
 
 
+def _reuse(stage: str, made: dict[str, Any] | None, key: dict[str, Any], where: Path | None = None) -> bool:
+    """Whether what an earlier run finished for ``stage``, recorded as ``made``, has ``key``.
+
+    Prints a line saying so, or why the stage is made again.
+    """
+    place = f" {where}" if where else ""
+    if made == key:
+        _report(f"{stage}: reusing{place}")
+        return True
+    if not made:
+        _report(f"{stage}: building{place}, none was finished there before")
+    else:
+        _report(f"{stage}: rebuilding{place}, {_differences(made, key)}")
+    return False
+
+
+# How a changed key field is told, where its values say little on their own.
+_CHANGED = {
+    "vocab_sha256": "the vocabulary changed",
+    "file_identity": "the vocabulary file changed (size/mtime)",
+}
+
+
+def _differences(old: dict[str, Any], new: dict[str, Any]) -> str:
+    changes = []
+    for name in dict.fromkeys([*new, *old]):
+        if old.get(name) == new.get(name):
+            continue
+        if name == "corpus":
+            changes.append(corpus.describe_change(old.get(name) or [], new.get(name) or []))
+        elif name in _CHANGED:
+            changes.append(_CHANGED[name])
+        else:
+            changes.append(f"{name} changed ({_short(old.get(name))} -> {_short(new.get(name))})")
+    return ", ".join(changes)
+
+
+def _short(value: Any, most: int = 60) -> str:
+    text = str(value)
+    return text if len(text) <= most else text[: most - 3] + "..."
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         return dict(json.loads(path.read_text(encoding="utf-8")))
@@ -639,6 +763,9 @@ def _write_json(path: Path, content: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, path)
+
+
+_NO_TEXT = "no document with any text was found"
 
 
 def _skips(skipped: collections.Counter[str]) -> str:
