@@ -4,20 +4,24 @@ A running job takes only changes to the training job's run policy that Kubeflow'
 while the job runs: ``suspend`` (pods deleted, resumed later from the last checkpoint),
 ``ttlSecondsAfterFinished``, ``activeDeadlineSeconds`` and ``backoffLimit``. Everything else
 (model, data, phases, image, topology, pods...) would change a job half-way through training,
-so it is refused and reaches no child. The accepted spec stays in the job's ConfigMap; children
-made later (the training job after the data Job) are rendered from it, with the safe fields as
-they are now.
+so it is refused and reaches no child. A spec that is invalid as a whole is refused whole: not even
+its safe fields are applied. The accepted spec stays in the job's ConfigMap; children made later
+(the training job after the data Job) are rendered from it, with the safe fields as last applied
+(:func:`applied_run_policy`).
 """
 
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Mapping
 from typing import Any
 
 # Fields of spec.runPolicy applied to a running job, as named in Kubeflow's RunPolicy too.
 SAFE_RUN_POLICY = ("suspend", "ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit")
 SAFE_FIELDS = tuple(f"spec.runPolicy.{name}" for name in SAFE_RUN_POLICY)
+# On the data Job: the safe fields as last applied, for the training job made when it completes.
+APPLIED_ANNOTATION = "bertjob.dev/applied-run-policy"
 
 
 def changed_fields(old: object, new: object, prefix: str = "spec") -> list[str]:
@@ -58,8 +62,24 @@ def training_patch(spec: object) -> dict[str, Any]:
 
 
 def prepare_patch(spec: object) -> dict[str, Any]:
-    """Merge patch that suspends or resumes the data-preparation Job with the job."""
-    return {"spec": {"suspend": suspended(spec)}}
+    """Merge patch that suspends or resumes the data-preparation Job with the job, and records the
+    safe fields of ``spec`` on it as applied (:data:`APPLIED_ANNOTATION`)."""
+    applied = json.dumps(run_policy(spec), sort_keys=True)
+    return {"metadata": {"annotations": {APPLIED_ANNOTATION: applied}}, "spec": {"suspend": suspended(spec)}}
+
+
+def applied_run_policy(prepare_job: Mapping[str, Any], accepted_spec: object) -> dict[str, Any]:
+    """The safe run-policy fields as last applied to a job that has a data Job: those recorded on
+    the data Job by :func:`prepare_patch`, or, before any change was applied (or when the record is
+    unreadable), those of the accepted spec."""
+    annotations = (prepare_job.get("metadata") or {}).get("annotations") or {}
+    try:
+        recorded = json.loads(annotations.get(APPLIED_ANNOTATION) or "null")
+    except (TypeError, ValueError):
+        recorded = None
+    if isinstance(recorded, dict) and set(recorded) == set(SAFE_RUN_POLICY):
+        return recorded
+    return run_policy(accepted_spec)
 
 
 def merged(obj: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
@@ -77,7 +97,7 @@ def merged(obj: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
     return result
 
 
-def accepted_document(config_job: Mapping[str, Any], spec_now: object) -> dict[str, Any]:
+def accepted_document(config_job: Mapping[str, Any], policy: Mapping[str, Any]) -> dict[str, Any]:
     """The job document to render children from after the job started: the accepted one (from
-    its ConfigMap) with the safe run-policy fields of the spec as it is now."""
-    return merged(config_job, {"spec": {"runPolicy": run_policy(spec_now)}})
+    its ConfigMap) with the safe run-policy fields ``policy`` (:func:`applied_run_policy`)."""
+    return merged(config_job, {"spec": {"runPolicy": dict(policy)}})

@@ -16,6 +16,7 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from bertjob import launchers
+from bertjob.crd import PendingEvent
 from bertjob.spec import API_VERSION, KIND, PLURAL
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -28,6 +29,8 @@ BUILTIN_PLURALS = {
     ("batch/v1", "Job"): "jobs",
 }
 PREPARE_KIND = ("batch/v1", "Job")
+# The "From" of the operator's Events in `kubectl describe`.
+EVENT_SOURCE = "bertjob-operator"
 
 
 class ForeignObjectError(Exception):
@@ -176,3 +179,41 @@ def patch_status(api: ApiClient, job: Mapping[str, Any], status: Mapping[str, An
     """
     meta = job["metadata"]
     call(api, "PATCH", job_path(meta["namespace"], meta["name"]) + "/status", {"status": status}, MERGE_PATCH)
+
+
+def post_event(api: ApiClient, job: Mapping[str, Any], name: str, event: PendingEvent) -> bool:
+    """Post ``event`` about the BertPretrainJob ``job`` as the core/v1 Event ``name``; False if an
+    Event of that name exists already (posted before), which is then left as it is.
+
+    Raises:
+        ApiException: the API server refused the Event, or failed.
+    """
+    meta = job["metadata"]
+    namespace = meta["namespace"]
+    at = event.time.isoformat().replace("+00:00", "Z")
+    body = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": name, "namespace": namespace},
+        "involvedObject": {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": meta["name"],
+            "namespace": namespace,
+            "uid": meta.get("uid"),
+        },
+        "type": event.type,
+        "reason": event.reason,
+        "message": event.message,
+        "source": {"component": EVENT_SOURCE},
+        "firstTimestamp": at,
+        "lastTimestamp": at,
+        "count": 1,
+    }
+    try:
+        call(api, "POST", f"/api/v1/namespaces/{namespace}/events", body)
+    except ApiException as error:
+        if error.status == 409:
+            return False
+        raise
+    return True

@@ -78,6 +78,15 @@ class Progress(_Status):
     update_time: datetime = Field(description="When the trainer reported this.")
 
 
+class PendingEvent(_Status):
+    """An Event about the job, recorded with the change it reports, until the operator posts it."""
+
+    type: Literal["Normal", "Warning"] = Field(description="Normal or Warning.")
+    reason: str = Field(description="CamelCase reason: the new phase, or why the job failed.")
+    message: str = Field("", description="For people.")
+    time: datetime = Field(description="When the change it reports was written.")
+
+
 class JobStatus(_Status):
     """``status`` of a BertPretrainJob, written by the operator (``progress`` by the trainer)."""
 
@@ -97,6 +106,10 @@ class JobStatus(_Status):
     start_time: datetime | None = Field(None, description="When the children were created.")
     completion_time: datetime | None = Field(None, description="When the job succeeded or failed.")
     progress: Progress | None = Field(None, description="Live training progress from the trainer.")
+    pending_events: dict[str, PendingEvent] = Field(
+        default_factory=dict,
+        description="Events not yet posted, by the name they are posted under (so never twice).",
+    )
 
 
 # Keywords that mean the same in JSON Schema 2020 and the API server's OpenAPI v3 subset.

@@ -8,14 +8,16 @@ checks inside :func:`bertjob.render.render`) -> render -> create the children, o
 the data Job completes) -> watch the data Job and the training job -> status
 (:mod:`bertjob.status`). Phase 1 and phase 2 run in the one training job. Spec changes later are
 applied only where safe (:mod:`bertjob.changes`). A bad spec fails the job for good, with a
-condition and an event naming the field; the API server not being ready is retried.
+condition and an event naming the field; the API server not being ready is retried. Events are
+written into the status with the change they report and posted from there (:func:`announce`).
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import kopf
@@ -33,6 +35,7 @@ from bertjob.children import (
     is_training_child,
     patch_child,
     patch_status,
+    post_event,
     read,
     read_owner,
 )
@@ -95,6 +98,30 @@ def count_job(body: kopf.Body, type: str | None, **_: Any) -> None:
         metrics.JOBS.seen(namespace, name, lifecycle.of(body).phase)
 
 
+def _has_pending_events(body: kopf.Body, type: str | None, **_: Any) -> bool:
+    return type != "DELETED" and bool((body.get("status") or {}).get("pendingEvents"))
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL, when=_has_pending_events)
+def announce(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Post the Events that the job's status holds (``status.pendingEvents``), each under its own
+    name, then remove them from the status. Every status write that records an Event, and every
+    start of the operator (which lists the jobs), passes here, so an Event is posted even when the
+    operator died between the status patch and the Event; an Event posted before, by an operator
+    that died before removing it, exists already under its name and is not posted twice.
+
+    Raises:
+        ApiException: the API server refused an Event or the status patch; what is left is posted
+            the next time the job changes, or when the operator starts again.
+    """
+    pending = lifecycle.of(body).pending_events
+    posted: dict[str, None] = {}
+    for name in sorted(pending):
+        post_event(memo.api, body, name, pending[name])
+        posted[name] = None
+    patch_status(memo.api, body, {"pendingEvents": posted})
+
+
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @metrics.observed("create")
 def create_job(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
@@ -128,10 +155,12 @@ def prepare_finished(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         _fail(memo.api, job, current, "PrepareFailed", f"{body.metadata.name}: {reason}: {message}")
         return
     accepted = _accepted(memo.api, job, current) or _document(job)
-    objects = _children_of(memo.api, job, current, changes.accepted_document(accepted, job.get("spec")))
+    # Not the spec as it is now: a change refused since must not reach the training job.
+    policy = changes.applied_run_policy(body, accepted["spec"])
+    objects = _children_of(memo.api, job, current, changes.accepted_document(accepted, policy))
     _create(memo.api, job, current, objects)
     [training] = [_ref(obj) for obj in objects if is_training_child(obj)]
-    suspended = changes.suspended(job.get("spec"))
+    suspended = policy["suspend"] is True
     _write(
         memo.api,
         job,
@@ -151,7 +180,8 @@ def mirror_child(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     # Until the job's status names this child, a status patch of the create handler may follow ours.
     if _ref(body) not in current.children:
         return
-    suspended = changes.suspended(job.get("spec"))
+    # The child's own runPolicy holds the suspend as applied (a refused change never reaches it).
+    suspended = changes.suspended(body.get("spec"))
     _write(memo.api, job, current, lifecycle.follow_child(current, conditions, suspended, lifecycle.now()))
 
 
@@ -187,7 +217,8 @@ def change(api: ApiClient, job: Mapping[str, Any], old: Any, new: Any) -> None:
     A job that failed for its spec is rendered again. Otherwise the new spec is compared with the
     accepted one (in the job's ConfigMap): the safe run-policy fields are patched into the
     children, and the rest is refused with a SpecChangeRefused condition and a warning event
-    naming the fields; an invalid new spec is refused whole.
+    naming the fields; an invalid new spec is refused whole: no child is patched and the phase
+    does not move (not even for ``suspend``).
 
     Raises:
         kopf.PermanentError, kopf.TemporaryError: as :func:`launch`, when rendering again.
@@ -225,21 +256,19 @@ def change(api: ApiClient, job: Mapping[str, Any], old: Any, new: Any) -> None:
                 patch_child(api, target, changes.prepare_patch(spec))
     at = lifecycle.now()
     updated = lifecycle.spec_change(current, refused, why, job["metadata"].get("generation"), at)
-    if changes.suspended(spec) != (current.phase == "Suspended"):
+    if valid and changes.suspended(spec) != (current.phase == "Suspended"):
         has_training = any(map(_trains, current.children))
         updated = lifecycle.suspension(updated, changes.suspended(spec), has_training, at)
-    _write(api, job, current, updated)
-    if refused:
-        kopf.warn(
-            _body(job), reason="SpecChangeRefused", message=lifecycle.short(f"{why}: {', '.join(refused)}")
-        )
+    message = lifecycle.short(f"{why}: {', '.join(refused)}")
+    warning = [lifecycle.Transition("Warning", "SpecChangeRefused", message)] if refused else []
+    _write(api, job, current, updated, warning)
 
 
 def _children_of(
     api: ApiClient, job: Mapping[str, Any], current: JobStatus, document: dict[str, Any]
 ) -> list[dict[str, Any]]:
     """The rendered children of ``document``, owned by ``job``. Callers pass a document whose
-    safe run-policy fields are the job's current ones (:func:`bertjob.changes.accepted_document`),
+    safe run-policy fields are those applied to the job (:func:`bertjob.changes.accepted_document`),
     so the children render with them."""
     meta = job["metadata"]
     try:
@@ -267,23 +296,31 @@ def _create(
 
 
 def _write(
-    api: ApiClient, job: Mapping[str, Any], old: JobStatus, new: JobStatus, announce: bool = True
+    api: ApiClient,
+    job: Mapping[str, Any],
+    old: JobStatus,
+    new: JobStatus,
+    events: Sequence[lifecycle.Transition] = (),
+    transition: bool = True,
 ) -> None:
-    """Patch the fields of the status that changed; an Event for a phase change."""
-    patch = lifecycle.status_patch(old, new)
-    if not patch:
-        return
-    patch_status(api, job, patch)
-    event = lifecycle.transition(old, new) if announce else None
-    if event is not None:
-        kopf.event(_body(job), type=event.type, reason=event.reason, message=event.message)
+    """Patch the fields of the status that changed, recording ``events`` and, if ``transition``,
+    the Event of a phase change in the same patch; :func:`announce` posts them."""
+    phase_change = lifecycle.transition(old, new) if transition else None
+    stamp = time.time_ns()
+    named = {
+        lifecycle.event_name(job["metadata"]["name"], stamp + index): event
+        for index, event in enumerate([*([phase_change] if phase_change else []), *events])
+    }
+    patch = lifecycle.status_patch(old, lifecycle.record(new, named, lifecycle.now()))
+    if patch:
+        patch_status(api, job, patch)
 
 
 def _fail(
     api: ApiClient, job: Mapping[str, Any], current: JobStatus, reason: str, message: str
 ) -> kopf.PermanentError:
-    _write(api, job, current, lifecycle.failed(current, reason, message, lifecycle.now()), announce=False)
-    kopf.warn(_body(job), reason=reason, message=lifecycle.short(message))
+    warning = lifecycle.Transition("Warning", reason, lifecycle.short(message))
+    _write(api, job, current, lifecycle.failed(current, reason, message, lifecycle.now()), [warning], False)
     return kopf.PermanentError(f"{reason}: {lifecycle.short(message)}")
 
 
@@ -311,7 +348,7 @@ def _document(job: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _body(job: Mapping[str, Any]) -> kopf.Body:
-    # kopf's event and adoption helpers take its Body; a job read through the API is a dict.
+    # kopf's adoption helper takes its Body; a job read through the API is a dict.
     return job if isinstance(job, kopf.Body) else kopf.Body(cast(kopf.RawBody, dict(job)))
 
 

@@ -2,6 +2,8 @@
 
 The handlers read the job and its children, call these functions, and write back only the status
 fields that changed (:func:`status_patch`), never ``progress``, which belongs to the trainer.
+An Event is recorded in the status (:func:`record`), in the same patch as the change it reports,
+and posted from there, so that it follows from the state even when the operator dies in between.
 
 Phases: ``Pending`` (children created, nothing running yet), ``Preparing`` (the data Job runs),
 ``Running``, ``Suspended`` (exactly while ``spec.runPolicy.suspend`` is true), ``Succeeded`` and
@@ -18,7 +20,7 @@ from typing import Any, Literal, get_args
 
 import pydantic
 
-from bertjob.crd import ChildRef, Condition, ConditionType, JobStatus, Phase
+from bertjob.crd import ChildRef, Condition, ConditionType, JobStatus, PendingEvent, Phase
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 # Kubeflow's JobCondition types (PyTorchJob and MPIJob alike) that are copied into the job's own.
@@ -27,13 +29,16 @@ MIRRORED = ("Created", "Running", "Restarting", "Succeeded", "Failed", "Suspende
 MESSAGE_LIMIT = 1024
 # Status fields that someone other than the operator writes.
 FOREIGN_FIELDS = ("progress",)
+# Kubernetes caps an object's name at 253 characters (a DNS subdomain).
+NAME_LIMIT = 253
 
 PrepareOutcome = Literal["Complete", "Failed"]
 
 
 @dataclass(frozen=True)
 class Transition:
-    """A phase change worth an Event: ``type`` is ``Normal`` or ``Warning``, ``reason`` CamelCase."""
+    """An Event about the job (a phase change, a failure, a refused spec change): ``type`` is
+    ``Normal`` or ``Warning``, ``reason`` CamelCase."""
 
     type: Literal["Normal", "Warning"]
     reason: str
@@ -61,13 +66,21 @@ def dump(status: JobStatus) -> dict[str, Any]:
 
 def status_patch(old: JobStatus, new: JobStatus) -> dict[str, Any]:
     """The JSON merge patch of ``status`` that takes ``old`` to ``new``: only top-level fields
-    that differ (``None`` deletes one), and never those that the trainer writes."""
+    that differ (``None`` deletes one), and never those that the trainer writes. A field that is a
+    map (``pendingEvents``) is patched key by key, so that two writers adding keys keep both."""
     before, after = dump(old), dump(new)
     return {
-        key: after.get(key)
+        key: _diff(before.get(key), after.get(key))
         for key in sorted(before.keys() | after.keys())
         if key not in FOREIGN_FIELDS and before.get(key) != after.get(key)
     }
+
+
+def _diff(before: object, after: object) -> object:
+    if not (isinstance(before, dict) and isinstance(after, dict)):
+        return after
+    keys = sorted(before.keys() | after.keys())
+    return {key: after.get(key) for key in keys if before.get(key) != after.get(key)}
 
 
 def short(message: str) -> str:
@@ -257,6 +270,21 @@ def spec_change(
     else:
         updated = status
     return updated.model_copy(update={"observed_generation": generation})
+
+
+def event_name(job_name: str, stamp_ns: int) -> str:
+    """The name an Event about the job is posted under: the job's name and ``stamp_ns``
+    (nanoseconds since the epoch, in hex), as Kubernetes names its own Events, cut to fit a name."""
+    suffix = f".{stamp_ns:x}"
+    return job_name[: NAME_LIMIT - len(suffix)].rstrip("-.") + suffix
+
+
+def record(status: JobStatus, events: Mapping[str, Transition], at: datetime) -> JobStatus:
+    """``status`` with ``events`` (by the names they are to be posted under) waiting to be posted."""
+    pending = dict(status.pending_events)
+    for name, event in events.items():
+        pending[name] = PendingEvent(type=event.type, reason=event.reason, message=event.message, time=at)
+    return status.model_copy(update={"pending_events": pending})
 
 
 def transition(old: JobStatus, new: JobStatus) -> Transition | None:

@@ -271,3 +271,94 @@ def test_metrics_and_readiness_are_served(cluster: Cluster) -> None:
     assert float(samples['bertjob_reconcile_duration_seconds_count{handler="create"}']) >= 1
     assert float(samples['bertjob_jobs{phase="Failed"}']) >= 1
     assert float(samples['bertjob_reconcile_errors_total{error="permanent",handler="create"}']) >= 1
+
+
+def _refused_at(cluster: Cluster, name: str, generation: int) -> dict[str, Any]:
+    """The job's status once the spec change of ``generation`` has been refused."""
+    return cluster.wait_for(
+        f"the refusal of generation {generation}",
+        lambda: (
+            (s := cluster.job(name)["status"]).get("observedGeneration") == generation
+            and _condition(s, "SpecChangeRefused")["status"] == "True"
+            and s
+        ),
+    )
+
+
+# A change that suspends (or resumes) the job and makes the spec invalid: refused whole.
+INVALID_WITH_SUSPEND = "spec.topology.processesPerNode"
+
+
+@pytest.mark.parametrize("suspend", [True, False], ids=["suspend", "resume"])
+def test_an_invalid_change_neither_suspends_nor_resumes_the_training_job(
+    cluster: Cluster, suspend: bool
+) -> None:
+    name = f"invalid-{'suspend' if suspend else 'resume'}"
+    cluster.create_job(_job(name, spec__runPolicy={"suspend": not suspend}))
+    if suspend:
+        _running(cluster, name)
+    before = cluster.status_when(name, "Suspended" if not suspend else "Running")
+
+    cluster.patch_job(
+        name, {"spec": {"runPolicy": {"suspend": suspend}, "topology": {"processesPerNode": 3}}}
+    )
+
+    status = _refused_at(cluster, name, 2)
+    assert INVALID_WITH_SUSPEND in _condition(status, "SpecChangeRefused")["message"]
+    assert status["phase"] == before["phase"]
+    assert [c for c in status["conditions"] if c["type"] == "Suspended"] == [
+        c for c in before["conditions"] if c["type"] == "Suspended"
+    ]
+    assert cluster.object(PYTORCHJOBS, name)["spec"]["runPolicy"]["suspend"] is (not suspend)  # type: ignore[index]
+    # A later report of the child does not pick up the refused suspend either.
+    cluster.report(
+        PYTORCHJOBS, name, {"conditions": [kubeflow_condition("Created"), kubeflow_condition("Running")]}
+    )
+    expected = "Running" if suspend else "Suspended"
+    cluster.wait_for(
+        "the child's report to be mirrored",
+        lambda: any(c["type"] == "Running" for c in cluster.job(name)["status"]["conditions"]),
+    )
+    assert cluster.job(name)["status"]["phase"] == expected
+
+
+@pytest.mark.parametrize("suspend", [True, False], ids=["suspend", "resume"])
+def test_an_invalid_change_neither_suspends_nor_resumes_the_data_job(cluster: Cluster, suspend: bool) -> None:
+    name = f"invalid-prepare-{'suspend' if suspend else 'resume'}"
+    cluster.create_job(_job(name, spec__prepare={"enabled": True}, spec__runPolicy={"suspend": not suspend}))
+    before = cluster.status_when(name, "Preparing" if suspend else "Suspended")
+    [data_job] = children_of(cluster, name)["batch/v1/jobs"]
+    assert data_job["spec"]["suspend"] is (not suspend)
+
+    cluster.patch_job(
+        name, {"spec": {"runPolicy": {"suspend": suspend}, "topology": {"processesPerNode": 3}}}
+    )
+
+    status = _refused_at(cluster, name, 2)
+    assert status["phase"] == before["phase"]
+    [data_job] = children_of(cluster, name)["batch/v1/jobs"]
+    assert data_job["spec"]["suspend"] is (not suspend)
+
+
+def test_a_refused_change_does_not_reach_the_training_job_created_later(cluster: Cluster) -> None:
+    name = "refused-then-prepared"
+    cluster.create_job(_job(name, spec__prepare={"enabled": True}))
+    cluster.status_when(name, "Preparing")
+    cluster.patch_job(
+        name,
+        {"spec": {"topology": {"processesPerNode": 3}, "runPolicy": {"suspend": True, "backoffLimit": 9}}},
+    )
+    _refused_at(cluster, name, 2)
+    [data_job] = children_of(cluster, name)["batch/v1/jobs"]
+
+    cluster.report(
+        "batch/v1/jobs",
+        data_job["metadata"]["name"],
+        {"conditions": [{"type": "Complete", "status": "True"}]},
+    )
+
+    status = cluster.status_when(name, "Pending")
+    assert [c["kind"] for c in status["children"]] == ["Job", "PyTorchJob"]
+    [training] = children_of(cluster, name)[PYTORCHJOBS]
+    assert training["spec"]["runPolicy"]["suspend"] is False
+    assert training["spec"]["runPolicy"].get("backoffLimit") != 9
