@@ -2,23 +2,32 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import random
+import re
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from bertpretrain import files
 from bertpretrain.checkpoint import (
     CheckpointError,
     ResumePoint,
+    clean_temporaries,
     latest,
     load_model_weights,
     load_training_state,
+    newest_resumable,
     phase_dir,
     read_checkpoint,
     rng_states,
     save_checkpoint,
 )
+from bertpretrain.files import DiskFullError
 from bertpretrain.model import BertConfig, BertForPreTraining
 from bertpretrain.optimizer import Lamb, param_groups
 from bertpretrain.schedule import poly_warmup_schedule
@@ -59,15 +68,18 @@ class Training:
             rng=rng,
         )
 
-    def resume(self, path: Path, rank: int = 0) -> ResumePoint:
-        return load_training_state(path, self.model, self.optimizer, self.scheduler, self.scaler, rank)
+    def resume(self, path: Path, rank: int = 0, state: dict[str, Any] | None = None) -> ResumePoint:
+        return load_training_state(
+            path, self.model, self.optimizer, self.scheduler, self.scaler, rank, state=state
+        )
 
 
 def test_layout_and_pruning(tmp_path: Path, tiny_config: BertConfig) -> None:
     training = Training(tiny_config)
     paths = [training.save(tmp_path, step, keep=2, phase_index=1) for step in (5, 10, 15)]
     assert paths[2] == tmp_path / "phase2" / "step_000015.pt"
-    assert sorted(p.name for p in (tmp_path / "phase2").iterdir()) == ["step_000010.pt", "step_000015.pt"]
+    kept = [".lock", "step_000010.pt", "step_000015.pt"]  # and the lock its writers hold
+    assert sorted(p.name for p in (tmp_path / "phase2").iterdir()) == kept
     assert latest(phase_dir(tmp_path, 1)) == paths[2]
     assert latest(phase_dir(tmp_path, 0)) is None
 
@@ -172,3 +184,141 @@ def test_unreadable_files_are_named(tmp_path: Path, tiny_config: BertConfig) -> 
     torch.save({"weights": 1}, tmp_path / "other.pt")
     with pytest.raises(CheckpointError, match=r"other\.pt: not a training checkpoint"):
         load_model_weights(tmp_path / "other.pt", model)
+
+
+def test_a_checkpoint_that_cannot_be_read_is_skipped_for_an_older_one(
+    tmp_path: Path, tiny_config: BertConfig
+) -> None:
+    training = Training(tiny_config, steps=1)
+    older = training.save(tmp_path, 5)
+    newest = training.save(tmp_path, 10)
+    newest.write_bytes(newest.read_bytes()[:1000])  # a write cut short by a power cut
+    found = newest_resumable(newest.parent)
+    assert found is not None and found.path == older and found.state["step"] == 5
+    assert len(found.skipped) == 1 and found.skipped[0].startswith(f"{newest}: not a readable checkpoint")
+    assert Training(tiny_config).resume(found.path, state=found.state) == ResumePoint(5, 40)
+
+
+def test_a_checkpoint_without_training_state_is_skipped(tmp_path: Path, tiny_config: BertConfig) -> None:
+    training = Training(tiny_config)
+    older = training.save(tmp_path, 1)
+    newest = training.save(tmp_path, 2)
+    state = torch.load(newest, weights_only=True)
+    del state["optimizer"]
+    torch.save(state, newest)
+    found = newest_resumable(newest.parent)
+    assert found is not None and found.path == older
+    assert found.skipped == [f"{newest}: no training state to resume from (optimizer missing)"]
+
+
+def test_no_readable_checkpoint_at_all_is_an_error_naming_them(
+    tmp_path: Path, tiny_config: BertConfig
+) -> None:
+    assert newest_resumable(tmp_path / "phase1") is None
+    training = Training(tiny_config)
+    for step in (1, 2):
+        training.save(tmp_path, step).write_bytes(b"torn")
+    with pytest.raises(
+        CheckpointError,
+        match=r"phase1: no checkpoint can be read: .*step_000002\.pt: not a readable checkpoint .*"
+        r"step_000001\.pt: not a readable checkpoint .*; delete them to start the phase again",
+    ):
+        newest_resumable(tmp_path / "phase1")
+
+
+def _leftover(directory: Path, name: str) -> Path:
+    """A temporary as a writer killed halfway leaves it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / name).write_bytes(b"half a checkpoint")
+    return directory / name
+
+
+def test_temporaries_of_dead_writers_are_removed(tmp_path: Path, tiny_config: BertConfig) -> None:
+    directory = phase_dir(tmp_path, 0)
+    old_style = _leftover(directory, ".step_000010.pt.tmp4242")
+    new_style = _leftover(directory, ".step_000020.pt.tmp7.0a1b2c3d")
+    kept = [_leftover(directory, "notes.txt"), _leftover(directory, ".step_000010.pt.swp")]
+    assert clean_temporaries(directory) == sorted([old_style, new_style])
+    assert sorted(directory.iterdir()) == sorted([*kept, directory / ".lock"])
+    assert clean_temporaries(tmp_path / "absent") == []
+
+    # A save removes them too, before it writes (one crash loop's leftovers could fill the disk).
+    leftover = _leftover(directory, ".step_000030.pt.tmp99")
+    Training(tiny_config).save(tmp_path, 40)
+    assert not leftover.exists()
+
+
+def test_the_temporaries_of_a_live_writer_are_kept(tmp_path: Path, tiny_config: BertConfig) -> None:
+    directory = phase_dir(tmp_path, 0)
+    leftover = _leftover(directory, ".step_000010.pt.tmp4242")
+    # Another process in the middle of a save holds the directory's lock (flock locks belong to
+    # an open file, so a second open in this process conflicts like another process would).
+    with files.lock(directory / files.LOCK_FILE) as state:
+        assert state == "held"
+        assert clean_temporaries(directory) == []
+    assert leftover.exists()
+
+
+def test_without_file_locks_only_old_temporaries_are_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_locks(_descriptor: int, _operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(files.fcntl, "flock", no_locks)
+    directory = phase_dir(tmp_path, 0)
+    fresh = _leftover(directory, ".step_000010.pt.tmp1")
+    stale = _leftover(directory, ".step_000020.pt.tmp2")
+    an_hour_ago = time.time() - files.STALE_SECONDS - 1
+    os.utime(stale, (an_hour_ago, an_hour_ago))
+    assert clean_temporaries(directory) == [stale]
+    assert fresh.exists()
+
+
+def test_the_rename_of_a_checkpoint_is_made_durable(
+    tmp_path: Path, tiny_config: BertConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events: list[tuple[str, str]] = []
+    fsync, replace = os.fsync, os.replace
+
+    def recording_fsync(descriptor: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{descriptor}")))
+        fsync(descriptor)
+
+    def recording_replace(source: Any, target: Any, **kwargs: Any) -> None:
+        events.append(("replace", str(target)))
+        replace(source, target, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(os, "replace", recording_replace)
+    path = Training(tiny_config).save(tmp_path, 5)
+    renamed = events.index(("replace", str(path)))
+    assert ("fsync", str(path.parent)) in events[renamed + 1 :], events
+
+
+def test_a_full_disk_is_reported_and_leaves_no_partial_file(
+    tmp_path: Path, tiny_config: BertConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    save = torch.save
+
+    def fills_the_disk(state: Any, file: Any) -> None:
+        file.write(b"\0" * 100_000)  # what fit
+        file.flush()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    training = Training(tiny_config)
+    monkeypatch.setattr(torch, "save", fills_the_disk)
+    with pytest.raises(DiskFullError) as error:
+        training.save(tmp_path, 5)
+    message = str(error.value)
+    assert re.fullmatch(
+        rf"{tmp_path}/phase1/step_000005\.pt: no space left on the device: [\d.]+ [KMGT]iB free, "
+        r"[\d.]+ [KM]iB needed \(the partial file was removed\)",
+        message,
+    ), message
+    assert list((tmp_path / "phase1").iterdir()) == [tmp_path / "phase1" / ".lock"]
+    monkeypatch.setattr(torch, "save", save)
+    # The size needed is what the checkpoint takes, within its zip and pickle overhead.
+    assert error.value.needed is not None
+    written = training.save(tmp_path, 5).stat().st_size
+    assert 0.5 * written < error.value.needed <= written

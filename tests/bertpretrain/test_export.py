@@ -10,8 +10,11 @@ can fail to fit is reported with the file and the field.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any, cast
 
@@ -20,8 +23,10 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
+from bertpretrain import files
 from bertpretrain.checkpoint import CheckpointError, save_checkpoint
-from bertpretrain.export import export_hf, fill_mask, load_hf_weights, read_hf_config
+from bertpretrain.export import clean_staging, export_hf, fill_mask, load_hf_weights, read_hf_config
+from bertpretrain.files import DiskFullError
 from bertpretrain.model import IGNORE_INDEX, BertConfig, BertForPreTraining, pretraining_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -139,7 +144,8 @@ def test_files(trained: tuple[BertForPreTraining, Path], vocab_dir: Path, tmp_pa
     ]
     assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForPreTraining"]
     assert json.loads((out / "tokenizer_config.json").read_text())["do_lower_case"] is True
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".hf")]  # no staging left behind
+    # No staging directory left behind, only the lock that exports to hf hold.
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".hf")] == [".hf.lock"]
 
 
 def test_transformers_loads_it_without_missing_keys_and_agrees(
@@ -254,6 +260,99 @@ def test_export_errors(trained: tuple[BertForPreTraining, Path], tmp_path: Path)
         export_hf(trained[1], tmp_path, tmp_path / "hf", lowercase=True)
     with pytest.raises(ValueError, match="exactly one"):
         fill_mask(tmp_path, "no mask here")
+
+
+@pytest.mark.parametrize(
+    ("umask", "directory_mode", "file_mode"), [(0o022, 0o755, 0o644), (0o027, 0o750, 0o640)]
+)
+def test_the_export_is_readable_as_the_umask_allows(
+    trained: tuple[BertForPreTraining, Path], vocab_dir: Path, tmp_path: Path,
+    umask: int, directory_mode: int, file_mode: int,
+) -> None:  # fmt: skip
+    previous = os.umask(umask)
+    try:
+        out = export_hf(trained[1], vocab_dir, tmp_path / "hf", lowercase=True)
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(out.stat().st_mode) == directory_mode
+    modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in out.iterdir()}
+    assert "model.safetensors" in modes and modes == dict.fromkeys(modes, file_mode)
+
+
+def _leftovers(parent: Path, names: list[str]) -> list[Path]:
+    """Directories as killed exports leave them."""
+    for name in names:
+        (parent / name).mkdir()
+        (parent / name / "model.safetensors").write_bytes(b"partial")
+    return sorted(parent / name for name in names)
+
+
+def test_what_killed_exports_left_is_removed(
+    trained: tuple[BertForPreTraining, Path], vocab_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "hf"
+    # Staging directories of tempfile.mkdtemp (earlier versions) and of this one, and the old
+    # export moved aside while a new one replaces it.
+    names = [".hf.ab3_x9zq", ".hf.partial-0a1b2c3d", ".hf.old"]
+    others = _leftovers(tmp_path, [".hf-notes", ".hfx.abcdefgh", ".hf.backup"])
+    leftovers = _leftovers(tmp_path, names)
+    assert clean_staging(out) == leftovers  # as a run does when it starts
+    assert all(path.exists() for path in others)
+    assert clean_staging(tmp_path / "absent" / "hf") == []
+
+    _leftovers(tmp_path, names)
+    export_hf(trained[1], vocab_dir, out, lowercase=True)
+    hidden = sorted(path.name for path in tmp_path.iterdir() if path.name.startswith(".hf"))
+    assert hidden == [".hf-notes", ".hf.backup", ".hf.lock", ".hfx.abcdefgh"]
+
+
+def test_a_live_export_keeps_its_staging_directory(tmp_path: Path) -> None:
+    staging = _leftovers(tmp_path, [".hf.partial-0a1b2c3d"])
+    with files.lock(tmp_path / ".hf.lock") as state:  # an export in progress holds it
+        assert state == "held"
+        assert clean_staging(tmp_path / "hf") == []
+    assert staging[0].exists()
+
+
+def test_the_rename_of_an_export_is_made_durable(
+    trained: tuple[BertForPreTraining, Path], vocab_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events: list[tuple[str, str]] = []
+    fsync, rename = os.fsync, os.rename
+
+    def recording_fsync(descriptor: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{descriptor}")))
+        fsync(descriptor)
+
+    def recording_rename(source: Any, target: Any, **kwargs: Any) -> None:
+        events.append(("rename", str(target)))
+        rename(source, target, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(os, "rename", recording_rename)
+    out = export_hf(trained[1], vocab_dir, tmp_path / "hf", lowercase=True)
+    renamed = events.index(("rename", str(out)))
+    assert ("fsync", str(tmp_path)) in events[renamed + 1 :], events
+    synced = [path for kind, path in events[:renamed] if kind == "fsync"]
+    for name in (path.name for path in out.iterdir()):  # each file, in the staging directory
+        assert any(path.endswith(f"/{name}") for path in synced), (name, events)
+
+
+def test_a_full_disk_during_the_export_is_reported_and_leaves_nothing(
+    trained: tuple[BertForPreTraining, Path], vocab_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fsync = os.fsync
+
+    def full(descriptor: int) -> None:
+        if stat.S_ISREG(os.fstat(descriptor).st_mode):  # as NFS reports it: when the data is sent
+            raise OSError(errno.ENOSPC, "No space left on device")
+        fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", full)
+    out = tmp_path / "exports" / "hf"
+    with pytest.raises(DiskFullError, match=rf"^{out}: no space left on the device: .* free, .* needed"):
+        export_hf(trained[1], vocab_dir, out, lowercase=True)
+    assert sorted(path.name for path in out.parent.iterdir()) == [".hf.lock"]
 
 
 # Import.

@@ -4,6 +4,7 @@ that was never interrupted (bitwise, fp32 on the CPU)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -24,10 +25,17 @@ pytestmark = pytest.mark.slow
 STEPS = 64
 
 
+@functools.cache
+def _base(root: Path) -> dict[str, Any]:
+    """The jobs' document, its corpus written under ``root`` once: rewriting it would change its
+    files' times, which data preparation's cache key holds, and so remake the data."""
+    return small_training_job(root, masking="dynamic")
+
+
 def _job(root: Path, data: Path, name: str) -> Path:
     """A one-phase job with dynamic masking, a checkpoint every 8 steps and a log line every step;
     all jobs of a test share the corpus and the shards."""
-    document = small_training_job(root, masking="dynamic")
+    document = _base(root)
     changes = {
         "spec.data.shards": str(data),
         "spec.phases": [

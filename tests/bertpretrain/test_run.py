@@ -3,6 +3,7 @@ run in test_kubeflow_pods.py)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
@@ -18,6 +19,7 @@ from safetensors.torch import load_file
 
 import bertpretrain.run
 from bertjob.cli import main as bertjob_main
+from bertpretrain.files import DISK_FULL_EXIT_CODE, DiskFullError
 from bertpretrain.loader import ShardError
 from bertpretrain.preemption import Preempted
 from bertpretrain.run import main as bertpretrain_main
@@ -90,6 +92,22 @@ def test_export_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
         (ShardError("/data/shard_0001.hdf5: not a readable HDF5 file"), 1, "shard_0001.hdf5: not a readable"),
         (DivergenceError("phase 1/2 step 7: loss is nan"), 1, "step 7: loss is nan"),
         (Preempted(signal.SIGTERM, 12, Path("/ckpt/phase1/step_000012.pt")), 143, "stopped after step 12"),
+        (
+            DiskFullError(Path("/ckpt/phase1/step_000012.pt"), 1024, 5 << 20),
+            DISK_FULL_EXIT_CODE,
+            "step_000012.pt: no space left on the device: 1.0 KiB free, 5.0 MiB needed",
+        ),
+        # A full disk under a write that does not name its file: the message names the outputs.
+        (
+            OSError(errno.ENOSPC, "No space left on device"),
+            DISK_FULL_EXIT_CODE,
+            "(free space: spec.data.shards ",
+        ),
+        (
+            OSError(errno.EDQUOT, "Disk quota exceeded"),
+            DISK_FULL_EXIT_CODE,
+            "Disk quota exceeded (free space: ",
+        ),
     ],
 )
 def test_run_exit_codes(
@@ -99,7 +117,7 @@ def test_run_exit_codes(
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(small_training_job(tmp_path, processes=1)))
 
-    def fail(_spec: Any) -> None:
+    def fail(_spec: Any, *_finishing: Any) -> None:
         raise error
 
     monkeypatch.setattr(bertpretrain.run, "run_job", fail)
@@ -147,3 +165,28 @@ def test_prepare_command_makes_the_data_alone(tmp_path: Path, capsys: pytest.Cap
     capsys.readouterr()
     assert bertpretrain_main(["prepare", "--config", str(job_file)]) == 1
     assert "missing" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "field", ["spec.data.shards", "spec.checkpoint.path", "spec.export.path", "spec.logging.path"]
+)
+def test_an_unwritable_output_is_named_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], field: str
+) -> None:
+    blocker = tmp_path / "a-file"  # root may write anywhere, but not under a file
+    blocker.write_text("")
+    document = small_training_job(tmp_path, processes=1)
+    document["spec"].setdefault("export", {})
+    document = with_value(document, field, str(blocker / "out"))
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(document))
+    assert bertpretrain_main(["run", "--config", str(job_file)]) == 1
+    error = capsys.readouterr().err
+    assert error == f"bertpretrain run: {field} {blocker}/out: cannot write there (Not a directory)\n"
+    assert not (tmp_path / "data" / "vocab").exists()  # checked before any work
+
+    if field == "spec.export.path":  # the export command checks its target as well
+        assert bertpretrain_main(["export", "--config", str(job_file)]) == 1
+        assert f"{field} {blocker}/out: cannot write there" in capsys.readouterr().err
+        assert bertpretrain_main(["export", "--config", str(job_file), "--out", str(blocker / "x")]) == 1
+        assert f"--out {blocker}/x: cannot write there" in capsys.readouterr().err

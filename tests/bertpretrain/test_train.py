@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import bertpretrain.engine
+import bertpretrain.train
 from bertjob.spec import JobSpec
 from bertpretrain.checkpoint import CheckpointError, read_checkpoint
 from bertpretrain.engine import Engine
@@ -58,7 +59,8 @@ def test_phase_lowers_the_loss_and_keeps_checkpoints(
     final = train_phase(spec, 0, shard_dir, vocab_size)
 
     assert final == Path(spec.checkpoint.path) / "phase1" / "step_000020.pt"
-    assert sorted(p.name for p in final.parent.iterdir()) == ["step_000015.pt", "step_000020.pt"]
+    # and the lock its writers hold (see bertpretrain.files)
+    assert sorted(p.name for p in final.parent.iterdir()) == [".lock", "step_000015.pt", "step_000020.pt"]
     lines = progress(capsys.readouterr().out)
     assert [int(line[3]) for line in lines] == [5, 10, 15, 20]
     losses = [float(line[6]) for line in lines]
@@ -245,7 +247,7 @@ def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(
         DivergenceError, match=rf"phase 1/1 step 7: loss is nan .*last good checkpoint is {good}"
     ):
         train_phase(spec, 0, shard_dir, vocab_size)
-    assert sorted(good.parent.iterdir()) == [good]
+    assert sorted(good.parent.iterdir()) == [good.parent / ".lock", good]
 
 
 @pytest.mark.filterwarnings("ignore:.*autocast on a CPU without:UserWarning")
@@ -314,3 +316,74 @@ def test_hugging_face_model_of_another_shape_is_named(
         match=r"hf-bert/config.json: a model of another shape: hidden_size 64 \(the model has 32\)",
     ):
         train_phase(spec, 0, shard_dir, vocab_size)
+
+
+def test_a_torn_newest_checkpoint_resumes_from_the_one_before(
+    make_spec, make_phase, shard_dir: Path, vocab_size: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = make_spec([make_phase(steps=10)])  # checkpoints after steps 5 and 10
+    final = train_phase(spec, 0, shard_dir, vocab_size)
+    expected = read_checkpoint(final)["model"]
+    final.write_bytes(final.read_bytes()[: final.stat().st_size // 2])  # lost in a power cut
+    capsys.readouterr()
+
+    assert train_phase(spec, 0, shard_dir, vocab_size) == final
+    output = capsys.readouterr().out
+    assert re.search(
+        rf"^{final}: not a readable checkpoint \(.+\); skipped, resuming from step_000005\.pt$", output, re.M
+    ), output
+    assert "step_000005.pt at step 5" in output
+    resumed = read_checkpoint(final)["model"]
+    assert all(torch.equal(resumed[name], tensor) for name, tensor in expected.items())
+
+
+class Killed(BaseException):
+    """What SIGKILL does to a run, in-process: nothing after it runs (no ``except Exception``)."""
+
+
+def test_the_final_evaluation_is_made_by_the_run_after_a_kill_before_it_ended(
+    make_spec, make_phase, make_shards, shard_dir: Path, vocab_size: int, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    make_shards("phase1", num_shards=1, sequences_per_shard=10, prefix="heldout")
+    spec = make_spec([make_phase(steps=6)])
+
+    def killed(*_args: Any, **_kwargs: Any) -> None:
+        raise Killed
+
+    monkeypatch.setattr(bertpretrain.train, "evaluate", killed)
+    with pytest.raises(Killed):
+        train_phase(spec, 0, shard_dir, vocab_size)
+    assert (Path(spec.checkpoint.path) / "phase1" / "step_000006.pt").exists()  # after the checkpoint
+    monkeypatch.undo()
+    capsys.readouterr()
+
+    train_phase(spec, 0, shard_dir, vocab_size)
+    assert [int(line[3]) for line in progress(capsys.readouterr().out, EVAL_LINE)] == [6]
+    evaluations = [record for record in log_records(spec) if record["data"].get("split") == "eval"]
+    assert [record["step"] for record in evaluations] == [[1, 6]]
+    train_phase(spec, 0, shard_dir, vocab_size)  # made once: not again
+    assert progress(capsys.readouterr().out, EVAL_LINE) == []
+
+
+def test_an_evaluation_due_when_sigterm_stopped_the_run_is_made_on_resume(
+    make_spec, make_phase, make_shards, shard_dir: Path, vocab_size: int, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    make_shards("phase1", num_shards=1, sequences_per_shard=10, prefix="heldout")
+    step = Engine.optimizer_step
+    calls = []
+
+    def signalled_step(self: Engine) -> tuple[float, bool]:
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return step(self)
+
+    monkeypatch.setattr(Engine, "optimizer_step", signalled_step)
+    spec = make_spec([make_phase(steps=6)], evaluation={"everySteps": 3})
+    with pytest.raises(Preempted, match="stopped after step 3"):
+        train_phase(spec, 0, shard_dir, vocab_size)
+    monkeypatch.undo()
+    train_phase(spec, 0, shard_dir, vocab_size)
+    assert [int(line[3]) for line in progress(capsys.readouterr().out, EVAL_LINE)] == [3, 6]

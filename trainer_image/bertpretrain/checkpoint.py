@@ -5,13 +5,21 @@ optimizer, schedule and gradient-scaler states, the phase index and optimizer st
 config, the data position (epoch, shard, row and sequences read, see
 ``bertpretrain.loader.DataPosition``) and the RNG states of every rank, all loadable with
 ``torch.load(weights_only=True)``. Each is written
-under a temporary name and renamed into place, so a reader never sees half a file, and only the
-newest ``keep`` of a phase are kept.
+under a temporary name and renamed into place, the directory synced after the rename
+(:func:`bertpretrain.files.write_atomically`), so a reader never sees half a file, and only the
+newest ``keep`` of a phase are kept. A save first removes the temporaries that writers killed
+halfway left (:mod:`bertpretrain.files` tells them from a live writer's).
+
+A phase resumes from its newest checkpoint that can be read (:func:`newest_resumable`): one cut
+short (a power cut before the rename reached the disk, a volume that lost data) is skipped for
+the one before, and the phase repeats the steps in between. ``evaluation.json`` in a phase's
+directory records its last held-out evaluation, so that a run stopped after a checkpoint but
+before the evaluation of that step makes it when resumed.
 """
 
 from __future__ import annotations
 
-import os
+import json
 import random
 import re
 from dataclasses import dataclass
@@ -20,9 +28,13 @@ from typing import Any
 
 import torch
 
+from bertpretrain import files
 from bertpretrain.model import BertConfig, BertForPreTraining
 
 _NAME = re.compile(r"^step_(\d+)\.pt$")
+EVALUATION_FILE = "evaluation.json"
+# What resuming reads besides the weights and config.
+_TRAINING_STATE = ("optimizer", "scheduler", "scaler", "step", "data_position", "rng")
 # Fields that fix the parameters' shapes; dropout may differ between a checkpoint and a model.
 SHAPE_FIELDS = (
     "vocab_size",
@@ -85,8 +97,6 @@ def save_checkpoint(
         The path written, ``root/phase<n>/step_<step:06d>.pt``.
     """
     path = checkpoint_path(root, phase_index, step)
-    directory = path.parent
-    directory.mkdir(parents=True, exist_ok=True)
     state = {
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
@@ -98,14 +108,28 @@ def save_checkpoint(
         "data_position": data_position or {},
         "rng": rng if rng is not None else [rng_states()],
     }
-    temporary = directory / f".{path.name}.tmp{os.getpid()}"
-    with temporary.open("wb") as file:
-        torch.save(state, file)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
-    _prune(directory, keep)
+    with files.writing(path.parent, files.TEMPORARY):
+        files.write_atomically(path, lambda file: torch.save(state, file), _tensor_bytes(state))
+        _prune(path.parent, keep)
     return path
+
+
+def _tensor_bytes(value: Any) -> int:
+    """The bytes of the tensors in ``value`` (nested dicts, lists, tuples): about what
+    ``torch.save`` writes, less its small zip and pickle overhead."""
+    if isinstance(value, torch.Tensor):
+        return value.untyped_storage().nbytes()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(item) for item in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_tensor_bytes(item) for item in value)
+    return 0
+
+
+def clean_temporaries(directory: Path) -> list[Path]:
+    """Remove the temporaries that killed writers left in the phase directory ``directory``; none
+    while a live writer holds it (:func:`bertpretrain.files.remove_stale`). Returns them."""
+    return files.remove_stale(directory, files.TEMPORARY)
 
 
 def _prune(directory: Path, keep: int) -> None:
@@ -134,7 +158,9 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise CheckpointError(f"{path}: checkpoint does not exist") from None
     except Exception as error:
-        raise CheckpointError(f"{path}: not a readable checkpoint ({error})") from None
+        # torch's first line says what is wrong; the rest is advice on saving checkpoints.
+        reason = str(error).strip().split("\n", 1)[0].split(". ", 1)[0]
+        raise CheckpointError(f"{path}: not a readable checkpoint ({reason})") from None
     if not isinstance(state, dict) or not {"model", "config"} <= state.keys():
         raise CheckpointError(f"{path}: not a training checkpoint (no model state or config)")
     return state
@@ -149,13 +175,56 @@ def shape_differences(found: BertConfig, model: BertConfig) -> list[str]:
     ]
 
 
-def load_model_weights(path: Path, model: BertForPreTraining) -> dict[str, Any]:
-    """Load a checkpoint's weights into ``model``; returns the whole checkpoint.
+@dataclass(frozen=True)
+class Resumable:
+    """The checkpoint a phase resumes from: its file and contents, and ``"<file>: <why>"`` for each
+    newer checkpoint that could not be read, newest first."""
+
+    path: Path
+    state: dict[str, Any]
+    skipped: list[str]
+
+
+def newest_resumable(directory: Path) -> Resumable | None:
+    """The newest checkpoint in the phase directory ``directory`` that can be read and holds a
+    training state; None when there is no checkpoint at all.
+
+    A checkpoint of another model is not skipped (:func:`load_model_weights` refuses it): every
+    checkpoint of the phase would be, and the job's model is what must change.
+
+    Raises:
+        CheckpointError: there are checkpoints, but none can be read; it names each and why.
+    """
+    skipped = []
+    for path in reversed(_by_step(directory)):
+        try:
+            state = read_checkpoint(path)
+        except CheckpointError as error:
+            skipped.append(str(error))
+            continue
+        missing = [key for key in _TRAINING_STATE if key not in state]
+        if missing:
+            skipped.append(f"{path}: no training state to resume from ({', '.join(missing)} missing)")
+            continue
+        return Resumable(path, state, skipped)
+    if skipped:
+        listed = "; ".join(skipped)
+        raise CheckpointError(
+            f"{directory}: no checkpoint can be read: {listed}; delete them to start the phase again"
+        )
+    return None
+
+
+def load_model_weights(
+    path: Path, model: BertForPreTraining, state: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Load a checkpoint's weights into ``model``; returns the whole checkpoint. ``state``: its
+    contents, when already read.
 
     Raises:
         CheckpointError: naming the file, when it cannot be read or its model has another shape.
     """
-    state = read_checkpoint(path)
+    state = state if state is not None else read_checkpoint(path)
     differences = shape_differences(BertConfig(**state["config"]), model.config)
     if differences:
         raise CheckpointError(f"{path}: checkpoint is of another model: {', '.join(differences)}")
@@ -182,8 +251,10 @@ def load_training_state(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     scaler: torch.amp.GradScaler,
     rank: int = 0,
+    state: dict[str, Any] | None = None,
 ) -> ResumePoint:
-    """Restore model, optimizer, schedule, gradient scaler and this rank's RNG states.
+    """Restore model, optimizer, schedule, gradient scaler and this rank's RNG states from the
+    checkpoint ``path`` (``state``: its contents, when already read).
 
     A checkpoint written by fewer ranks than there are now gives the extra ranks the states of
     rank ``rank % saved ranks``.
@@ -194,7 +265,7 @@ def load_training_state(
     Raises:
         CheckpointError: see :func:`load_model_weights`; also a checkpoint without training state.
     """
-    state = load_model_weights(path, model)
+    state = load_model_weights(path, model, state)
     try:
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -208,3 +279,22 @@ def load_training_state(
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
     return ResumePoint(int(state["step"]), sequences)
+
+
+def record_evaluation(root: Path, phase_index: int, step: int, values: dict[str, float]) -> None:
+    """Record that phase ``phase_index`` (0-based) was evaluated after ``step`` optimizer steps,
+    with ``values`` (the figures by name), in ``<phase dir>/evaluation.json``."""
+    document = json.dumps({"step": step, "values": values}, indent=2, sort_keys=True) + "\n"
+    directory = phase_dir(root, phase_index)
+    with files.writing(directory, files.TEMPORARY):
+        files.write_atomically(directory / EVALUATION_FILE, lambda file: file.write(document.encode()))
+
+
+def evaluated_step(root: Path, phase_index: int) -> int:
+    """The step of the last evaluation :func:`record_evaluation` recorded for the phase; 0 when
+    there is none (or the record cannot be read: the evaluation is then made again)."""
+    try:
+        step = json.loads((phase_dir(root, phase_index) / EVALUATION_FILE).read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+    return step if isinstance(step, int) else 0

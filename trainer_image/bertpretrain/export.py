@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import re
+import secrets
 import shutil
-import tempfile
 from collections.abc import Container
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
+from bertpretrain import files
 from bertpretrain.checkpoint import CheckpointError, read_checkpoint, shape_differences
 from bertpretrain.model import BertConfig, BertForPreTraining
 from bertpretrain.vocab import TOKENIZER_FILE, VOCAB_FILE
@@ -64,7 +67,11 @@ def export_hf(checkpoint: Path, vocab_dir: Path, out_dir: Path, lowercase: bool)
 
     ``checkpoint`` is any training checkpoint (``bertpretrain.checkpoint``), not only a phase's
     last. The weights are written as they are stored (fp32 for every precision the trainer runs).
-    The files are written to a temporary directory beside ``out_dir`` that then replaces it.
+    The files are written and synced in a staging directory beside ``out_dir``
+    (``.<name>.partial-<random>``), which then replaces it; the parent directory is synced after
+    the rename. Directories and files get the modes the umask gives (0755 and 0644 under the usual
+    022). Exports to one ``out_dir`` take turns on the lock ``.<name>.lock`` beside it, and each
+    removes the staging directories that killed exports left.
 
     Returns:
         ``out_dir``.
@@ -72,28 +79,67 @@ def export_hf(checkpoint: Path, vocab_dir: Path, out_dir: Path, lowercase: bool)
     Raises:
         bertpretrain.checkpoint.CheckpointError: the checkpoint cannot be read.
         FileNotFoundError: ``vocab_dir`` has no ``vocab.txt``.
+        bertpretrain.files.DiskFullError: the export does not fit (naming ``out_dir``, the free
+            space and the export's size); nothing of it is left.
     """
     state = read_checkpoint(checkpoint)
     config = BertConfig(**state["config"])
     vocab = vocab_dir / VOCAB_FILE
     if not vocab.is_file():
         raise FileNotFoundError(f"{vocab_dir}: no vocab.txt to export with the model")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
-        _write_json(staging / CONFIG_FILE, config.to_hf_dict())
-        weights = {name: tensor.contiguous() for name, tensor in state["model"].items() if name not in _TIES}
-        save_file(weights, staging / SAFETENSORS_FILE, metadata={"format": "pt"})
-        shutil.copyfile(vocab, staging / VOCAB_FILE)
-        if (vocab_dir / TOKENIZER_FILE).is_file():
-            shutil.copyfile(vocab_dir / TOKENIZER_FILE, staging / TOKENIZER_FILE)
-        _write_json(staging / "tokenizer_config.json", _tokenizer_config(config, lowercase))
-        _write_json(staging / "special_tokens_map.json", SPECIAL_TOKENS)
-        _replace_dir(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    weights = {name: tensor.contiguous() for name, tensor in state["model"].items() if name not in _TIES}
+    contents = {
+        CONFIG_FILE: _json(config.to_hf_dict()),
+        SAFETENSORS_FILE: save(weights, metadata={"format": "pt"}),
+        VOCAB_FILE: vocab.read_bytes(),
+        "tokenizer_config.json": _json(_tokenizer_config(config, lowercase)),
+        "special_tokens_map.json": _json(SPECIAL_TOKENS),
+    }
+    if (vocab_dir / TOKENIZER_FILE).is_file():
+        contents[TOKENIZER_FILE] = (vocab_dir / TOKENIZER_FILE).read_bytes()
+    with files.writing(out_dir.parent, _staging_names(out_dir), _lock_name(out_dir)):
+        staging = _staging_dir(out_dir)
+        try:
+            for name, data in contents.items():
+                files.write_file(staging / name, data)
+            files.fsync_directory(staging)
+            _replace_dir(staging, out_dir)
+        except BaseException as error:
+            shutil.rmtree(staging, ignore_errors=True)
+            if files.is_disk_full(error):
+                size = sum(len(data) for data in contents.values())
+                raise files.DiskFullError(out_dir, files.free_bytes(out_dir.parent), size) from None
+            raise
     return out_dir
+
+
+def _lock_name(out_dir: Path) -> str:
+    return f".{out_dir.name}.lock"
+
+
+def _staging_names(out_dir: Path) -> re.Pattern[str]:
+    """The names of the staging directories of exports to ``out_dir`` (``.<name>.partial-<hex>``;
+    ``.<name>.<8 characters>`` from ``tempfile.mkdtemp`` in earlier versions) and of the old
+    export moved aside (``.<name>.old``)."""
+    return re.compile(rf"^\.{re.escape(out_dir.name)}\.(partial-[0-9a-f]{{8}}|[a-z0-9_]{{8}}|old)$")
+
+
+def clean_staging(out_dir: Path) -> list[Path]:
+    """Remove what killed exports to ``out_dir`` left beside it; nothing while an export to it
+    runs (see :func:`bertpretrain.files.remove_stale`). Returns the paths removed."""
+    return files.remove_stale(out_dir.parent, _staging_names(out_dir), _lock_name(out_dir))
+
+
+def _staging_dir(out_dir: Path) -> Path:
+    """A new, empty directory beside ``out_dir``, made with the mode the umask gives (unlike
+    ``tempfile.mkdtemp``'s 0700)."""
+    while True:
+        staging = out_dir.with_name(f".{out_dir.name}.partial-{secrets.token_hex(4)}")
+        try:
+            staging.mkdir()
+            return staging
+        except FileExistsError:
+            continue
 
 
 def _tokenizer_config(config: BertConfig, lowercase: bool) -> dict[str, Any]:
@@ -107,20 +153,23 @@ def _tokenizer_config(config: BertConfig, lowercase: bool) -> dict[str, Any]:
     }
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+def _json(data: dict[str, Any]) -> bytes:
+    return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
 
 
 def _replace_dir(new: Path, target: Path) -> None:
+    """Move directory ``new`` to ``target``, replacing it, and sync their parent directory."""
     # os.replace cannot overwrite a non-empty directory: move the old one aside first.
     if target.exists():
         old = target.with_name(f".{target.name}.old")
         shutil.rmtree(old, ignore_errors=True)
-        target.rename(old)
-        new.rename(target)
+        os.rename(target, old)
+        os.rename(new, target)
+        files.fsync_directory(target.parent)
         shutil.rmtree(old)
     else:
-        new.rename(target)
+        os.rename(new, target)
+        files.fsync_directory(target.parent)
 
 
 def fill_mask(export_dir: Path, text: str, top_k: int = 5) -> list[tuple[str, float]]:

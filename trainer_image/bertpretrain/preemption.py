@@ -6,6 +6,10 @@ polls it after each optimizer step, writes a checkpoint and raises :class:`Preem
 entry point exits with 128 + the signal number (143), which Kubeflow's ``restartPolicy:
 ExitCode`` treats as retryable, while 1 (bad input, divergence) is permanent. The request lives
 on the :class:`StopSignals` object that a phase enters, not in a module global.
+
+Once training is done, the job's entry point installs another :class:`StopSignals`: a SIGTERM
+then (the pod deleted as the job ends) only gets noted, the export is finished, and the job
+exits 0, since its work is done.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ class StopSignals:
     """A context in which ``signals`` (default SIGTERM) set :attr:`received` instead of killing.
 
     Outside the main thread (where Python cannot install handlers) it does nothing. The previous
-    handlers are restored on exit.
+    handlers are restored on exit. :meth:`install` and :meth:`restore` do the same outside a
+    ``with`` block.
     """
 
     def __init__(self, signals: tuple[signal.Signals, ...] = (signal.SIGTERM,)):
@@ -47,13 +52,22 @@ class StopSignals:
     def _handle(self, signal_number: int, _frame: FrameType | None) -> None:
         self.received = signal_number
 
-    def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():
+    def install(self) -> None:
+        """Catch the signals from now on (once; a second call does nothing)."""
+        if not self._previous and threading.current_thread() is threading.main_thread():
             self._previous = {number: signal.signal(number, self._handle) for number in self.signals}
+
+    def restore(self) -> None:
+        """Give the signals back to the handlers they had before :meth:`install`."""
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+        self._previous = {}
+
+    def __enter__(self) -> StopSignals:
+        self.install()
         return self
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
-        for number, handler in self._previous.items():
-            signal.signal(number, handler)
+        self.restore()

@@ -6,12 +6,17 @@ MPIJob; :mod:`bertpretrain.world` tells which) and what ``bertjob run job.yaml``
 laptop. Phase 2 starts from phase 1's final checkpoint with a fresh optimizer and schedule, as
 NVIDIA's ``run_pretraining.py --phase2`` does; both phases run in the same child job (see
 docs/design.md).
+
+Before any work, every output directory of the job is tried for writing (naming the field of a
+bad one), and rank 0 removes the temporaries that killed writers left in the checkpoint
+directories and beside the export (:mod:`bertpretrain.files`).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -21,11 +26,19 @@ from pathlib import Path
 from bertjob.defaults import resolve_model, with_defaults
 from bertjob.spec import BertPretrainJob, JobSpec, SpecError, load_job
 from bertjob.validation import check
-from bertpretrain.checkpoint import latest, phase_dir
-from bertpretrain.export import export_hf, fill_mask
+from bertpretrain.checkpoint import clean_temporaries, latest, phase_dir
+from bertpretrain.export import clean_staging, export_hf, fill_mask
+from bertpretrain.files import (
+    DISK_FULL_EXIT_CODE,
+    DiskFullError,
+    check_writable,
+    format_size,
+    free_bytes,
+    is_disk_full,
+)
 from bertpretrain.loader import verify_phases
 from bertpretrain.parallel import DataParallel, join
-from bertpretrain.preemption import Preempted
+from bertpretrain.preemption import Preempted, StopSignals
 from bertpretrain.prepare import VOCAB_DIR, PreparedData, prepare
 from bertpretrain.train import DivergenceError, train_phase
 from bertpretrain.world import detect_world
@@ -44,28 +57,81 @@ class JobOutputs:
     seconds: float
 
 
-def run_job(spec: JobSpec) -> JobOutputs:
+def run_job(spec: JobSpec, finishing: StopSignals | None = None) -> JobOutputs:
     """Run every stage of a job whose spec has passed ``with_defaults`` and ``check``.
 
+    ``finishing``: signals to install once this rank's training is done, so that a SIGTERM from
+    then on (the pod deleted as the job ends) does not stop the export; the caller restores them.
+
     Raises:
+        PermissionError: an output directory cannot be written (naming its field), before any work.
         FileNotFoundError, ValueError: bad corpus, vocabulary, shards or checkpoint (the message
             names the file).
+        bertpretrain.files.DiskFullError: a checkpoint or the export does not fit.
         bertpretrain.train.DivergenceError: the loss diverged.
         bertpretrain.preemption.Preempted: SIGTERM stopped training after a checkpoint.
         RuntimeError: the requested accelerator is not available.
     """
     started = time.perf_counter()
+    check_outputs(spec)
     with contextlib.closing(join(spec.accelerator, spec.tf32, spec.distributed)) as parallel:
         if parallel.world.rank == 0:
             device = parallel.device
             placement = f", {device.placement}" if device.placement else ""
             print(f"bertpretrain: {parallel.description} on {device.device}{placement}", flush=True)
+            _remove_stale_temporaries(spec)
         data, checkpoints = parallel.run(lambda: _prepare_and_train(spec, parallel))
+        if finishing is not None:
+            finishing.install()
         assert spec.export.path is not None
         export_dir = Path(spec.export.path)
         if parallel.world.rank == 0:
             export_hf(checkpoints[-1], data.vocab_dir, export_dir, spec.data.lowercase)
     return JobOutputs(data, checkpoints, export_dir, time.perf_counter() - started)
+
+
+def outputs(spec: JobSpec) -> list[tuple[str, Path]]:
+    """Each directory the job writes, with its field: the data, the checkpoints, the log and the
+    export (the last two when set; ``with_defaults`` sets both)."""
+    fields: list[tuple[str, str | None]] = [
+        ("spec.data.shards", spec.data.shards),
+        ("spec.checkpoint.path", spec.checkpoint.path),
+        ("spec.logging.path", spec.logging.path),
+        ("spec.export.path", spec.export.path),
+    ]
+    return [(field, Path(path)) for field, path in fields if path]
+
+
+def check_outputs(spec: JobSpec) -> None:
+    """Try each of :func:`outputs` for writing, making it if missing (for the export, its parent,
+    where a new export directory is made).
+
+    Raises:
+        PermissionError: ``"<field> <path>: cannot write there (<reason>)"``.
+        bertpretrain.files.DiskFullError: not even an empty file fits.
+    """
+    for field, path in outputs(spec):
+        check_writable(field, path, parent=field == "spec.export.path")
+
+
+def _remove_stale_temporaries(spec: JobSpec) -> None:
+    """Rank 0, at the start: remove what writers killed halfway left (a SIGKILL after the grace
+    period, an OOM kill), which would otherwise pile up on the volume."""
+    assert spec.export.path is not None
+    root = Path(spec.checkpoint.path)
+    removed = [
+        path for index in range(len(spec.phases)) for path in clean_temporaries(phase_dir(root, index))
+    ]
+    for path in removed + clean_staging(Path(spec.export.path)):
+        print(f"bertpretrain: removed {path}, left by a writer that was stopped", flush=True)
+
+
+def _disk_full_message(error: OSError, spec: JobSpec) -> str:
+    """``error``; unless it names its file, with the free space of each output directory."""
+    if isinstance(error, DiskFullError):
+        return str(error)
+    free = ", ".join(f"{field} {path}: {format_size(free_bytes(path))}" for field, path in outputs(spec))
+    return f"{error} (free space: {free})"
 
 
 def _prepare_and_train(spec: JobSpec, parallel: DataParallel) -> tuple[PreparedData, list[Path]]:
@@ -145,12 +211,13 @@ def newest_checkpoint(spec: JobSpec) -> Path | None:
 
 
 def _export(spec: JobSpec, checkpoint: str | None, out: str | None) -> int:
+    assert spec.export.path is not None
+    target = Path(out or spec.export.path)
+    check_writable("--out" if out else "spec.export.path", target, parent=True)
     source = Path(checkpoint) if checkpoint else newest_checkpoint(spec)
     if source is None:
         print(f"bertpretrain export: no checkpoint under {spec.checkpoint.path}", file=sys.stderr)
         return 1
-    assert spec.export.path is not None
-    target = Path(out or spec.export.path)
     export_hf(source, Path(spec.data.shards) / VOCAB_DIR, target, spec.data.lowercase)
     print(f"bertpretrain: exported {source} to {target}", flush=True)
     return 0
@@ -162,14 +229,21 @@ def _train(job: BertPretrainJob, spec: JobSpec) -> int:
     is_main = world.rank == 0
     if is_main:
         print(f"bertpretrain: {_describe(job, spec)}", flush=True)
+    finishing = StopSignals()
     try:
-        outputs = run_job(spec)
+        done = run_job(spec, finishing)
+        if is_main:
+            print(f"bertpretrain: exported {done.export_dir} in {done.seconds:.0f} s", flush=True)
+        if finishing.received is not None:
+            name = signal.Signals(finishing.received).name
+            work = "the export is complete" if is_main else "this rank's work is done"
+            print(f"bertpretrain: {name} received once the training was done; {work}, exit 0", flush=True)
+        return 0
     except Preempted as stop:
         print(f"bertpretrain: {stop}; exit {stop.exit_code} so that the pod is restarted", flush=True)
         return stop.exit_code
-    if is_main:
-        print(f"bertpretrain: exported {outputs.export_dir} in {outputs.seconds:.0f} s", flush=True)
-    return 0
+    finally:
+        finishing.restore()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -181,10 +255,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     (``--checkpoint``, default the newest) to Hugging Face format (``--out``, default
     ``spec.export.path``).
 
-    Returns the exit code: 0 done; 1 bad input (data, checkpoint, vocabulary; the message names
-    the file) or a diverged loss, which a restart would not mend; 2 an invalid job file; 128 +
-    the signal number (143 for SIGTERM) when a signal stopped training after a checkpoint, which
-    Kubeflow's ``restartPolicy: ExitCode`` retries.
+    Returns the exit code: 0 done (also when SIGTERM came once training was done: the export is
+    finished first); 1 bad input (data, checkpoint, vocabulary, an output directory that cannot be
+    written; the message names the file or field) or a diverged loss, which a restart would not
+    mend; 2 an invalid job file; 128 + the signal number (143 for SIGTERM) when a signal stopped
+    training after a checkpoint; ``DISK_FULL_EXIT_CODE`` (200) when a volume is full or over its
+    quota (the message names the file, the free space and the size needed; the partial file is
+    removed). Kubeflow's ``restartPolicy: ExitCode`` retries the last two (128-255), and the data
+    Job's ``podFailurePolicy`` fails only on 1 and 2.
     """
     parser = argparse.ArgumentParser(prog="bertpretrain", description="Run a BertPretrainJob's trainer.")
     parser.add_argument("command", choices=["run", "prepare", "export"])
@@ -205,7 +283,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "export":
             return _export(spec, args.checkpoint, args.out)
         return _train(job, spec)
-    except (OSError, ValueError, DivergenceError) as error:
+    except OSError as error:
+        if is_disk_full(error):  # a volume can be grown, or files removed: retryable
+            print(f"bertpretrain {args.command}: {_disk_full_message(error, spec)}", file=sys.stderr)
+            return DISK_FULL_EXIT_CODE
+        print(f"bertpretrain {args.command}: {error}", file=sys.stderr)
+        return 1
+    except (ValueError, DivergenceError) as error:
         # ShardError and CheckpointError are ValueErrors; each message names its file.
         print(f"bertpretrain {args.command}: {error}", file=sys.stderr)
         return 1

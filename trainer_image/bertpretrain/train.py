@@ -3,8 +3,9 @@
 NVIDIA's two-phase recipe (DeepLearningExamples BERT, after You et al. 2020): phase 1 trains
 at sequence length 128, phase 2 continues from phase 1's final weights at 512 with a fresh
 optimizer, step count and schedule. A phase that finds a checkpoint of its own resumes from the
-newest one (model, optimizer, schedule, gradient scaler, data position and every rank's RNG
-states) instead, and then computes exactly what the uninterrupted run would have computed.
+newest one that can be read (model, optimizer, schedule, gradient scaler, data position and every
+rank's RNG states) instead, and then computes exactly what the uninterrupted run would have
+computed; if the evaluation due at that step was not recorded as made, it makes it first.
 
 Each optimizer step: ``accumulation_steps`` forward/backward passes, one optimizer step, the
 statistics summed over ranks; then, as due, a progress line, a checkpoint, an evaluation on the
@@ -27,12 +28,17 @@ from torch.utils.data import DataLoader
 from bertjob.defaults import gradient_accumulation_steps, micro_batch_size, resolve_model
 from bertjob.spec import JobSpec, PhaseSpec
 from bertpretrain.checkpoint import (
+    Resumable,
     ResumePoint,
     checkpoint_path,
+    evaluated_step,
     latest,
     load_model_weights,
     load_training_state,
+    newest_resumable,
     phase_dir,
+    read_checkpoint,
+    record_evaluation,
     rng_states,
     save_checkpoint,
 )
@@ -170,8 +176,8 @@ def _build(
     model = BertForPreTraining(BertConfig.from_dims(resolve_model(spec.model), vocab_size))
     if spec.activation_checkpointing:
         model.set_activation_checkpointing(True)
-    resume = latest(phase_dir(Path(spec.checkpoint.path), index))
-    origin = _initialise(spec, model, resume, init_from, engine)
+    resume = _resumable(spec, index, engine)
+    origin = _initialise(spec, model, resume.path if resume else None, init_from, engine)
     engine.prepare(model, compile=spec.compile)
     # Dropout differs between ranks; the initial weights above do not.
     torch.manual_seed(_seed(spec.seed, index, engine.rank + 1))
@@ -188,7 +194,9 @@ def _build(
     )
     start = ResumePoint(0, 0)
     if resume is not None:
-        start = load_training_state(resume, model, optimizer, scheduler, engine.scaler, engine.rank)
+        start = load_training_state(
+            resume.path, model, optimizer, scheduler, engine.scaler, engine.rank, state=resume.state
+        )
     engine.broadcast_state()
 
     micro_batch = micro_batch_size(phase, engine.world_size)
@@ -215,6 +223,23 @@ def _build(
     run = _Phase(spec, index, engine, model, loader, heldout, masking, accumulation_steps, start.step, log)
     _announce(run, origin)
     return run
+
+
+def _resumable(spec: JobSpec, index: int, engine: Engine) -> Resumable | None:
+    """The checkpoint phase ``index`` resumes from, the same on every rank (collective): rank 0
+    picks the newest that can be read and says which newer ones it skipped and why; the others
+    read the one it picked."""
+    found = None
+    if engine.is_main:
+        found = newest_resumable(phase_dir(Path(spec.checkpoint.path), index))
+        if found is not None:
+            for reason in found.skipped:
+                print(f"{reason}; skipped, resuming from {found.path.name}", flush=True)
+    picked = engine.parallel.broadcast_object(str(found.path) if found else None)
+    if engine.is_main or picked is None:
+        return found
+    path = Path(str(picked))
+    return Resumable(path, read_checkpoint(path), [])
 
 
 def _initialise(
@@ -283,6 +308,8 @@ def _announce(run: _Phase, origin: str) -> None:
 
 def _train(run: _Phase, stop: StopSignals) -> None:
     phase, engine, spec = run.phase, run.engine, run.spec
+    if run.heldout and _evaluation_owed(run):
+        _evaluate(run, run.start_step)
     batches = iter(run.loader)
     progress = _Progress(run)
     for step in range(run.start_step + 1, phase.steps + 1):
@@ -297,10 +324,22 @@ def _train(run: _Phase, stop: StopSignals) -> None:
             saved = _save(run, step)
             if stopping:
                 raise Preempted(stop.received or signal.SIGTERM, step, saved)
-        if run.heldout and (
-            last or (spec.evaluation.every_steps and step % spec.evaluation.every_steps == 0)
-        ):
+        if run.heldout and _evaluation_due(run, step):
             _evaluate(run, step)
+
+
+def _evaluation_due(run: _Phase, step: int) -> bool:
+    every = run.spec.evaluation.every_steps
+    return step == run.phase.steps or bool(every and step % every == 0)
+
+
+def _evaluation_owed(run: _Phase) -> bool:
+    """Whether the evaluation due at the step the phase resumes at was not made: the run before
+    was stopped between that step's checkpoint and the end of its evaluation (collective: every
+    rank gets rank 0's answer)."""
+    step = run.start_step
+    owed = step > 0 and _evaluation_due(run, step) and evaluated_step(run.root, run.index) < step
+    return run.engine.any_rank(run.engine.is_main and owed)
 
 
 def _save(run: _Phase, step: int) -> Path:
@@ -341,6 +380,7 @@ def _evaluate(run: _Phase, step: int) -> Evaluation:
     )
     run.log.log(run.index + 1, step, "eval", result.values())
     if engine.is_main:
+        record_evaluation(run.root, run.index, step, result.values())
         print(
             f"{run.name} step {step}/{phase.steps} held-out: mlm_acc {result.accuracy.mlm:.4f} "
             f"nsp_acc {result.accuracy.nsp:.4f} loss {result.loss:.3f} (mlm {result.mlm_loss:.3f} "
