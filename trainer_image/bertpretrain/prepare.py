@@ -64,6 +64,7 @@ from tqdm import tqdm
 
 from bertjob.spec import DataSpec, JobSpec, PhaseSpec
 from bertpretrain import corpus, documents, vocab
+from bertpretrain.files import check_writable
 from bertpretrain.instances import InstanceParams, assemble, create_pairs
 from bertpretrain.masking import mask_tokens
 from bertpretrain.packing import pack_instances, padding_fraction
@@ -117,7 +118,7 @@ def prepare(spec: JobSpec) -> PreparedData:
     """
     data = spec.data
     root = Path(data.shards)
-    _check_writable(root)
+    check_writable("spec.data.shards", root)
     vocab_dir = root / VOCAB_DIR
     corpus_identity = corpus.identity(data.sources)
     _make_vocab(spec, corpus_identity, vocab_dir)
@@ -158,16 +159,6 @@ def available_cpus(cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int
     if quota == "max":
         return cpus
     return max(1, min(cpus, math.ceil(int(quota) / int(period))))
-
-
-def _check_writable(root: Path) -> None:
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        probe = root / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as error:
-        raise PermissionError(f"data.shards {root}: cannot write there ({error.strerror})") from None
 
 
 # Vocabulary -------------------------------------------------------------------------------------
