@@ -245,8 +245,10 @@ def remove_stale(directory: Path, names: re.Pattern[str], lock_name: str = LOCK_
             if state == "busy":
                 return []
             return _remove(directory, names, None if state == "held" else STALE_SECONDS)
-    except PermissionError:  # a directory this user cannot write holds nothing of theirs to remove
-        return []
+    except OSError as error:  # a directory this user cannot write holds nothing of theirs to remove
+        if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return []
+        raise
 
 
 def _remove(directory: Path, names: re.Pattern[str], older_than: float | None) -> list[Path]:
