@@ -4,7 +4,8 @@
     bertjob render job.yaml     print the manifests the operator would create
     bertjob run job.yaml        run the whole job here, without a cluster
 
-Exit codes: 0 success, 2 an invalid job file, 1 any other failure.
+The file is read as kubectl reads it (:mod:`bertjob.jobfile`), so what passes here is what the
+cluster receives. Exit codes: 0 success, 2 an invalid job file, 1 any other failure.
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-import yaml
-
-from bertjob.spec import BertPretrainJob, SpecError, load_job
+from bertjob.jobfile import dump_all, load_job
+from bertjob.spec import BertPretrainJob, SpecError
 from bertjob.validation import cluster_job
 
 
@@ -26,9 +26,15 @@ def _validate(job: BertPretrainJob, source: str) -> int:
 
 
 def _render(job: BertPretrainJob, source: str) -> int:
-    from bertjob.render import render
+    from bertjob.render import RenderError, render
 
-    sys.stdout.write(yaml.safe_dump_all(render(job), sort_keys=False))
+    try:
+        manifests = render(job)
+    except RenderError as error:
+        print(f"bertjob render: {error}", file=sys.stderr)
+        return 1
+    # Quoted so that kubectl reads back each string as a string (go-yaml reads y as true).
+    sys.stdout.write(dump_all(manifests))
     return 0
 
 
@@ -48,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (without the program name), run the command, return the exit code."""
     parser = argparse.ArgumentParser(prog="bertjob", description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=COMMANDS)
-    parser.add_argument("job_file", help="a BertPretrainJob manifest (YAML)")
+    parser.add_argument("job_file", help="a BertPretrainJob manifest (YAML or JSON, one document)")
     args = parser.parse_args(argv)
     try:
         job = load_job(args.job_file)

@@ -25,6 +25,7 @@ from typing import Any, Literal
 import yaml
 
 from bertjob import launchers
+from bertjob.jobfile import dump
 from bertjob.launchers import Launcher, PodNames
 from bertjob.spec import GROUP, PLURAL, BertPretrainJob, JobSpec, to_document
 from bertjob.validation import cluster_job
@@ -110,7 +111,8 @@ def render(job: BertPretrainJob) -> list[dict[str, Any]]:
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _meta(name, namespace, config_map_name(name), "config"),
-        "data": {JOB_FILE: yaml.safe_dump(to_document(job), sort_keys=False)},
+        # The trainer reads it as kubectl would: strings go-yaml reads otherwise are quoted.
+        "data": {JOB_FILE: dump(to_document(job))},
     }
     objects = [config_map, *_progress_rbac(name, namespace, spec, pods.service_account)]
     child = _build_child(job, launcher, pods)

@@ -15,7 +15,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
 
@@ -565,19 +564,15 @@ def parse_spec(data: Any, source: str = "<spec>") -> JobSpec:
 
 
 def load_job(path: str | Path) -> BertPretrainJob:
-    """Read and validate a job file (YAML or JSON).
+    """Read a job file as kubectl would, and validate it: :func:`bertjob.jobfile.load_job`.
 
     Raises:
-        SpecError: the file is missing, is not YAML, or does not fit the API.
+        SpecError: the file cannot be read, is refused as YAML, or does not fit the API.
     """
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise SpecError(str(path), [("", f"cannot read: {error.strerror}")]) from None
-    except yaml.YAMLError as error:
-        raise SpecError(str(path), [("", f"not valid YAML: {error}")]) from None
-    return parse_job(data, str(path))
+    # Imported here: bertjob.jobfile imports this module.
+    from bertjob import jobfile
+
+    return jobfile.load_job(path)
 
 
 def to_document(job: BertPretrainJob) -> dict[str, Any]:

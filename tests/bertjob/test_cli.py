@@ -1,3 +1,8 @@
+import resource
+import subprocess
+import sys
+
+import pytest
 import yaml
 
 from bertjob.cli import main
@@ -34,3 +39,113 @@ def test_validate_checks_as_the_operator_would(capsys):
     # The demo writes under the working directory, which a pod has no volume for.
     assert main(["validate", str(EXAMPLES / "bert-tiny-local.yaml")]) == 2
     assert "spec.data.shards: runs/bert-tiny-local/data must be an absolute path" in capsys.readouterr().err
+
+
+HOLE = "__hole__"
+
+
+def _job_text(dotted: str, raw_yaml: str) -> str:
+    """The valid job as YAML text, with the field at ``dotted`` written as ``raw_yaml``."""
+    return yaml.safe_dump(with_value(valid_job(), dotted, HOLE), sort_keys=False).replace(HOLE, raw_yaml)
+
+
+def _write_text(tmp_path, text: str | bytes):
+    path = tmp_path / "job.yaml"
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _alias_bomb() -> str:
+    """A 'billion laughs' affinity: nine levels of nine aliases of the level before (9**9 strings)."""
+    levels = ["&l0 [" + ", ".join(["lol"] * 9) + "]"]
+    levels += [f"&l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    return "{" + ", ".join(f"l{i}: {level}" for i, level in enumerate(levels)) + "}"
+
+
+HOSTILE = {
+    "nan-in-env": _job_text("spec.pod", "{env: [{name: X, value: .nan}]}"),
+    "inf-in-affinity": _job_text("spec.pod", "{affinity: {weight: -.inf}}"),
+    "not-utf8": _job_text("spec.image", "caf\xe9").encode("latin-1"),
+    "deep": _job_text("spec.pod", "{affinity: " + "[" * 500 + "]" * 500 + "}"),
+    "self-alias": _job_text("spec.pod", "{affinity: &a {nodeAffinity: *a}}"),
+    "alias-bomb": _job_text("spec.pod", "{affinity: " + _alias_bomb() + "}"),
+    "duplicate-key": _job_text("spec.image", "a\n  image: b"),
+}
+HOSTILE_MESSAGES = {
+    "nan-in-env": "spec.pod.env[0].value (line 27): .nan is not a number JSON can hold; kubectl refuses NaN",
+    "inf-in-affinity": "spec.pod.affinity.weight (line 27): -.inf is not a number JSON can hold",
+    "not-utf8": "line 6: not UTF-8 (byte 0xe9); save the file as UTF-8",
+    "deep": "nested more than 100 levels deep",
+    "self-alias": "spec.pod.affinity.nodeAffinity (line 27): an alias refers to a value that contains it",
+    "alias-bomb": "excessive aliasing: the aliases expand to more than 100000 values",
+    "duplicate-key": "spec.image (line 7): duplicate key 'image' (also at line 6)",
+}
+
+
+@pytest.mark.parametrize("command", ["validate", "render"])
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_a_hostile_file_ends_in_a_message_and_exit_2(tmp_path, capsys, case, command):
+    assert main([command, str(_write_text(tmp_path, HOSTILE[case]))]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith(f"{tmp_path / 'job.yaml'}: invalid BertPretrainJob\n")
+    assert HOSTILE_MESSAGES[case] in captured.err
+    assert "Traceback" not in captured.err
+
+
+def _limit_memory() -> None:
+    # The bomb once grew past 4 GB; a few hundred MB is many times what a job file needs.
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+MEMORY_LIMIT = 512 * 2**20
+
+
+@pytest.mark.parametrize("command", ["validate", "render"])
+@pytest.mark.parametrize("case", ["alias-bomb", "deep", "self-alias"])
+def test_hostile_files_are_refused_in_bounded_time_and_memory(tmp_path, case, command):
+    path = _write_text(tmp_path, HOSTILE[case])
+    result = subprocess.run(
+        [sys.executable, "-m", "bertjob", command, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=_limit_memory,
+        check=False,
+    )
+    assert (result.returncode, result.stdout) == (2, "")
+    assert HOSTILE_MESSAGES[case] in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("dotted", "raw", "message"),
+    [
+        # YAML 1.1 reads 4:16 as the base-60 integer 256; kubectl sends the string "4:16".
+        ("spec.data.numShards", "4:16", "spec.data.numShards: Input should be a valid integer"),
+        # kubectl cannot turn infinity into JSON.
+        ("spec.phases.0.learningRate", ".inf", "spec.phases[0].learningRate (line 18): .inf is not a number"),
+        # go-yaml reads y as true, where YAML 1.1 reads the string "y".
+        ("spec.image", "y", "spec.image: Input should be a valid string"),
+    ],
+)
+def test_validate_reads_the_file_as_kubectl_does(tmp_path, capsys, dotted, raw, message):
+    assert main(["validate", str(_write_text(tmp_path, _job_text(dotted, raw)))]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_validate_accepts_what_yaml_1_1_would_misread(tmp_path, capsys):
+    # YAML 1.1 reads 6e-3 as a string; go-yaml, and so kubectl, as the number 0.006.
+    path = _write_text(tmp_path, _job_text("spec.phases.0.learningRate", "6e-3"))
+    assert main(["validate", str(path)]) == 0
+    assert "valid BertPretrainJob 'demo'" in capsys.readouterr().out
+
+
+def test_render_quotes_strings_kubectl_would_read_as_another_type(tmp_path, capsys):
+    env = "{env: [{name: A, value: 'y'}, {name: B, value: '1e3'}, {name: C, value: '0o17'}]}"
+    assert main(["render", str(_write_text(tmp_path, _job_text("spec.pod", env)))]) == 0
+    rendered = capsys.readouterr().out
+    for value in ("y", "1e3", "0o17"):
+        assert f"value: '{value}'" in rendered
