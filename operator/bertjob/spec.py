@@ -12,11 +12,26 @@ Checks that involve one object live here (types, ranges, enums); checks across o
 
 from __future__ import annotations
 
+import json
+import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
+
+from bertjob import kubenames
 
 GROUP = "bertjob.dev"
 VERSION = "v1alpha1"
@@ -35,8 +50,47 @@ ModelPreset = Literal["bert-tiny", "bert-mini", "bert-small", "bert-medium", "be
 KubernetesObject = Annotated[
     dict[str, Any], WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True})
 ]
-# A resource quantity ("500m", "64Gi", 8), as Kubernetes writes it: a string or an integer.
-Quantity = Annotated[int | str, WithJsonSchema({"x-kubernetes-int-or-string": True})]
+# A resource quantity ("500m", "64Gi", 8 or 0.5) as Kubernetes takes it in a pod; a float becomes
+# its decimal string, since the Kubeflow CRDs take an integer or a string only. The CRD leaves the
+# type open, as int-or-string would refuse 0.5 at `kubectl apply`.
+Quantity = Annotated[
+    int | str,
+    PlainValidator(kubenames.quantity),
+    WithJsonSchema({"x-kubernetes-preserve-unknown-fields": True}),
+]
+# Integers as the API server and the Kubeflow types hold them: int32 where a child's field is one
+# (replicas, runPolicy, elasticPolicy), int64 everywhere else.
+Int32 = Annotated[int, Field(le=kubenames.INT32_MAX, json_schema_extra={"format": "int32"})]
+
+
+def _rule(check: Callable[[Any], str | None]) -> AfterValidator:
+    """A validator that refuses a value ``check`` finds a problem with, saying what it is."""
+
+    def validate(value: Any) -> Any:
+        problem = check(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    return AfterValidator(validate)
+
+
+# Every integer field is checked against int64's range by _Spec (a constraint here would go into
+# the CRD as a maximum on every integer).
+Int64 = Annotated[int, Field(json_schema_extra={"format": "int64"})]
+# Names of other objects: a ServiceAccount, Secret, PriorityClass, scheduler or Volcano queue.
+DnsSubdomain = Annotated[
+    str,
+    _rule(kubenames.dns_subdomain_problem),
+    Field(
+        json_schema_extra={"pattern": kubenames.DNS_SUBDOMAIN_PATTERN, "maxLength": kubenames.MAX_SUBDOMAIN}
+    ),
+]
+LabelValue = Annotated[
+    str,
+    _rule(kubenames.label_value_problem),
+    Field(json_schema_extra={"pattern": kubenames.LABEL_VALUE_PATTERN, "maxLength": kubenames.MAX_LABEL}),
+]
 
 
 class SpecError(ValueError):
@@ -55,21 +109,41 @@ class SpecError(ValueError):
 
 class _Spec(BaseModel):
     # strict: a YAML "2" is not the integer 2; extra="forbid": a misspelt field is an error,
-    # as the API server's strict field validation makes it for `kubectl apply`.
+    # as the API server's strict field validation makes it for `kubectl apply`; no NaN or
+    # infinity, which JSON (and so the API server) cannot carry.
     model_config = ConfigDict(
         alias_generator=to_camel,
         populate_by_name=True,
         extra="forbid",
         strict=True,
         frozen=True,
+        allow_inf_nan=False,
     )
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _plain_strings(cls, value: Any) -> Any:
+        """Strings (and those of a list or map of them) that a path, an argument or the API server
+        can hold (no NUL, no lone surrogate), and integers that fit in 64 bits."""
+        items = [value]
+        if isinstance(value, list):
+            items = value
+        elif isinstance(value, dict):
+            items = [*value, *value.values()]
+        for item in items:
+            problem = kubenames.string_problem(item) if isinstance(item, str) else None
+            if problem is not None:
+                raise ValueError(f"{kubenames.shown(item)} {problem}")
+        if isinstance(value, int) and value > kubenames.INT64_MAX:
+            raise ValueError(f"must be at most {kubenames.INT64_MAX} (a 64-bit integer)")
+        return value
 
 
 class Topology(_Spec):
     """Where the processes run: ``nodes`` pods, each running ``processes_per_node`` ranks."""
 
-    nodes: int = Field(1, ge=1, description="Pods (one per node); 1 renders the single-node overlay.")
-    processes_per_node: int = Field(
+    nodes: Int32 = Field(1, ge=1, description="Pods (one per node); 1 renders the single-node overlay.")
+    processes_per_node: Int32 = Field(
         1, ge=1, description="Training processes per pod, usually one per GPU/HPU or per CPU socket."
     )
 
@@ -87,11 +161,11 @@ class ModelSpec(_Spec):
         description="Google's compact BERTs (tiny, mini, small, medium; Turc et al. 2019) or the paper's "
         "base and large (Devlin et al. 2019).",
     )
-    hidden_size: int | None = Field(None, ge=8, description="Overrides the preset's hidden size.")
-    num_hidden_layers: int | None = Field(None, ge=1, description="Overrides the preset's layer count.")
-    num_attention_heads: int | None = Field(None, ge=1, description="Overrides the preset's head count.")
-    intermediate_size: int | None = Field(None, ge=8, description="Overrides the feed-forward width.")
-    max_position_embeddings: int | None = Field(
+    hidden_size: Int64 | None = Field(None, ge=8, description="Overrides the preset's hidden size.")
+    num_hidden_layers: Int64 | None = Field(None, ge=1, description="Overrides the preset's layer count.")
+    num_attention_heads: Int64 | None = Field(None, ge=1, description="Overrides the preset's head count.")
+    intermediate_size: Int64 | None = Field(None, ge=8, description="Overrides the feed-forward width.")
+    max_position_embeddings: Int64 | None = Field(
         None, ge=8, description="Longest sequence the model accepts; default 512."
     )
     hidden_dropout_prob: float | None = Field(None, ge=0, lt=1, description="Default 0.1.")
@@ -108,11 +182,11 @@ class ModelSpec(_Spec):
 class VocabSpec(_Spec):
     """The WordPiece vocabulary: trained on the corpus, or an existing file. Exactly one of the two."""
 
-    train_size: int | None = Field(
+    train_size: Int64 | None = Field(
         None, ge=64, description="Train a WordPiece vocabulary of this many tokens on the corpus."
     )
     file: str | None = Field(None, min_length=1, description="An existing vocab.txt or tokenizer.json.")
-    pad_to_multiple_of: int | None = Field(
+    pad_to_multiple_of: Int64 | None = Field(
         None,
         ge=1,
         description="Append [unused] tokens until the size is a multiple of this (NVIDIA pads 30522 "
@@ -167,7 +241,7 @@ class DataSpec(_Spec):
     whole_word_mask: bool = Field(
         False, description="Mask every WordPiece of a word together (Google's do_whole_word_mask)."
     )
-    dupe_factor: int = Field(
+    dupe_factor: Int64 = Field(
         5, ge=1, description="Times each document is turned into instances, with different masks."
     )
     short_seq_prob: float = Field(
@@ -185,8 +259,8 @@ class DataSpec(_Spec):
         "first histogram packing) or nnlshp (non-negative least squares). Needs static masking. "
         "A phase's globalBatchSize then counts rows.",
     )
-    max_sequences_per_pack: int = Field(3, ge=2, le=16, description="Most sequences in one packed row.")
-    num_shards: int | None = Field(
+    max_sequences_per_pack: Int64 = Field(3, ge=2, le=16, description="Most sequences in one packed row.")
+    num_shards: Int64 | None = Field(
         None, ge=1, description="Training shards per phase. Default 4, unless maxShardMB is set."
     )
     max_shard_mb: float | None = Field(
@@ -199,7 +273,7 @@ class DataSpec(_Spec):
     heldout_fraction: float = Field(
         0.0, ge=0, lt=1, description="Share of documents kept out of training, in held-out shards."
     )
-    workers: int | None = Field(
+    workers: Int64 | None = Field(
         None, ge=1, description="Processes that prepare the data. Default: the CPUs this process may use."
     )
 
@@ -207,10 +281,10 @@ class DataSpec(_Spec):
 class PhaseSpec(_Spec):
     """One pretraining phase (NVIDIA's recipe: phase 1 at seq 128, phase 2 at seq 512)."""
 
-    max_seq_length: int = Field(ge=8, description="Tokens per sequence, [CLS] and [SEP]s included.")
-    max_predictions_per_seq: int = Field(ge=1, description="Masked positions stored per sequence.")
-    global_batch_size: int = Field(ge=1, description="Sequences per optimizer step, over all processes.")
-    micro_batch_size: int | None = Field(
+    max_seq_length: Int64 = Field(ge=8, description="Tokens per sequence, [CLS] and [SEP]s included.")
+    max_predictions_per_seq: Int64 = Field(ge=1, description="Masked positions stored per sequence.")
+    global_batch_size: Int64 = Field(ge=1, description="Sequences per optimizer step, over all processes.")
+    micro_batch_size: Int64 | None = Field(
         None,
         ge=1,
         description="Sequences per process per forward/backward pass; gradient accumulation steps "
@@ -220,7 +294,7 @@ class PhaseSpec(_Spec):
     warmup_proportion: float = Field(
         0.01, ge=0, lt=1, description="Share of the phase's steps spent in linear warm-up."
     )
-    steps: int = Field(ge=1, description="Optimizer steps in this phase.")
+    steps: Int64 = Field(ge=1, description="Optimizer steps in this phase.")
 
     @model_validator(mode="after")
     def _predictions_fit(self) -> PhaseSpec:
@@ -252,8 +326,8 @@ class CheckpointSpec(_Spec):
     """Where and how often training state is saved."""
 
     path: str = Field(min_length=1, description="Directory for checkpoints (one sub-directory per phase).")
-    every_steps: int = Field(200, ge=1, description="Save every this many optimizer steps, and at the end.")
-    keep: int = Field(3, ge=1, description="Checkpoints kept per phase; older ones are deleted.")
+    every_steps: Int64 = Field(200, ge=1, description="Save every this many optimizer steps, and at the end.")
+    keep: Int64 = Field(3, ge=1, description="Checkpoints kept per phase; older ones are deleted.")
 
 
 class ExportSpec(_Spec):
@@ -265,10 +339,10 @@ class ExportSpec(_Spec):
 class EvaluationSpec(_Spec):
     """Masked-LM and NSP accuracy on the held-out shards (made with data.heldoutFraction)."""
 
-    every_steps: int | None = Field(
+    every_steps: Int64 | None = Field(
         None, ge=1, description="Evaluate every this many optimizer steps. Always at the end of a phase."
     )
-    max_sequences: int | None = Field(
+    max_sequences: Int64 | None = Field(
         None, ge=1, description="Held-out sequences per evaluation. Default: all of them."
     )
 
@@ -276,7 +350,9 @@ class EvaluationSpec(_Spec):
 class LoggingSpec(_Spec):
     """What the trainer prints and writes."""
 
-    every_steps: int = Field(10, ge=1, description="Print one progress line every this many optimizer steps.")
+    every_steps: Int64 = Field(
+        10, ge=1, description="Print one progress line every this many optimizer steps."
+    )
     path: str | None = Field(
         None,
         min_length=1,
@@ -289,12 +365,31 @@ class LoggingSpec(_Spec):
 class ResourcesSpec(_Spec):
     """Compute resources of each training pod (a container's ``resources``)."""
 
-    requests: dict[str, Quantity] = Field(default_factory=dict, description="e.g. {cpu: 16, memory: 64Gi}.")
+    requests: dict[str, Quantity] = Field(
+        default_factory=dict, description="e.g. {cpu: 16, memory: 64Gi}; a quantity is a number or a string."
+    )
     limits: dict[str, Quantity] = Field(
         default_factory=dict,
         description="e.g. {memory: 128Gi}. The accelerator's device (nvidia.com/gpu, habana.ai/gaudi) "
         "is added, one per process, unless set here.",
     )
+
+    @field_validator("requests", "limits")
+    @classmethod
+    def _resource_names(cls, value: dict[str, int | str]) -> dict[str, int | str]:
+        for name, amount in value.items():
+            problem = kubenames.resource_name_problem(name)
+            if problem is None and "/" in name and not _whole(amount):
+                # The API server's rule for extended resources (devices): whole units only.
+                problem = f"{name} is a device, counted in whole units, not {kubenames.shown(amount)}"
+            if problem is not None:
+                raise ValueError(problem)
+        return value
+
+
+def _whole(amount: int | str) -> bool:
+    value, _ = kubenames.parse_quantity(amount)
+    return value is not None and value == value.to_integral_value()
 
 
 class PodSpec(_Spec):
@@ -304,10 +399,12 @@ class PodSpec(_Spec):
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
         None, description="Default: Kubernetes' own (Always for :latest, else IfNotPresent)."
     )
-    image_pull_secrets: list[str] = Field(
+    image_pull_secrets: list[DnsSubdomain] = Field(
         default_factory=list, description="Names of Secrets for pulling the image."
     )
-    node_selector: dict[str, str] = Field(default_factory=dict, description="The pods' nodeSelector.")
+    node_selector: dict[str, LabelValue] = Field(
+        default_factory=dict, description="The pods' nodeSelector: label keys and values."
+    )
     tolerations: list[KubernetesObject] = Field(
         default_factory=list, description="Kubernetes tolerations, as written in a pod spec."
     )
@@ -317,14 +414,16 @@ class PodSpec(_Spec):
     env: list[KubernetesObject] = Field(
         default_factory=list, description="Extra environment variables (Kubernetes EnvVar objects)."
     )
-    service_account_name: str | None = Field(
+    service_account_name: DnsSubdomain | None = Field(
         None,
         min_length=1,
         description="The pods' service account. Default: one made for the job, allowed only to "
         "report progress to this job's status.",
     )
-    priority_class_name: str | None = Field(None, min_length=1, description="The pods' PriorityClass.")
-    scheduler_name: str | None = Field(
+    priority_class_name: DnsSubdomain | None = Field(
+        None, min_length=1, description="The pods' PriorityClass."
+    )
+    scheduler_name: DnsSubdomain | None = Field(
         None, min_length=1, description="e.g. volcano, or scheduler-plugins' scheduler for gang scheduling."
     )
     security_context: KubernetesObject | None = Field(
@@ -355,10 +454,12 @@ class VolumeSpec(_Spec):
 class SchedulingPolicySpec(_Spec):
     """Gang scheduling (Volcano or scheduler-plugins), the training operator's schedulingPolicy."""
 
-    min_available: int | None = Field(None, ge=1, description="Pods that must be schedulable together.")
-    queue: str | None = Field(None, min_length=1, description="Volcano queue.")
-    priority_class: str | None = Field(None, min_length=1, description="PriorityClass of the pod group.")
-    schedule_timeout_seconds: int | None = Field(
+    min_available: Int32 | None = Field(None, ge=1, description="Pods that must be schedulable together.")
+    queue: DnsSubdomain | None = Field(None, min_length=1, description="Volcano queue.")
+    priority_class: DnsSubdomain | None = Field(
+        None, min_length=1, description="PriorityClass of the pod group."
+    )
+    schedule_timeout_seconds: Int32 | None = Field(
         None, ge=1, description="Seconds the pod group may wait to be scheduled."
     )
 
@@ -369,13 +470,13 @@ class RunPolicySpec(_Spec):
     clean_pod_policy: Literal["None", "Running", "All"] | None = Field(
         None, description="Pods deleted when the job ends. Default: the training operator's (None)."
     )
-    ttl_seconds_after_finished: int | None = Field(
+    ttl_seconds_after_finished: Int32 | None = Field(
         None, ge=0, description="Delete the child job this long after it ends."
     )
-    active_deadline_seconds: int | None = Field(
+    active_deadline_seconds: Int64 | None = Field(
         None, ge=1, description="Fail the job after running this long."
     )
-    backoff_limit: int | None = Field(None, ge=0, description="Retries before the job is marked failed.")
+    backoff_limit: Int32 | None = Field(None, ge=0, description="Retries before the job is marked failed.")
     suspend: bool = Field(
         False,
         description="Suspend the job: its pods are deleted; setting it back to false resumes from "
@@ -410,7 +511,7 @@ class DistributedSpec(_Spec):
         "under pytorchjob, hvd.Compression.fp16 under mpijob. Horovod has no bf16 compression, so "
         "launcher mpijob refuses bf16.",
     )
-    timeout_seconds: int = Field(
+    timeout_seconds: Int32 = Field(
         600,
         ge=10,
         description="How long a collective waits for a missing rank before the job fails (the "
@@ -423,9 +524,9 @@ class ElasticSpec(_Spec):
     maxNodes when nodes leave or join (torchrun's c10d rendezvous under pytorchjob, elastic
     Horovod under mpijob with mpi.command horovodrun)."""
 
-    min_nodes: int = Field(ge=1, description="Fewest nodes the job keeps training on.")
-    max_nodes: int = Field(ge=1, description="Most nodes the job trains on.")
-    max_restarts: int = Field(
+    min_nodes: Int32 = Field(ge=1, description="Fewest nodes the job keeps training on.")
+    max_nodes: Int32 = Field(ge=1, description="Most nodes the job trains on.")
+    max_restarts: Int32 = Field(
         3,
         ge=0,
         description="Restarts of the worker group before the job fails: torchrun's --max-restarts "
@@ -456,7 +557,9 @@ class PrepareSpec(_Spec):
 class JobSpec(_Spec):
     """``spec`` of a BertPretrainJob."""
 
-    image: str = Field(min_length=1, description="Trainer container image.")
+    image: Annotated[str, _rule(kubenames.image_problem)] = Field(
+        min_length=1, description="Trainer container image."
+    )
     launcher: Launcher = Field(
         "pytorchjob", description="pytorchjob (torchrun, DDP) or mpijob (mpirun, Horovod)."
     )
@@ -490,7 +593,7 @@ class JobSpec(_Spec):
         "path the job writes (data.shards, checkpoint.path, export.path, logging.path) must lie on one.",
     )
     run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec, description="The child job's runPolicy.")
-    queue_name: str | None = Field(
+    queue_name: LabelValue | None = Field(
         None, min_length=1, description="Kueue LocalQueue: sets the kueue.x-k8s.io/queue-name label."
     )
     distributed: DistributedSpec = Field(
@@ -501,7 +604,7 @@ class JobSpec(_Spec):
     )
     mpi: MpiSpec = Field(default_factory=MpiSpec, description="mpijob launcher settings.")
     prepare: PrepareSpec = Field(default_factory=PrepareSpec, description="Data preparation as its own Job.")
-    seed: int = Field(12345, ge=0, description="Seed for data creation, initialisation and sampling.")
+    seed: Int64 = Field(12345, ge=0, description="Seed for data creation, initialisation and sampling.")
 
 
 class ObjectMeta(BaseModel):
@@ -509,10 +612,9 @@ class ObjectMeta(BaseModel):
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
-    name: str = Field(
-        min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", description="DNS-1123 label."
-    )
-    namespace: str = "default"
+    # The child job takes this name, and the Kubeflow operators name Services after it.
+    name: Annotated[str, _rule(kubenames.dns1035_label_problem)] = Field(description="DNS-1035 label.")
+    namespace: Annotated[str, _rule(kubenames.dns_label_problem)] = Field("default", description="DNS label.")
 
 
 class BertPretrainJob(_Spec):
@@ -524,12 +626,21 @@ class BertPretrainJob(_Spec):
     spec: JobSpec
 
 
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_./-]{1,100}")
+
+
 def _problems(error: ValidationError, prefix: str) -> list[tuple[str, str]]:
     problems = []
     for item in error.errors():
         path = prefix
         for part in item["loc"]:
-            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+            if isinstance(part, str) and not _PLAIN_KEY.fullmatch(part):
+                # A key from the input that is not a plain name: quoted, so the line stays one line.
+                path += f"[{json.dumps(part)}]"
+            elif isinstance(part, int):
+                path += f"[{part}]"
+            else:
+                path += f".{part}" if path else part
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = "unknown field"

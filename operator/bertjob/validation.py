@@ -7,12 +7,16 @@ names the field at fault in its YAML spelling, so a user or a status condition c
 from __future__ import annotations
 
 from pathlib import PurePosixPath
+from typing import Any
 
+from bertjob import kubenames, passthrough
 from bertjob.defaults import batch_split_problem, resolve_model, volumes, with_defaults
 from bertjob.spec import BertPretrainJob, JobSpec, SpecError
 
 # Volumes the base pod template mounts itself (kustomize/base): a job volume may not take their names.
 RESERVED_VOLUMES = {"job-config": "/etc/bertjob", "dshm": "/dev/shm", "tmp": "/tmp"}
+TOLERATION_OPERATORS = ("Exists", "Equal")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
 def problems(spec: JobSpec, training: bool = True) -> list[tuple[str, str]]:
@@ -124,6 +128,7 @@ def cluster_problems(spec: JobSpec) -> list[tuple[str, str]]:
     seen: dict[str, int] = {}
     for index, volume in enumerate(spec.volumes):
         where = f"spec.volumes[{index}]"
+        found += _volume_source_problems(volume.source, volume.name, f"{where}.source")
         if volume.name in RESERVED_VOLUMES:
             found.append(
                 (f"{where}.name", f"{volume.name} is the operator's own volume; choose another name")
@@ -146,13 +151,129 @@ def cluster_problems(spec: JobSpec) -> list[tuple[str, str]]:
         if path is None:
             continue
         if not path.startswith("/"):
-            found.append((field, f"{path} must be an absolute path in the container"))
+            found.append((field, f"{kubenames.printable(path)} must be an absolute path in the container"))
         elif not any(PurePosixPath(path).is_relative_to(mount) for mount in writable):
             mounts = ", ".join(str(mount) for mount in writable) or "none"
             found.append(
-                (field, f"{path} is on no writable volume (mounted: {mounts}); add one to spec.volumes")
+                (
+                    field,
+                    f"{kubenames.printable(path)} is on no writable volume (mounted: {mounts}); add one to "
+                    "spec.volumes",
+                )
             )
+    return found + pod_problems(spec)
+
+
+def pod_problems(spec: JobSpec) -> list[tuple[str, str]]:
+    """What the API server would refuse in the objects ``spec.pod`` passes through to the pods as
+    written (affinity, tolerations, env, securityContext: :mod:`bertjob.passthrough`), with its
+    own checks the schema lacks: environment variable names, tolerations' operators and effects,
+    and nodeSelector's label keys."""
+    pod = spec.pod
+    found: list[tuple[str, str]] = []
+    for key in pod.node_selector:
+        problem = kubenames.qualified_name_problem(key)
+        if problem is not None:
+            found.append(("spec.pod.nodeSelector", problem))
+    if pod.affinity is not None:
+        found += passthrough.problems(pod.affinity, "Affinity", "spec.pod.affinity")
+    if pod.security_context is not None:
+        found += passthrough.problems(pod.security_context, "PodSecurityContext", "spec.pod.securityContext")
+    for index, env in enumerate(pod.env):
+        where = f"spec.pod.env[{index}]"
+        schema = passthrough.problems(env, "EnvVar", where)
+        found += schema
+        if not schema and (problem := kubenames.env_var_name_problem(env["name"])) is not None:
+            found.append((f"{where}.name", problem))
+    for index, toleration in enumerate(pod.tolerations):
+        where = f"spec.pod.tolerations[{index}]"
+        schema = passthrough.problems(toleration, "Toleration", where)
+        found += schema or _toleration_problems(toleration, where)
     return found
+
+
+def _toleration_problems(toleration: dict[str, Any], where: str) -> list[tuple[str, str]]:
+    """The API server's checks of a schema-valid toleration (its validateTolerations)."""
+    found: list[tuple[str, str]] = []
+    key, value = toleration.get("key", ""), toleration.get("value", "")
+    operator, effect = toleration.get("operator", "Equal"), toleration.get("effect", "")
+    if key and (problem := kubenames.qualified_name_problem(key)) is not None:
+        found.append((f"{where}.key", problem))
+    if operator not in TOLERATION_OPERATORS:
+        found.append((f"{where}.operator", f"{kubenames.shown(operator)} is not Exists or Equal"))
+    elif not key and operator != "Exists":
+        found.append((f"{where}.operator", "must be Exists when key is empty (a toleration of every taint)"))
+    elif operator == "Exists" and value:
+        found.append((f"{where}.value", "must be empty when operator is Exists"))
+    elif operator == "Equal" and (problem := kubenames.label_value_problem(value)) is not None:
+        found.append((f"{where}.value", problem))
+    if effect and effect not in TAINT_EFFECTS:
+        found.append(
+            (f"{where}.effect", f"{kubenames.shown(effect)} is not one of {', '.join(TAINT_EFFECTS)}")
+        )
+    return found
+
+
+def _volume_source_problems(source: dict[str, Any], name: str, where: str) -> list[tuple[str, str]]:
+    """A volume source is one Kubernetes volume type, without the volume's own name."""
+    if "name" in source:
+        # It would replace the volume's name in the pod and slip past the reserved-name check.
+        return [
+            (
+                f"{where}.name",
+                f"a volume's name is {where.removesuffix('.source')}.name; a source has none of its own",
+            )
+        ]
+    found = passthrough.problems({"name": name, **source}, "Volume", where)
+    if not found and len(source) != 1:
+        types = ", ".join(map(str, source)) or "none"
+        found.append(
+            (
+                where,
+                f"must hold exactly one volume type, such as persistentVolumeClaim or emptyDir "
+                f"(found: {types})",
+            )
+        )
+    return found
+
+
+# Names the children and the Kubeflow operators make from the job's: a Job's name is a label value,
+# and a Service's (one per Kubeflow pod) a DNS-1035 label, so each is at most 63 characters.
+def derived_names(job: BertPretrainJob) -> dict[str, str]:
+    """The names made from the job's that must be DNS labels, each with what it names."""
+    name, spec = job.metadata.name, job.spec
+    names = {f"{name}-prepare": "the data-preparation Job"} if spec.prepare.enabled else {}
+    workers = max(spec.topology.nodes, spec.elastic.max_nodes if spec.elastic else 0)
+    if spec.launcher == "mpijob":
+        names[f"{name}-launcher"] = "mpi-operator's launcher Job"
+        names[f"{name}-worker-{workers - 1}"] = "mpi-operator's last Worker pod"
+    else:
+        if spec.elastic is None:
+            names[f"{name}-master-0"] = "the training operator's Master Service"
+            workers -= 1
+        if workers > 0:
+            names[f"{name}-worker-{workers - 1}"] = "the training operator's last Worker Service"
+    return names
+
+
+def name_problems(job: BertPretrainJob) -> list[tuple[str, str]]:
+    """``metadata.name`` too long for a name made from it (:func:`derived_names`)."""
+    name = job.metadata.name
+    over = [
+        f"{derived} ({what})"
+        for derived, what in derived_names(job).items()
+        if len(derived) > kubenames.MAX_LABEL
+    ]
+    if not over:
+        return []
+    longest = max(len(derived) - len(name) for derived in derived_names(job))
+    return [
+        (
+            "metadata.name",
+            f"{len(name)} characters is too long for the names made from it, which would exceed "
+            f"{kubenames.MAX_LABEL}: {', '.join(over)}; use at most {kubenames.MAX_LABEL - longest}",
+        )
+    ]
 
 
 def check(spec: JobSpec, source: str = "<spec>", training: bool = True, cluster: bool = False) -> JobSpec:
@@ -175,4 +296,11 @@ def cluster_job(job: BertPretrainJob, source: str = "<job>") -> BertPretrainJob:
     Raises:
         SpecError: listing every problem found.
     """
-    return job.model_copy(update={"spec": check(with_defaults(job.spec), source, cluster=True)})
+    problems = name_problems(job)
+    try:
+        spec = check(with_defaults(job.spec), source, cluster=True)
+    except SpecError as error:
+        raise SpecError(source, problems + error.problems) from None
+    if problems:
+        raise SpecError(source, problems)
+    return job.model_copy(update={"spec": spec})

@@ -99,8 +99,9 @@ def _nodes(schema: Mapping[str, Any], path: str = "") -> Iterator[tuple[str, Map
 
 def test_the_schema_is_structural(bertjob_schema: dict[str, Any]) -> None:
     for path, node in _nodes(bertjob_schema):
-        # The API server's one exception to "every node has a type".
-        assert "type" in node or node.get("x-kubernetes-int-or-string"), f"{path or '<root>'} has no type"
+        # The API server's two exceptions to "every node has a type".
+        untyped = node.get("x-kubernetes-int-or-string") or node.get("x-kubernetes-preserve-unknown-fields")
+        assert "type" in node or untyped, f"{path or '<root>'} has no type"
         assert not {"$ref", "$defs", "anyOf", "title", "const"} & set(node), path
         # A map's value schema is structural; `true`/`false` are not schemas the API server takes.
         assert isinstance(node.get("additionalProperties", {}), Mapping), path

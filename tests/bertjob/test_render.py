@@ -473,21 +473,19 @@ HOSTILE = [
 @pytest.mark.parametrize("launcher", ["pytorchjob", "mpijob"])
 @pytest.mark.parametrize("value", HOSTILE)
 def test_hostile_values_come_out_verbatim(value: str, launcher: str) -> None:
+    # Every field that takes any text: paths, the image, env values, a volume source's fields.
     shards = f"/data/{value}"  # on the data volume, as every path the job writes must be
     changes = {
         "spec.launcher": launcher,
         "spec.image": value,
         "spec.data.shards": shards,
-        "metadata.namespace": value,
         "spec.pod": {
-            "env": [{"name": value, "value": value}],
-            "nodeSelector": {value: value},
-            "tolerations": [{"key": value, "value": value}],
+            "env": [{"name": "HOSTILE", "value": value}],
+            "tolerations": [{"key": "k", "operator": "Exists", "effect": "NoSchedule"}],
         },
         "spec.volumes": [
             {"name": "extra", "mountPath": f"/{value}", "source": {"configMap": {"name": value}}}
         ],
-        "spec.queueName": value,
         "spec.mpi": {"sshAuthMountPath": f"/{value}/.ssh"},
         "spec.prepare": {"enabled": True},
     }
@@ -502,26 +500,49 @@ def test_hostile_values_come_out_verbatim(value: str, launcher: str) -> None:
         "train",
     ]
     config_map, child = rendered[0], rendered[-1]
-    assert {obj["metadata"]["namespace"] for obj in rendered} == {value}
-    assert child["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == value
-    assert rendered[3]["subjects"][0]["namespace"] == value
     pods = [*_pods(child).values(), rendered[4]["spec"]["template"]]
     for pod in pods:
         [container] = pod["spec"]["containers"]
         assert container["image"] == value
-        assert {"name": value, "value": value} in container["env"]
-        assert pod["spec"]["nodeSelector"] == {value: value}
-        assert pod["spec"]["tolerations"] == [{"key": value, "value": value}]
+        assert {"name": "HOSTILE", "value": value} in container["env"]
     for pod in [*_trainer_pods(child), rendered[4]["spec"]["template"]]:
         assert {"name": "extra", "configMap": {"name": value}} in pod["spec"]["volumes"]
         assert {"name": "extra", "mountPath": f"/{value}"} in pod["spec"]["containers"][0]["volumeMounts"]
     if launcher == "mpijob":
         assert child["spec"]["sshAuthMountPath"] == f"/{value}/.ssh"
         command = _pods(child)["Launcher"]["spec"]["containers"][0]["command"]
-        assert command[command.index(value) - 1] == "-x"
+        assert command[command.index("HOSTILE") - 1] == "-x"
     job_file = yaml.safe_load(config_map["data"]["job.yaml"])
     assert (job_file["spec"]["image"], job_file["spec"]["data"]["shards"]) == (value, shards)
-    assert (job_file["metadata"]["namespace"], child["metadata"]["name"]) == (value, "demo")
+    assert child["metadata"]["name"] == "demo"
+
+
+# Fields that name Kubernetes objects or labels, which the API server would refuse such text in.
+NAMED = {
+    "metadata.namespace": "metadata.namespace",
+    "spec.queueName": "spec.queueName",
+    "spec.pod.serviceAccountName": "spec.pod.serviceAccountName",
+    "spec.pod.env": "spec.pod.env[0].name",
+    "spec.pod.nodeSelector": "spec.pod.nodeSelector",
+    "spec.pod.tolerations": "spec.pod.tolerations[0].key",
+}
+
+
+@pytest.mark.parametrize("field", NAMED)
+@pytest.mark.parametrize("value", HOSTILE)
+def test_hostile_names_are_refused_naming_the_field(value: str, field: str) -> None:
+    changes: dict[str, Any] = {
+        "spec.pod.env": [{"name": value, "value": "1"}],
+        "spec.pod.nodeSelector": {value: "v"},
+        "spec.pod.tolerations": [{"key": value, "operator": "Exists"}],
+    }
+    value_of = changes.get(field, value)
+    parent, _, name = field.rpartition(".")
+    change = {parent: {name: value_of}} if parent == "spec.pod" else {field: value_of}
+    with pytest.raises(SpecError) as refused:
+        render(parse_job(_job(changes=change)))
+
+    assert [path for path, _ in refused.value.problems] == [NAMED[field]]
 
 
 def test_an_inconsistent_spec_is_refused_naming_the_field() -> None:
@@ -581,3 +602,20 @@ _GoldenDumper.add_representer(str, _literal_str)
 
 def _dump(objects: list[dict[str, Any]]) -> str:
     return yaml.dump_all(objects, Dumper=_GoldenDumper, sort_keys=False)
+
+
+def test_a_fractional_quantity_renders_as_a_string_kubeflow_takes(
+    pytorchjob_schema: dict[str, Any], mpijob_schema: dict[str, Any]
+) -> None:
+    # The Kubeflow CRDs take a quantity as an integer or a string: 0.5 would be refused there.
+    resources = {"requests": {"cpu": 0.5, "memory": 2**30}, "limits": {"cpu": 1.5}}
+    for launcher, schema in (("pytorchjob", pytorchjob_schema), ("mpijob", mpijob_schema)):
+        changes = {"spec.launcher": launcher, "spec.pod": {"resources": resources}}
+        child = render(parse_job(_job(nodes=2, processes=1, accelerator="xeon-cpu", changes=changes)))[-1]
+
+        for pod in _trainer_pods(child):
+            assert pod["spec"]["containers"][0]["resources"] == {
+                "requests": {"cpu": "0.5", "memory": 2**30},
+                "limits": {"cpu": "1.5"},
+            }
+        assert_valid(child, schema)

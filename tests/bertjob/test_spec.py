@@ -25,7 +25,7 @@ def test_valid_job_round_trips_through_its_document():
         ("spec.topology.gpus", 8, "spec.topology.gpus", "unknown field"),
         ("spec.phases.0.maxPredictionsPerSeq", 200, "spec.phases[0]", "smaller than maxSeqLength"),
         ("spec.data.vocab", {}, "spec.data.vocab", "exactly one of trainSize and file"),
-        ("metadata.name", "Bad_Name", "metadata.name", "should match pattern"),
+        ("metadata.name", "Bad_Name", "metadata.name", "not a DNS-1035 label"),
         ("kind", "PyTorchJob", "kind", "BertPretrainJob"),
         (
             "spec.distributed",
