@@ -19,7 +19,9 @@ from kubeflow_env import (
     pytorchjob_pod_env,
 )
 
-TORCHRUN = ["torchrun", "--module", "bertpretrain", "run", "--config", "/etc/bertjob/job.yaml"]
+# torchrun run by bertpretrain.launch, which passes a rank's exit code through.
+LAUNCHER = ["python", "-m", "bertpretrain.launch"]
+TORCHRUN = [*LAUNCHER, "--module", "bertpretrain", "run", "--config", "/etc/bertjob/job.yaml"]
 
 
 def _child(nodes: int, processes: int, **changes: Any) -> dict[str, Any]:
@@ -97,13 +99,13 @@ def test_an_elastic_job_is_workers_meeting_at_a_rendezvous() -> None:
 
 
 def _torchrun(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], command: list[str]) -> Any:
-    """What torchrun's own parser reads from ``env`` and ``command`` (its options default to
-    the PET_* variables present when the parser is built)."""
+    """What torchrun's own parser, which bertpretrain.launch runs, reads from ``env`` and
+    ``command`` (its options default to the PET_* variables present when the parser is built)."""
     run = pytest.importorskip("torch.distributed.run")
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    assert command[0] == "torchrun"
-    return run.get_args_parser().parse_args(command[1:])
+    assert command[: len(LAUNCHER)] == LAUNCHER
+    return run.get_args_parser().parse_args(command[len(LAUNCHER) :])
 
 
 def test_torchrun_reads_a_fixed_world_from_the_env(monkeypatch: pytest.MonkeyPatch) -> None:

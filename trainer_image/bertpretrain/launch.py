@@ -24,9 +24,9 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, r
 
 
 def exit_code(error: ChildFailedError) -> int:
-    """The exit code that stands for ``error``: its first failure's (earliest timestamp, in
-    seconds; ties go to the rank the agent saw fail first), 128 + N for a rank killed by signal N
-    (torch reports -N)."""
+    """The exit code that stands for ``error``: its first failure's, as torch picks it
+    (``get_first_failure``: the earliest timestamp, in whole seconds, a tie going to the failure
+    recorded first), and 128 + N for a rank killed by signal N (torch reports -N)."""
     _, failure = error.get_first_failure()
     return 128 - failure.exitcode if failure.exitcode < 0 else failure.exitcode
 

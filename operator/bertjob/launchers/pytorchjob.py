@@ -1,10 +1,13 @@
 """The ``pytorchjob`` launcher: a Kubeflow PyTorchJob (training-operator v1) running torchrun.
 
-One pod per node, all running the base's ``pytorch`` container. A fixed world is a Master
-replica, plus ``nodes - 1`` Worker replicas in the multi-node overlay: the training operator
-gives every pod the PET_* variables torchrun reads (``PET_NNODES``, ``PET_NPROC_PER_NODE``,
-``PET_NODE_RANK``, ``PET_MASTER_ADDR``/``PORT``), so the topology lives only in ``nprocPerNode``
-and the replica counts.
+One pod per node, all running the base's ``pytorch`` container: torchrun, run as ``python -m
+bertpretrain.launch`` (kustomize/base/pytorchjob.yaml), the same options and PET_* variables but
+exiting with the failed rank's exit code, or 128 + N on signal N, as ``restartPolicy: ExitCode``
+needs (torchrun alone exits 1, a permanent failure). A fixed world is a Master replica, plus
+``nodes - 1`` Worker replicas in the multi-node overlay: the training operator gives every pod the
+PET_* variables torchrun reads (``PET_NNODES``, ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``,
+``PET_MASTER_ADDR``/``PORT``), so the topology lives only in ``nprocPerNode`` and the replica
+counts.
 
 An elastic job (``spec.elastic``) is ``nodes`` Worker replicas and no Master, with an
 ``elasticPolicy``, as the training operator's elastic examples are: for it the operator sets
