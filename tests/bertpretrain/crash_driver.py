@@ -1,5 +1,7 @@
 """The trainer's entry point with a crash planted from outside: the process SIGKILLs itself at a
-chosen point, as the OOM killer or a node failure would kill it (tests/bertpretrain/test_crash_resume.py).
+chosen point, as the OOM killer or a node failure would kill it, or sends itself SIGTERM once its
+work is done, as Kubernetes does when the pod is deleted as the job ends
+(tests/bertpretrain/test_crash_resume.py).
 
     python crash_driver.py POINT COUNT run --config FILE
 
@@ -14,7 +16,9 @@ chosen point, as the OOM killer or a node failure would kill it (tests/bertpretr
 - ``evaluation``: at the COUNT-th held-out batch evaluated;
 - ``export``: the COUNT-th time a directory is to be renamed into place from a hidden staging
   directory beside it (``.hf.<suffix>`` to ``hf``): the export, all of its files written, but
-  not in place.
+  not in place;
+- ``sigterm``: SIGTERM (not SIGKILL) right after the COUNT-th export has returned, all of it in
+  place.
 
 Nothing in the trainer knows of this: the driver wraps library functions and trainer methods
 before calling ``main``, and fails at once (exit 3) when one it wraps no longer exists.
@@ -37,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-POINTS = ("shards", "step", "checkpoint", "evaluation", "export")
+POINTS = ("shards", "step", "checkpoint", "evaluation", "export", "sigterm")
 
 
 def die(*_: Any, **__: Any) -> None:
@@ -45,9 +49,14 @@ def die(*_: Any, **__: Any) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _wrap(owner: Any, name: str, count: int, action: Callable[..., None] = die) -> None:
+def terminate(*_: Any, **__: Any) -> None:
+    """Send SIGTERM to this process, which its handler, if any, receives (arguments are ignored)."""
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _wrap(owner: Any, name: str, count: int, action: Callable[..., None] = die, after: bool = False) -> None:
     """Replace ``owner.name`` so that its ``count``-th call runs ``action`` (by default: dies)
-    instead."""
+    first, or with ``after``, once the call has returned."""
     original = getattr(owner, name)
     calls = 0
 
@@ -55,9 +64,12 @@ def _wrap(owner: Any, name: str, count: int, action: Callable[..., None] = die) 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         nonlocal calls
         calls += 1
-        if calls == count:
+        if calls == count and not after:
             action(*args, **kwargs)
-        return original(*args, **kwargs)
+        result = original(*args, **kwargs)
+        if calls == count and after:
+            action(*args, **kwargs)
+        return result
 
     setattr(owner, name, wrapper)
 
@@ -119,7 +131,7 @@ def plant(point: str, count: int, config: Path) -> None:
     """
     import torch
 
-    from bertpretrain import engine
+    from bertpretrain import engine, run
 
     if point == "shards":
         _watch_shards(config, count)
@@ -132,6 +144,8 @@ def plant(point: str, count: int, config: Path) -> None:
         _wrap(engine.Engine, "evaluate", count)
     elif point == "export":
         _staged_rename(count)
+    elif point == "sigterm":
+        _wrap(run, "export_hf", count, action=terminate, after=True)
     else:
         raise ValueError(f"unknown crash point {point!r}; one of {', '.join(POINTS)}")
 

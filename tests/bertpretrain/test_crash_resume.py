@@ -1,10 +1,12 @@
 """A real trainer process SIGKILLed at a chosen point (data preparation, an optimizer step, a
 checkpoint write, the final held-out evaluation, the export) and started again until it finishes
 ends as a run that was never interrupted: the same exported weights, checkpoints and logged
-figures to the last bit (fp32 on the CPU, one thread), the same files and nothing else (no
-temporary file or directory left behind), and no process of the killed run still alive.
+figures to the last bit (fp32 on the CPU, one thread), each held-out evaluation logged and shown
+once, the same files and nothing else (the restarted run removes, and names, what the killed
+writer left), and no process of the killed run still alive. A SIGTERM once the export is done
+(the pod deleted as the job ends) is a success, with the same outputs.
 
-The crash is planted from outside the trainer by ``crash_driver.py``.
+The crash or signal is planted from outside the trainer by ``crash_driver.py``.
 """
 
 from __future__ import annotations
@@ -109,6 +111,23 @@ def _records(checkpoints: Path) -> dict[tuple[str, int, int], dict[str, float]]:
     return records
 
 
+def _evaluations(checkpoints: Path) -> list[list[int]]:
+    """The (phase, step) of each held-out evaluation logged, in order, repeats included."""
+    records = [json.loads(line) for line in (checkpoints / "logs" / "train.jsonl").read_text().splitlines()]
+    return [
+        record["step"] for record in records if record["type"] == "LOG" and record["data"]["split"] == "eval"
+    ]
+
+
+def _heldout_lines(output: str) -> list[str]:
+    """The held-out evaluations' console lines, their timings left out."""
+    return [line.rsplit(" in ", 1)[0] for line in output.splitlines() if " held-out: " in line]
+
+
+def _removal_lines(output: str) -> set[str]:
+    return {line for line in output.splitlines() if line.endswith(", left by a writer that was stopped")}
+
+
 def _assert_same(found: Any, expected: Any, where: str) -> None:
     """Equal to the last bit: tensors by ``torch.equal``, containers item by item."""
     if isinstance(expected, torch.Tensor):
@@ -181,9 +200,12 @@ class Reference:
         self.data_tree = _tree(self.data)
         self.checkpoint_tree = _tree(self.checkpoints)
         self.records = _records(self.checkpoints)
+        self.evaluations = _evaluations(self.checkpoints)
+        self.heldout_lines = _heldout_lines(output)
         # Each phase ends with a held-out evaluation, which a run killed after its final
         # checkpoint must still make.
-        assert ("eval", 1, PHASE_1_STEPS) in self.records and ("eval", 2, PHASE_2_STEPS) in self.records
+        assert self.evaluations == [[1, PHASE_1_STEPS], [2, PHASE_2_STEPS]]
+        assert len(self.heldout_lines) == 2, output
 
 
 @pytest.fixture(scope="module")
@@ -215,6 +237,16 @@ def _check_killed_at(point: str, checkpoints: Path, data: Path, reference: Refer
         assert set(os.listdir(checkpoints)) - reference.checkpoint_tree, "no partial export"
 
 
+def _leftovers(checkpoints: Path, reference: Reference) -> set[Path]:
+    """The temporaries (hidden files and directories) the killed run left under ``checkpoints``
+    that an uninterrupted run does not keep, their contents left out."""
+    return {
+        checkpoints / name
+        for name in _tree(checkpoints) - reference.checkpoint_tree
+        if Path(name).name.startswith(".") and str(Path(name).parent) in reference.checkpoint_tree | {"."}
+    }
+
+
 def _assert_same_data(data: Path, reference: Reference) -> None:
     _assert_same_tree(data, reference.data_tree)
     for path in sorted(reference.data.glob("*/*.hdf5")):
@@ -222,6 +254,24 @@ def _assert_same_data(data: Path, reference: Reference) -> None:
             assert found.keys() == expected.keys(), path.name
             for name in expected:
                 assert np.array_equal(found[name][()], expected[name][()]), f"{path.name}: {name} differs"
+
+
+def _assert_same_outputs(checkpoints: Path, data: Path, reference: Reference) -> None:
+    """The files, data, logged figures, checkpoints and export of the uninterrupted run, to the bit."""
+    _assert_same_tree(checkpoints, reference.checkpoint_tree)
+    _assert_same_data(data, reference)
+    assert _records(checkpoints) == reference.records  # every step's and evaluation's figures
+    assert _evaluations(checkpoints) == reference.evaluations  # each evaluation logged once
+    for path in sorted(reference.checkpoints.glob("phase*/step_*.pt")):
+        expected = _checkpoint(path)
+        found = _checkpoint(checkpoints / path.relative_to(reference.checkpoints))
+        _assert_same(found, expected, str(path.relative_to(reference.checkpoints)))
+    for path in sorted((reference.checkpoints / "hf").iterdir()):
+        exported = checkpoints / "hf" / path.name
+        if path.suffix == ".safetensors":
+            _assert_same(load_file(exported), load_file(path), path.name)
+        else:
+            assert exported.read_bytes() == path.read_bytes(), f"{path.name} differs"
 
 
 @pytest.mark.parametrize(
@@ -247,24 +297,29 @@ def test_killed_and_restarted_run_equals_the_uninterrupted_one(
     tag = uuid.uuid4().hex
 
     command = [sys.executable, str(DRIVER), point, str(count), "run", "--config", str(job)]
-    code, output = _run(command, root / f"{point}-killed.log", {**ENV, TAG: tag})
-    assert code == -signal.SIGKILL, output
+    code, killed = _run(command, root / f"{point}-killed.log", {**ENV, TAG: tag})
+    assert code == -signal.SIGKILL, killed
     _assert_no_survivors(tag)
     _check_killed_at(point, checkpoints, data, reference)
+    leftovers = _leftovers(checkpoints, reference)
+    # A half-written checkpoint, an export not yet moved into place.
+    assert bool(leftovers) == (point in ("checkpoint", "export")), leftovers
 
     code, output = _run(_trainer(job), root / f"{point}-restarted.log")
     assert code == 0, output
+    assert _removal_lines(output) == {
+        f"bertpretrain: removed {path}, left by a writer that was stopped" for path in leftovers
+    }, output
+    # Each evaluation shown once, by the run that made it: the one the kill cut short is made again.
+    assert _heldout_lines(killed) + _heldout_lines(output) == reference.heldout_lines, output
+    _assert_same_outputs(checkpoints, data, reference)
 
-    _assert_same_tree(checkpoints, reference.checkpoint_tree)
-    _assert_same_data(data, reference)
-    assert _records(checkpoints) == reference.records  # every step's and evaluation's figures
-    for path in sorted(reference.checkpoints.glob("phase*/step_*.pt")):
-        expected = _checkpoint(path)
-        found = _checkpoint(checkpoints / path.relative_to(reference.checkpoints))
-        _assert_same(found, expected, str(path.relative_to(reference.checkpoints)))
-    for path in sorted((reference.checkpoints / "hf").iterdir()):
-        exported = checkpoints / "hf" / path.name
-        if path.suffix == ".safetensors":
-            _assert_same(load_file(exported), load_file(path), path.name)
-        else:
-            assert exported.read_bytes() == path.read_bytes(), f"{path.name} differs"
+
+def test_sigterm_once_the_export_is_done_is_a_success(reference: Reference) -> None:
+    root = reference.root
+    job, checkpoints = _job(reference.job, root, "sigterm", reference.data), root / "sigterm"
+    command = [sys.executable, str(DRIVER), "sigterm", "1", "run", "--config", str(job)]
+    code, output = _run(command, root / "sigterm.log")
+    assert code == 0, output
+    assert "SIGTERM received once the training was done; the export is complete, exit 0" in output, output
+    _assert_same_outputs(checkpoints, reference.data, reference)
