@@ -9,8 +9,10 @@ what is wrong with a value, or None when the API server takes it.
 
 from __future__ import annotations
 
+import json
 import math
 import re
+from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any
 
@@ -29,6 +31,9 @@ DNS_SUBDOMAIN = re.compile(rf"{_LABEL}(\.{_LABEL})*")
 LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 _NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 ENV_VAR_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
+_UNCARRIED = re.compile("[\x01-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ufffe\uffff\ud800-\udfff]")
+# JSON numbers pass through kustomize as 64-bit floats: integers beyond 2^53 come out rounded.
+JSON_SAFE_INTEGER = 2**53
 # The API server's patterns, for the CRD (Go's $ is the end of the text).
 DNS_SUBDOMAIN_PATTERN = f"^{DNS_SUBDOMAIN.pattern}$"
 LABEL_VALUE_PATTERN = f"^{LABEL_VALUE.pattern}$"
@@ -56,6 +61,23 @@ def shown(value: Any, limit: int = 60) -> str:
 def printable(value: str, limit: int = 200) -> str:
     """``value`` itself when it prints on one line (a path, say), else :func:`shown`."""
     return value if value.isprintable() and len(value) <= limit else shown(value, limit)
+
+
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_./-]{1,100}")
+
+
+def field_path(where: str, parts: Iterable[str | int]) -> str:
+    """``where`` followed by ``parts`` as YAML paths are written here (``spec.phases[0].steps``).
+    A key from the input that is not a plain name is quoted (and cut) as JSON, so that a path
+    holding a newline or a megabyte of text stays short and on one line: ``spec.pod["a\\nb"]``."""
+    for part in parts:
+        if isinstance(part, int):
+            where += f"[{part}]"
+        elif _PLAIN_KEY.fullmatch(part):
+            where += f".{part}" if where else part
+        else:
+            where += f"[{json.dumps(part if len(part) <= 60 else part[:57] + '...')}]"
+    return where
 
 
 def dns_label_problem(value: str) -> str | None:
@@ -146,14 +168,19 @@ def _resource_name_message(value: str) -> str:
 
 def string_problem(value: str) -> str | None:
     """What makes ``value`` unfit for a Kubernetes object or a path: a NUL character (which no
-    file name, argument or environment value can hold) or a lone surrogate (not UTF-8)."""
+    file name, argument or environment value can hold), a lone surrogate (not UTF-8), or a
+    control character other than tab, newline and carriage return, or U+FFFE/U+FFFF (kustomize
+    refuses DEL, the C1 controls and those two, and turns U+0085 into a line break)."""
     if "\0" in value:
         return "contains a NUL character"
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
+    found = _UNCARRIED.search(value)
+    if found is None:
+        return None
+    if "\ud800" <= found[0] <= "\udfff":
         return "is not valid Unicode text (it holds a lone surrogate)"
-    return None
+    return (
+        f"contains U+{ord(found[0]):04X}, a control character or noncharacter YAML does not carry as written"
+    )
 
 
 def image_problem(value: str) -> str | None:

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from jsonschema import Draft202012Validator, FormatChecker
+from jsonschema import Draft202012Validator, FormatChecker, validators
 from jsonschema.exceptions import ValidationError
 
 from bertjob import kubenames
@@ -38,6 +38,7 @@ TYPES = {
     "EnvVar": "io.k8s.api.core.v1.EnvVar",
     "PodSecurityContext": "io.k8s.api.core.v1.PodSecurityContext",
     "Volume": "io.k8s.api.core.v1.Volume",
+    "ObjectMeta": "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta",
 }
 QUANTITY = "io.k8s.apimachinery.pkg.api.resource.Quantity"
 INT_OR_STRING = "io.k8s.apimachinery.pkg.util.intstr.IntOrString"
@@ -60,26 +61,38 @@ def _format_checker() -> FormatChecker:
     return checker
 
 
+# JSON Schema counts 1.0 as an integer; the API server's Go types do not take it.
+_Validator = validators.extend(
+    Draft202012Validator,
+    type_checker=Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _, value: isinstance(value, int) and not isinstance(value, bool)
+    ),
+)
+
+
 @functools.cache
-def _validator(kind: str) -> Draft202012Validator:
+def _validator(kind: str) -> Any:
     definitions = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))["$defs"]
     schema = {"$ref": f"#/$defs/{TYPES[kind]}", "$defs": definitions}
-    return Draft202012Validator(schema, format_checker=_format_checker())
+    return _Validator(schema, format_checker=_format_checker())
 
 
 def problems(value: Any, kind: str, where: str) -> list[tuple[str, str]]:
     """What the API server would refuse in ``value``, an object of the Kubernetes type ``kind``
     (a key of :data:`TYPES`) found at the field path ``where``, as ``(field path, message)``
     pairs: values JSON cannot carry (NaN, infinity, non-string keys, other Python types, strings
-    with NUL or lone surrogates, nesting deeper than :data:`MAX_DEPTH`), then the schema's
-    findings. Empty when the API server takes it."""
-    found = [(_join(where, path), message) for path, message in _plain_json_problems(value)]
+    :func:`bertjob.kubenames.string_problem` refuses, integers beyond 2^53, which kustomize rounds,
+    nesting deeper than :data:`MAX_DEPTH`), then the schema's findings. Empty when the API server
+    takes it."""
+    found = [(kubenames.field_path(where, path), message) for path, message in _plain_json_problems(value)]
     if found:
         return found
     errors = sorted(
         _validator(kind).iter_errors(value), key=lambda error: list(map(str, error.absolute_path))
     )
-    return [(_join(where, path), message) for error in errors for path, message in _describe(error)]
+    return [
+        (kubenames.field_path(where, path), message) for error in errors for path, message in _describe(error)
+    ]
 
 
 def _plain_json_problems(value: Any) -> Iterator[tuple[Path_, str]]:
@@ -91,14 +104,21 @@ def _plain_json_problems(value: Any) -> Iterator[tuple[Path_, str]]:
             yield path, f"nested deeper than {MAX_DEPTH} levels"
         elif isinstance(item, dict):
             for key, child in item.items():
-                if isinstance(key, str):
-                    stack.append(((*path, key), child))
-                else:
+                if not isinstance(key, str):
                     yield path, f"the key {kubenames.shown(key)} is not a string"
+                elif (problem := kubenames.string_problem(key)) is not None:
+                    yield path, f"the key {kubenames.shown(key)} {problem}"
+                else:
+                    stack.append(((*path, key), child))
         elif isinstance(item, list):
             stack.extend(((*path, index), child) for index, child in enumerate(item))
         elif isinstance(item, float) and not math.isfinite(item):
             yield path, f"{item} is not a number JSON can carry"
+        elif isinstance(item, int) and not isinstance(item, bool) and abs(item) > kubenames.JSON_SAFE_INTEGER:
+            yield (
+                path,
+                f"{kubenames.shown(item)} is beyond 2^53, which kustomize rounds (it reads floats)",
+            )
         elif isinstance(item, str):
             problem = kubenames.string_problem(item)
             if problem is not None:
@@ -133,12 +153,6 @@ def _describe(error: ValidationError) -> Iterator[tuple[Path_, str]]:
         yield path, "must be one of " + ", ".join(map(repr, expected))
     else:
         yield path, error.message if len(error.message) <= 200 else error.message[:197] + "..."
-
-
-def _join(where: str, path: Path_) -> str:
-    for part in path:
-        where += f"[{part}]" if isinstance(part, int) else f".{part}"
-    return where
 
 
 def generate(version: str = KUBERNETES_VERSION) -> dict[str, Any]:

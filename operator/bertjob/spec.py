@@ -12,8 +12,6 @@ Checks that involve one object live here (types, ranges, enums); checks across o
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -473,8 +471,9 @@ class RunPolicySpec(_Spec):
     ttl_seconds_after_finished: Int32 | None = Field(
         None, ge=0, description="Delete the child job this long after it ends."
     )
+    # int64 in Kubeflow's RunPolicy, but kustomize carries integers exactly only up to 2^53.
     active_deadline_seconds: Int64 | None = Field(
-        None, ge=1, description="Fail the job after running this long."
+        None, ge=1, le=kubenames.JSON_SAFE_INTEGER, description="Fail the job after running this long."
     )
     backoff_limit: Int32 | None = Field(None, ge=0, description="Retries before the job is marked failed.")
     suspend: bool = Field(
@@ -626,21 +625,10 @@ class BertPretrainJob(_Spec):
     spec: JobSpec
 
 
-_PLAIN_KEY = re.compile(r"[A-Za-z0-9_./-]{1,100}")
-
-
 def _problems(error: ValidationError, prefix: str) -> list[tuple[str, str]]:
     problems = []
     for item in error.errors():
-        path = prefix
-        for part in item["loc"]:
-            if isinstance(part, str) and not _PLAIN_KEY.fullmatch(part):
-                # A key from the input that is not a plain name: quoted, so the line stays one line.
-                path += f"[{json.dumps(part)}]"
-            elif isinstance(part, int):
-                path += f"[{part}]"
-            else:
-                path += f".{part}" if path else part
+        path = kubenames.field_path(prefix, item["loc"])
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = "unknown field"

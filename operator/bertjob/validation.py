@@ -153,7 +153,7 @@ def cluster_problems(spec: JobSpec) -> list[tuple[str, str]]:
         if not path.startswith("/"):
             found.append((field, f"{kubenames.printable(path)} must be an absolute path in the container"))
         elif not any(PurePosixPath(path).is_relative_to(mount) for mount in writable):
-            mounts = ", ".join(str(mount) for mount in writable) or "none"
+            mounts = ", ".join(kubenames.printable(str(mount), 60) for mount in writable) or "none"
             found.append(
                 (
                     field,
@@ -256,6 +256,24 @@ def derived_names(job: BertPretrainJob) -> dict[str, str]:
     return names
 
 
+def metadata_problems(job: BertPretrainJob) -> list[tuple[str, str]]:
+    """What the API server would refuse in ``metadata`` (Kubernetes' ObjectMeta: its schema,
+    label keys and values, annotation keys), and a name too long (:func:`name_problems`)."""
+    meta = job.metadata
+    document = {"name": meta.name, "namespace": meta.namespace, **(meta.model_extra or {})}
+    found = passthrough.problems(document, "ObjectMeta", "metadata")
+    if found:
+        return found
+    for field in ("labels", "annotations"):
+        for key, value in document.get(field, {}).items():
+            problem = kubenames.qualified_name_problem(key)
+            if problem is None and field == "labels":
+                problem = kubenames.label_value_problem(value)
+            if problem is not None:
+                found.append((kubenames.field_path(f"metadata.{field}", [key]), problem))
+    return found + name_problems(job)
+
+
 def name_problems(job: BertPretrainJob) -> list[tuple[str, str]]:
     """``metadata.name`` too long for a name made from it (:func:`derived_names`)."""
     name = job.metadata.name
@@ -296,7 +314,7 @@ def cluster_job(job: BertPretrainJob, source: str = "<job>") -> BertPretrainJob:
     Raises:
         SpecError: listing every problem found.
     """
-    problems = name_problems(job)
+    problems = metadata_problems(job)
     try:
         spec = check(with_defaults(job.spec), source, cluster=True)
     except SpecError as error:

@@ -328,10 +328,11 @@ API_REFUSALS = [
         "2147483647",
     ),
     (
-        "deadline-over-int64",
-        {"spec.runPolicy": {"activeDeadlineSeconds": 2**63}},
+        # kustomize reads numbers as 64-bit floats: beyond 2^53 they come out rounded.
+        "deadline-over-2^53",
+        {"spec.runPolicy": {"activeDeadlineSeconds": 2**53 + 1}},
         "spec.runPolicy.activeDeadlineSeconds",
-        "9223372036854775807",
+        "9007199254740992",
     ),
     (
         "min-available-over-int32",
@@ -390,10 +391,20 @@ API_REFUSALS = [
         "integer",
     ),
     (
-        "security-context-over-int64",
-        {"spec.pod.securityContext": {"runAsUser": 2**64}},
+        "security-context-over-2^53",
+        {"spec.pod.securityContext": {"runAsUser": 2**63 - 1}},
         "spec.pod.securityContext.runAsUser",
-        "64-bit",
+        "2^53",
+    ),
+    (
+        "volume-mode-over-int32",
+        {
+            "spec.volumes": [
+                {"name": "x", "mountPath": "/x", "source": {"configMap": {"name": "c", "defaultMode": 2**31}}}
+            ]
+        },
+        "spec.volumes[0].source.configMap.defaultMode",
+        "32-bit",
     ),
     (
         "volume-source-field-type",
@@ -519,3 +530,57 @@ def test_quantities_mean_what_kubernetes_reads(value, amount):
 def test_malformed_quantities_are_refused(value):
     parsed, problem = kubenames.parse_quantity(value)
     assert parsed is None and "not a Kubernetes quantity" in str(problem)
+
+
+# Found by tests/bertjob/test_fuzz.py: each was accepted, then failed or changed in render().
+
+
+@pytest.mark.parametrize(
+    ("changes", "path"),
+    [
+        # kustomize refuses DEL and the C1 controls ("control characters are not allowed").
+        ({"spec.pod.env": [{"name": "A", "value": "a\x7fb"}]}, "spec.pod.env[0].value"),
+        # ... and turns NEL into a line break.
+        ({"spec.data.shards": "/data/a\x85b"}, "spec.data.shards"),
+        ({"spec.image": "trainer\ufffe"}, "spec.image"),
+        ({"spec.pod.affinity": {"nodeAffinity\x9f": {}}}, "spec.pod.affinity"),
+    ],
+)
+def test_text_yaml_cannot_carry_is_refused(changes, path):
+    found = _refusals(_changed(changes))
+    assert path in found and "control character" in found[path], found
+
+
+def test_integers_kustomize_would_round_are_refused():
+    # kustomize reads the patch's numbers as 64-bit floats: 2^63-1 came out as 9223372036854776000.
+    found = _refusals(_changed({"spec.pod.securityContext": {"fsGroup": 2**63 - 1}}))
+    assert "2^53" in found["spec.pod.securityContext.fsGroup"]
+
+
+@pytest.mark.parametrize(
+    ("metadata", "path", "says"),
+    [
+        # Serialising the job for its ConfigMap overflowed: "Maximum serialization depth exceeded".
+        ({"labels": {"a": {"a": {"a": {"a": {}}}}}}, "metadata.labels.a", "must be of type string"),
+        ({"labels": {"team": "a b"}}, "metadata.labels.team", "label value"),
+        ({"labels": {"a b": "x"}}, 'metadata.labels["a b"]', "label key"),
+        ({"annotations": {"note": 5}}, "metadata.annotations.note", "must be of type string"),
+        ({"lables": {}}, "metadata.lables", "unknown field"),
+    ],
+)
+def test_metadata_the_api_server_refuses_is_refused(metadata, path, says):
+    document = valid_job()
+    document["metadata"].update(metadata)
+    found = _refusals(document)
+    assert path in found and says in found[path], found
+
+
+def test_metadata_nested_without_end_is_refused_without_overflowing():
+    labels: dict = {}
+    document = valid_job()
+    document["metadata"]["labels"] = labels
+    for _ in range(100_000):
+        labels["a"] = {}
+        labels = labels["a"]
+    found = _refusals(document)
+    assert any("nested deeper than" in message for message in found.values()), found
