@@ -43,8 +43,8 @@ Precision = Literal["bf16", "fp16", "fp32"]
 ModelPreset = Literal["bert-tiny", "bert-mini", "bert-small", "bert-medium", "bert-base", "bert-large"]
 
 # A Kubernetes object passed through to the pods as written (a toleration, an affinity, an env
-# var, a volume source): the API server keeps it whole, and the rendered manifest is validated
-# against Kubernetes' own schema, which knows these types better than a copy of it here would.
+# var, a volume source): the CRD keeps it whole, and bertjob.passthrough checks it against
+# Kubernetes' own schema of its type before anything is created.
 KubernetesObject = Annotated[
     dict[str, Any], WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True})
 ]
@@ -91,18 +91,25 @@ LabelValue = Annotated[
 ]
 
 
+# A list of 100,000 wrong items is one mistake: its first problems say what it is.
+MAX_PROBLEMS_SHOWN = 20
+
+
 class SpecError(ValueError):
     """A job file or custom resource that does not fit the API.
 
     ``problems`` holds one ``(field path, message)`` pair per problem, the path in the YAML
-    spelling (``spec.phases[0].maxSeqLength``) so that the user can find the line.
+    spelling (``spec.phases[0].maxSeqLength``) so that the user can find the line; the message
+    shows the first :data:`MAX_PROBLEMS_SHOWN` of them.
     """
 
     def __init__(self, source: str, problems: list[tuple[str, str]]):
         self.source = source
         self.problems = problems
-        lines = "\n".join(f"  {path}: {message}" for path, message in problems)
-        super().__init__(f"{source}: invalid BertPretrainJob\n{lines}")
+        lines = [f"  {path}: {message}" for path, message in problems[:MAX_PROBLEMS_SHOWN]]
+        if len(problems) > MAX_PROBLEMS_SHOWN:
+            lines.append(f"  ... and {len(problems) - MAX_PROBLEMS_SHOWN} more")
+        super().__init__(f"{source}: invalid BertPretrainJob\n" + "\n".join(lines))
 
 
 class _Spec(BaseModel):
@@ -120,9 +127,9 @@ class _Spec(BaseModel):
 
     @field_validator("*", mode="after")
     @classmethod
-    def _plain_strings(cls, value: Any) -> Any:
-        """Strings (and those of a list or map of them) that a path, an argument or the API server
-        can hold (no NUL, no lone surrogate), and integers that fit in 64 bits."""
+    def _values_the_api_holds(cls, value: Any) -> Any:
+        """Strings (and those of a list or map of them) that a path, an argument, YAML and the API
+        server can hold (:func:`bertjob.kubenames.string_problem`), and integers that fit in 64 bits."""
         items = [value]
         if isinstance(value, list):
             items = value

@@ -83,3 +83,12 @@ def test_load_job_names_the_file(tmp_path):
     broken.write_text("spec: [unclosed")
     with pytest.raises(SpecError, match="not valid YAML"):
         load_job(broken)
+
+
+def test_a_long_list_of_problems_is_shown_by_its_first():
+    document = with_value(valid_job(), "spec.data.sources", [{"path": 1}] * 100)
+    with pytest.raises(SpecError) as caught:
+        parse_job(document)
+    lines = str(caught.value).splitlines()
+    assert len(caught.value.problems) == 100
+    assert len(lines) == 22 and lines[-1].startswith("  ... and ")
