@@ -46,6 +46,7 @@ demo: $(STAMP)
 generate: $(STAMP) $(HELM)
 	hack/generate-manifests.sh $(BIN)
 	$(BIN)/python -m bertjob.reference docs/reference.md
+	$(BIN)/python -m bertjob.passthrough
 
 lint: $(STAMP)
 	$(BIN)/ruff check operator trainer_image tests benchmarks

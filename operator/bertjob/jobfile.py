@@ -70,10 +70,15 @@ _INT64 = range(-(2**63), 2**63)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+# The longest integer literal that can hold a 64-bit value: 0b and 64 binary digits.
+_MAX_INT_LITERAL = 66
+
+
 def resolve_plain(text: str) -> Any:
     """The value go-yaml v2 gives the untagged plain scalar ``text`` (``resolve`` in its resolve.go).
 
-    Returns a ``bool``, ``None``, an ``int`` (any size: the caller checks the range), a ``float``
+    Returns a ``bool``, ``None``, an ``int`` (any size: the caller checks the range; ``2**64`` for
+    a literal too long to be a 64-bit integer in any base), a ``float``
     (NaN and infinities included) or ``text`` itself. Timestamps stay strings, as go-yaml leaves
     them when it decodes into an ``interface{}``; there is no base-60.
     """
@@ -87,7 +92,11 @@ def resolve_plain(text: str) -> Any:
     if _GO_INT.fullmatch(plain):
         digits = plain.lstrip("+-")
         prefix = digits[:2].lower()
-        if prefix in _PREFIXES:
+        if len(digits) > _MAX_INT_LITERAL:
+            # Out of every 64-bit range in any base; not converted: Python refuses to turn more than
+            # 4300 digits into an int (a bound against quadratic conversion time).
+            value = 1 << 64
+        elif prefix in _PREFIXES:
             value = int(digits[2:], _PREFIXES[prefix])
         else:
             value = int(digits, 8 if digits[0] == "0" else 10)
@@ -248,7 +257,7 @@ def _scalar(node: Node, path: str) -> Any:
         if node.tag == _FLOAT and type(value) is int:
             value = float(value)
         if _tag_of(value) != node.tag:
-            raise _ReadError(_line(node), f"cannot read {text!r} as {_short(node.tag)}", path)
+            raise _ReadError(_line(node), f"cannot read {_shown(text)!r} as {_short(node.tag)}", path)
     else:
         raise _ReadError(_line(node), f"tag {_short(node.tag)} is not supported", path)
     return _as_json(value, text, _line(node), path)
@@ -271,14 +280,19 @@ def _as_json(value: Any, text: str, line: int, path: str) -> Any:
         return value
     if isinstance(value, int):
         if value not in _INT64:
-            raise _ReadError(line, f"{text} is outside the 64-bit integers Kubernetes holds", path)
+            raise _ReadError(line, f"{_shown(text)} is outside the 64-bit integers Kubernetes holds", path)
         return value
     if not math.isfinite(value):
         raise _ReadError(
-            line, f"{text} is not a number JSON can hold; kubectl refuses NaN and infinity", path
+            line, f"{_shown(text)} is not a number JSON can hold; kubectl refuses NaN and infinity", path
         )
     # Go writes a whole float64 without a fraction, and the API server reads that as an integer.
     return int(value) if value.is_integer() and int(value) in _INT64 else value
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """``text`` for a message: cut to ``limit`` characters, saying how long it was."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _key(key: Any, node: Node, path: str) -> str:

@@ -113,6 +113,18 @@ def test_scalars_are_read_as_go_yaml_reads_them(tmp_path, scalar, value):
             "value (line 1)",
             "-9223372036854775809 is outside the 64-bit integers Kubernetes holds",
         ),
+        (
+            # Longer than the 4300 digits Python turns into an int: refused, not a traceback, and
+            # the message shows the start of the value, not all of it.
+            f"value: {'9' * 5000}\n",
+            "value (line 1)",
+            f"{'9' * 40}... (5000 characters) is outside the 64-bit integers Kubernetes holds",
+        ),
+        (
+            f"value: 0x{'f' * 5000}\n",
+            "value (line 1)",
+            f"0x{'f' * 38}... (5002 characters) is outside the 64-bit integers Kubernetes holds",
+        ),
         ("value: !!int abc\n", "value (line 1)", "cannot read 'abc' as !!int"),
         ("value: !!float yes\n", "value (line 1)", "cannot read 'yes' as !!float"),
         ("value: !!binary aGk=\n", "value (line 1)", "tag !!binary is not supported"),
