@@ -57,8 +57,10 @@ def kustomize_dir() -> Path:
 
 
 def config_map_name(job_name: str) -> str:
-    """Name of the ConfigMap that holds a job's ``job.yaml``."""
-    return f"{job_name}-config"
+    """Name of the ConfigMap that holds a job's ``job.yaml``: ``<job>-job``. Not ``<job>-config``,
+    the name mpi-operator gives the hostfile ConfigMap of the MPIJob ``<job>`` (it refuses to start
+    an MPIJob whose ConfigMap of that name it does not control)."""
+    return f"{job_name}-job"
 
 
 def service_account_name(job_name: str, spec: JobSpec) -> str:
@@ -87,7 +89,7 @@ def component(obj: Mapping[str, Any]) -> str:
 def render(job: BertPretrainJob) -> list[dict[str, Any]]:
     """The manifests for ``job``, in the order they are to be created:
 
-    1. the ConfigMap ``<name>-config`` holding ``job.yaml`` (the whole job document after defaults);
+    1. the ConfigMap ``<name>-job`` holding ``job.yaml`` (the whole job document after defaults);
     2. the ServiceAccount ``<name>-trainer``, unless ``spec.pod.serviceAccountName`` names one;
     3. the Role ``<name>-progress`` (``get`` and ``patch`` on this job's ``bertpretrainjobs/status``
        only) and the RoleBinding ``<name>-progress`` giving it to the pods' service account;

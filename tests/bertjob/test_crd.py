@@ -175,7 +175,7 @@ def test_the_status_schema_accepts_what_the_operator_writes(bertjob_schema: dict
             Condition(type="Created", status="True", reason="ChildrenCreated", last_transition_time=now)
         ],
         children=[ChildRef(api_version="kubeflow.org/v1", kind="PyTorchJob", name="demo")],
-        config_map="demo-config",
+        config_map="demo-job",
         start_time=now,
     ).model_dump(mode="json", by_alias=True, exclude_none=True)
     schema = bertjob_schema["properties"]["status"]

@@ -67,7 +67,7 @@ def test_a_valid_job_gets_owned_children_and_a_status(
     group_version = child_resource.rsplit("/", 1)[0]
     [child_ref] = status["children"]
     assert (child_ref["apiVersion"], child_ref["name"]) == (group_version, name)
-    assert status["configMap"] == f"{name}-config"
+    assert status["configMap"] == f"{name}-job"
     assert status["observedGeneration"] == 1
     assert [(c["type"], c["status"]) for c in status["conditions"]] == [("Created", "True")]
     assert_valid(status, bertjob_schema["properties"]["status"])
@@ -207,14 +207,14 @@ def test_hostile_strings_are_data(cluster: Cluster, name: str, field: str, value
 
 def test_a_name_taken_by_someone_else_fails_the_job(cluster: Cluster) -> None:
     CoreV1Api(cluster.api).create_namespaced_config_map(
-        "default", V1ConfigMap.model_validate({"metadata": {"name": "taken-config"}, "data": {}})
+        "default", V1ConfigMap.model_validate({"metadata": {"name": "taken-job"}, "data": {}})
     )
     cluster.create_job(_named(valid_job(), "taken"))
 
     status = cluster.status_when("taken", "Failed")
 
     assert status["conditions"][-1]["reason"] == "ChildConflict"
-    assert "ConfigMap taken-config already exists" in status["conditions"][-1]["message"]
+    assert "ConfigMap taken-job already exists" in status["conditions"][-1]["message"]
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)

@@ -86,7 +86,7 @@ def test_every_combination_renders_valid_objects_in_order(
 
     kind = {"pytorchjob": "PyTorchJob", "mpijob": "MPIJob"}[launcher]
     expected = [
-        ("ConfigMap", "demo-config", "config"),
+        ("ConfigMap", "demo-job", "config"),
         ("ServiceAccount", "demo-trainer", "progress"),
         ("Role", "demo-progress", "progress"),
         ("RoleBinding", "demo-progress", "progress"),
@@ -133,7 +133,7 @@ def test_every_combination_renders_valid_objects_in_order(
         limits = container.get("resources", {}).get("limits", {})
         assert limits == ({device: 2} if device else {})
         config_volume = next(volume for volume in pod["spec"]["volumes"] if volume["name"] == "job-config")
-        assert config_volume["configMap"]["name"] == "demo-config"
+        assert config_volume["configMap"]["name"] == "demo-job"
 
 
 ELASTIC = {"minNodes": 1, "maxNodes": 4, "maxRestarts": 2}
@@ -193,6 +193,25 @@ def test_an_elastic_job_renders_valid_objects(
         assert command[:5] == ["horovodrun", "-np", str(2 * nodes), "--min-np", "2"]
         assert "--hostfile" not in command
         assert command[command.index("--host-discovery-script") + 1] == "/etc/mpi/discover_hosts.sh"
+
+
+# The objects each Kubeflow operator names after its job (mpi-operator v2's controller: the
+# hostfile ConfigMap `<job>-config`, the Launcher Job, the Workers' Service, the ssh Secret; the
+# training operator: a Service per replica). One of ours under such a name makes the Kubeflow
+# operator refuse to start the job ("not controlled by this MPIJob").
+KUBEFLOW_OWN_NAMES = {
+    "mpijob": ("-config", "-launcher", "-worker", "-ssh"),
+    "pytorchjob": ("-master-0", "-worker-0", "-worker-1"),
+}
+
+
+@pytest.mark.parametrize("launcher", ["pytorchjob", "mpijob"])
+def test_no_object_takes_a_name_the_kubeflow_operator_gives_its_own(launcher: str) -> None:
+    changes = {"spec.launcher": launcher, "spec.prepare": {"enabled": True}}
+    rendered = render(parse_job(_job(3, 2, "xeon-cpu", changes)))
+    [child] = [obj for obj in rendered if component(obj) == "train"]
+    theirs = {child["metadata"]["name"] + suffix for suffix in KUBEFLOW_OWN_NAMES[launcher]}
+    assert not theirs & {obj["metadata"]["name"] for obj in rendered if obj is not child}
 
 
 def test_the_progress_role_lets_the_pods_patch_only_their_jobs_status() -> None:
