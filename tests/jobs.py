@@ -11,6 +11,16 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
+# Text that would become structure if pasted into YAML, a jinja2 template or a shell line; a job
+# must carry each verbatim as a string (tests/bertjob/test_render.py, test_fuzz.py).
+INJECTIONS = [
+    "x\n  evil: true",
+    "{{ 7*7 }}",
+    "{% raw %}x{% endraw %}",
+    "!!python/object/apply:os.system ['true']",
+    '"; kind: Secret\n---\napiVersion: v1',
+    "${HOME} $(id) `id`",
+]
 
 
 def valid_job() -> dict[str, Any]:

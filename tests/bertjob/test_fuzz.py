@@ -51,7 +51,7 @@ from bertjob.jobfile import dump, read_document
 from bertjob.render import render
 from bertjob.spec import BertPretrainJob, SpecError, parse_job, to_document
 from bertjob.validation import cluster_job
-from jobs import example, valid_job, with_value
+from jobs import INJECTIONS, example, valid_job, with_value
 from k8s_schema import errors
 
 KUBERNETES_VERSION = "1.33"
@@ -192,12 +192,7 @@ PASS_THROUGH: dict[tuple[str, ...], list[Any]] = {
 # -- What is injected ----------------------------------------------------------------------------
 
 HOSTILE = [
-    "x\n  evil: true",
-    "{{ 7*7 }}",
-    "{% raw %}x{% endraw %}",
-    "!!python/object/apply:os.system ['true']",
-    '"; kind: Secret\n---\napiVersion: v1',
-    "${HOME} $(id) `id`",
+    *INJECTIONS,
     "; rm -rf / #",
     "- a\n- b",
     "{a: 1}",

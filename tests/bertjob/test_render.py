@@ -22,7 +22,7 @@ import yaml
 from bertjob.defaults import with_defaults
 from bertjob.render import KUSTOMIZE_DIR_ENV, RenderError, component, job_labels, kustomize_dir, render
 from bertjob.spec import SpecError, parse_job, to_document
-from jobs import valid_job, with_value
+from jobs import INJECTIONS, valid_job, with_value
 from k8s_schema import assert_valid
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -479,14 +479,7 @@ def test_the_mpijob_fields_and_commands() -> None:
     assert worker["command"] == ["/usr/sbin/sshd", "-De", "-f", "/home/trainer/.sshd_config"]
 
 
-HOSTILE = [
-    "x\n  evil: true",
-    "{{ 7*7 }}",
-    "{% raw %}x{% endraw %}",
-    "!!python/object/apply:os.system ['true']",
-    '"; kind: Secret\n---\napiVersion: v1',
-    "${HOME} $(id) `id`",
-]
+HOSTILE = INJECTIONS
 
 
 @pytest.mark.parametrize("launcher", ["pytorchjob", "mpijob"])

@@ -7,6 +7,7 @@ token frequencies; sentence B copies sentence A when ``next_sentence_labels`` is
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -297,3 +298,27 @@ def tiny_config() -> BertConfig:
         intermediate_size=64,
         max_position_embeddings=128,
     )
+
+
+@pytest.fixture
+def file_events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """The ``("fsync", path)`` and ``("rename", target)`` calls made from now on, in order
+    (``os.replace`` and ``os.rename`` both count as a rename): what makes a write durable."""
+    events: list[tuple[str, str]] = []
+    fsync, replace, rename = os.fsync, os.replace, os.rename
+
+    def recording_fsync(descriptor: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{descriptor}")))
+        fsync(descriptor)
+
+    def recording(move: Any) -> Any:
+        def recorded(source: Any, target: Any, **kwargs: Any) -> None:
+            events.append(("rename", str(target)))
+            move(source, target, **kwargs)
+
+        return recorded
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(os, "replace", recording(replace))
+    monkeypatch.setattr(os, "rename", recording(rename))
+    return events

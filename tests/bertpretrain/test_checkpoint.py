@@ -276,23 +276,11 @@ def test_without_file_locks_only_old_temporaries_are_removed(
 
 
 def test_the_rename_of_a_checkpoint_is_made_durable(
-    tmp_path: Path, tiny_config: BertConfig, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, tiny_config: BertConfig, file_events: list[tuple[str, str]]
 ) -> None:
-    events: list[tuple[str, str]] = []
-    fsync, replace = os.fsync, os.replace
-
-    def recording_fsync(descriptor: int) -> None:
-        events.append(("fsync", os.readlink(f"/proc/self/fd/{descriptor}")))
-        fsync(descriptor)
-
-    def recording_replace(source: Any, target: Any, **kwargs: Any) -> None:
-        events.append(("replace", str(target)))
-        replace(source, target, **kwargs)
-
-    monkeypatch.setattr(os, "fsync", recording_fsync)
-    monkeypatch.setattr(os, "replace", recording_replace)
+    events = file_events
     path = Training(tiny_config).save(tmp_path, 5)
-    renamed = events.index(("replace", str(path)))
+    renamed = events.index(("rename", str(path)))
     assert ("fsync", str(path.parent)) in events[renamed + 1 :], events
 
 

@@ -315,21 +315,12 @@ def test_a_live_export_keeps_its_staging_directory(tmp_path: Path) -> None:
 
 
 def test_the_rename_of_an_export_is_made_durable(
-    trained: tuple[BertForPreTraining, Path], vocab_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    trained: tuple[BertForPreTraining, Path],
+    vocab_dir: Path,
+    tmp_path: Path,
+    file_events: list[tuple[str, str]],
 ) -> None:
-    events: list[tuple[str, str]] = []
-    fsync, rename = os.fsync, os.rename
-
-    def recording_fsync(descriptor: int) -> None:
-        events.append(("fsync", os.readlink(f"/proc/self/fd/{descriptor}")))
-        fsync(descriptor)
-
-    def recording_rename(source: Any, target: Any, **kwargs: Any) -> None:
-        events.append(("rename", str(target)))
-        rename(source, target, **kwargs)
-
-    monkeypatch.setattr(os, "fsync", recording_fsync)
-    monkeypatch.setattr(os, "rename", recording_rename)
+    events = file_events
     out = export_hf(trained[1], vocab_dir, tmp_path / "hf", lowercase=True)
     renamed = events.index(("rename", str(out)))
     assert ("fsync", str(tmp_path)) in events[renamed + 1 :], events
