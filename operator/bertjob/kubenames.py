@@ -80,44 +80,45 @@ def field_path(where: str, parts: Iterable[str | int]) -> str:
     return where
 
 
+def _pattern_problem(value: str, pattern: re.Pattern[str], limit: int, what: str, rule: str) -> str | None:
+    """None when ``value`` is at most ``limit`` characters and matches ``pattern``; else the
+    message ``<value> is not <what>: at most <limit> <rule>``."""
+    if len(value) <= limit and pattern.fullmatch(value):
+        return None
+    return f"{shown(value)} is not {what}: at most {limit} {rule}"
+
+
 def dns_label_problem(value: str) -> str | None:
     """RFC 1123 label: a namespace, a volume."""
-    if len(value) <= MAX_LABEL and DNS_LABEL.fullmatch(value):
-        return None
-    return (
-        f"{shown(value)} is not a DNS label: at most {MAX_LABEL} lower-case letters, digits and '-', "
-        "starting and ending with a letter or digit"
-    )
+    return _pattern_problem(
+        value, DNS_LABEL, MAX_LABEL, "a DNS label",
+        "lower-case letters, digits and '-', starting and ending with a letter or digit",
+    )  # fmt: skip
 
 
 def dns1035_label_problem(value: str) -> str | None:
     """RFC 1035 label: a Service, and so a Kubeflow job's name."""
-    if len(value) <= MAX_LABEL and DNS1035_LABEL.fullmatch(value):
-        return None
-    return (
-        f"{shown(value)} is not a DNS-1035 label: at most {MAX_LABEL} lower-case letters, digits and "
-        "'-', which start with a letter and end with a letter or digit"
-    )
+    return _pattern_problem(
+        value, DNS1035_LABEL, MAX_LABEL, "a DNS-1035 label",
+        "lower-case letters, digits and '-', which start with a letter and end with a letter or digit",
+    )  # fmt: skip
 
 
 def dns_subdomain_problem(value: str) -> str | None:
     """RFC 1123 subdomain: most object names (ServiceAccount, Secret, PriorityClass)."""
-    if len(value) <= MAX_SUBDOMAIN and DNS_SUBDOMAIN.fullmatch(value):
-        return None
-    return (
-        f"{shown(value)} is not a DNS subdomain: at most {MAX_SUBDOMAIN} lower-case letters, digits, "
-        "'-' and '.', each dot-separated part starting and ending with a letter or digit"
-    )
+    return _pattern_problem(
+        value, DNS_SUBDOMAIN, MAX_SUBDOMAIN, "a DNS subdomain",
+        "lower-case letters, digits, '-' and '.', each dot-separated part starting and ending with a "
+        "letter or digit",
+    )  # fmt: skip
 
 
 def label_value_problem(value: str) -> str | None:
     """A label's value: empty, or up to 63 letters, digits, '-', '_' and '.' between alphanumerics."""
-    if len(value) <= MAX_LABEL and LABEL_VALUE.fullmatch(value):
-        return None
-    return (
-        f"{shown(value)} is not a valid label value: at most {MAX_LABEL} letters, digits, '-', '_' "
-        "and '.', starting and ending with a letter or digit"
-    )
+    return _pattern_problem(
+        value, LABEL_VALUE, MAX_LABEL, "a valid label value",
+        "letters, digits, '-', '_' and '.', starting and ending with a letter or digit",
+    )  # fmt: skip
 
 
 def qualified_name_problem(value: str) -> str | None:
