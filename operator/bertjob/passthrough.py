@@ -18,9 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import sys
-import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ from jsonschema import Draft202012Validator, FormatChecker, validators
 from jsonschema.exceptions import ValidationError
 
 from bertjob import kubenames
+from bertjob.reference import write_atomically
 
 SCHEMA_FILE = Path(__file__).with_name("kubernetes-types.json")
 KUBERNETES_VERSION = "1.33"
@@ -225,12 +224,7 @@ def main(argv: list[str]) -> int:
     if argv:
         print("usage: python -m bertjob.passthrough", file=sys.stderr)
         return 2
-    text = schema_text(generate())
-    handle, partial = tempfile.mkstemp(dir=SCHEMA_FILE.parent, prefix=f".{SCHEMA_FILE.name}.")
-    with os.fdopen(handle, "w", encoding="utf-8") as out:
-        out.write(text)
-    os.chmod(partial, 0o644)
-    os.replace(partial, SCHEMA_FILE)
+    write_atomically(SCHEMA_FILE, schema_text(generate()))
     print(f"wrote {SCHEMA_FILE}")
     return 0
 
