@@ -45,12 +45,13 @@ demo: $(STAMP)
 # Everything generated from a source in this repository (the tests fail when any is stale).
 generate: $(STAMP) $(HELM)
 	hack/generate-manifests.sh $(BIN)
-	$(BIN)/python -m bertjob.reference docs/reference.md
-	$(BIN)/python -m bertjob.passthrough
+	$(BIN)/python -m bertjob_api.reference docs/reference.md
+	$(BIN)/python -m bertjob_api.passthrough
 
 lint: $(STAMP)
-	$(BIN)/ruff check operator trainer_image tests benchmarks
+	$(BIN)/ruff check api operator trainer_image tests benchmarks
 	$(BIN)/mypy
+	$(BIN)/mypy --strict -p bertjob_api
 
 test: lint $(HOROVOD) $(HELM)
 	$(BIN)/pytest

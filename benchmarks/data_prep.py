@@ -33,9 +33,9 @@ from pathlib import Path
 
 import yaml
 
-from bertjob.spec import SourceSpec
-from bertpretrain import corpus
-from bertpretrain.vocab import train_vocab
+from bertjob_api.spec import SourceSpec
+from bertpretrain.data import corpus
+from bertpretrain.data.vocab import train_vocab
 
 NVIDIA_INSTANCES_PER_SECOND = 640.0
 COLUMNS = (

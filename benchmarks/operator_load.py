@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -23,12 +22,9 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from kube_emulator import running_cluster
-
-from bertjob.crd import crd
-from jobs import valid_job, with_value
+from bertjob_api.crd import crd
+from bertjob_testing.jobs import valid_job, with_value
+from bertjob_testing.kube_emulator import running_cluster
 
 UPSTREAM = Path(__file__).resolve().parents[2] / "shared" / "upstream-crds" / "kubeflow.org_pytorchjobs.yaml"
 TIMEOUT_S = 600

@@ -7,7 +7,7 @@
 Weak scaling: every process runs the same micro-batch (no gradient accumulation), and the gradients
 are averaged over the processes at every optimizer step (DDP under torchrun, Horovod under
 horovodrun). Each run is a fresh process tree of this script in its worker mode (``--worker``),
-joined by :func:`bertpretrain.parallel.join` as the trainer joins its job; rank 0 writes its rate.
+joined by :func:`bertpretrain.runtime.parallel.join` as the trainer joins its job; rank 0 writes its rate.
 Both runs use the same cores in total: ``OMP_NUM_THREADS`` is the core count for 1 process and
 half of it for each of 2. The figures are sequences/s of the whole job (all ranks' sequences per
 second of wall time, after warm-up steps). The scaling efficiency is seq/s(2) / (2 x seq/s(1)):
@@ -39,14 +39,14 @@ import numpy as np
 import torch
 from throughput import VOCAB_SIZE, synthetic_rows
 
-from bertjob.defaults import MODEL_PRESETS
-from bertjob.spec import OptimizerSpec, Precision
-from bertpretrain.engine import Engine
-from bertpretrain.loader import to_batch
-from bertpretrain.model import BertConfig, BertForPreTraining
-from bertpretrain.optimizer import build_optimizer
-from bertpretrain.parallel import join
-from bertpretrain.schedule import poly_warmup_schedule
+from bertjob_api.defaults import MODEL_PRESETS
+from bertjob_api.spec import OptimizerSpec, Precision
+from bertpretrain.data.loader import to_batch
+from bertpretrain.model.bert import BertConfig, BertForPreTraining
+from bertpretrain.runtime.engine import Engine
+from bertpretrain.runtime.parallel import join
+from bertpretrain.training.optimizer import build_optimizer
+from bertpretrain.training.schedule import poly_warmup_schedule
 
 SCRIPT = Path(__file__).resolve()
 PREDICTIONS = {128: 20, 512: 80}  # NVIDIA's max_predictions_per_seq; 15% of other lengths

@@ -16,14 +16,14 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from bertjob.defaults import MODEL_PRESETS
-from bertjob.spec import Accelerator, OptimizerSpec, Precision
-from bertpretrain.engine import Engine
-from bertpretrain.loader import to_batch
-from bertpretrain.model import BertConfig, BertForPreTraining
-from bertpretrain.optimizer import build_optimizer
-from bertpretrain.parallel import join
-from bertpretrain.schedule import poly_warmup_schedule
+from bertjob_api.defaults import MODEL_PRESETS
+from bertjob_api.spec import Accelerator, OptimizerSpec, Precision
+from bertpretrain.data.loader import to_batch
+from bertpretrain.model.bert import BertConfig, BertForPreTraining
+from bertpretrain.runtime.engine import Engine
+from bertpretrain.runtime.parallel import join
+from bertpretrain.training.optimizer import build_optimizer
+from bertpretrain.training.schedule import poly_warmup_schedule
 
 SHAPES = ((128, 20, 32), (512, 80, 8))  # (max_seq_length, max_predictions_per_seq, micro-batch)
 VOCAB_SIZE = 30528  # NVIDIA's padded uncased vocabulary

@@ -5,8 +5,8 @@
 
 One step is forward, loss, backward and an optimizer step, for both models:
 
-- ours: :class:`bertpretrain.model.BertForPreTraining` with ``masked_lm_positions``, so the MLM
-  head runs on the masked positions only, and :func:`bertpretrain.model.pretraining_loss`;
+- ours: :class:`bertpretrain.model.bert.BertForPreTraining` with ``masked_lm_positions``, so the MLM
+  head runs on the masked positions only, and :func:`bertpretrain.model.bert.pretraining_loss`;
 - Hugging Face's: ``transformers.BertForPreTraining`` (default attention, SDPA) with ``labels``
   (-100 outside the masked positions) and ``next_sentence_label``, so it computes MLM logits on
   every token and returns the same loss (mean MLM plus mean NSP cross-entropy).
@@ -15,8 +15,8 @@ Both have the same config (vocabulary 30522, as bert-base-uncased), start from t
 (ours at seed 0, written once and loaded into each), take the same synthetic batch
 (``benchmarks/throughput.py``'s rows: seq 128, 20 masked positions, no padding), run in the same
 precision (fp32, or bf16 autocast) and use the same optimizer: our LAMB
-(:class:`bertpretrain.optimizer.Lamb`, apex FusedLAMB semantics, weight decay 0.01 on
-:func:`bertpretrain.optimizer.param_groups`). Dropout is on (training mode). The first
+(:class:`bertpretrain.training.optimizer.Lamb`, apex FusedLAMB semantics, weight decay 0.01 on
+:func:`bertpretrain.training.optimizer.param_groups`). Dropout is on (training mode). The first
 ``WARMUP_STEPS`` steps are not timed; sequences/s is the micro-batch over the median of the timed
 steps' times (each step ends with a device synchronisation on CUDA), so that a few steps slowed
 by other processes on a shared machine do not move it. The load average before and after the
@@ -51,10 +51,10 @@ import torch
 import transformers
 from throughput import synthetic_rows
 
-from bertjob.defaults import MODEL_PRESETS
-from bertpretrain.loader import to_batch
-from bertpretrain.model import IGNORE_INDEX, BertConfig, BertForPreTraining, pretraining_loss
-from bertpretrain.optimizer import Lamb, param_groups
+from bertjob_api.defaults import MODEL_PRESETS
+from bertpretrain.data.loader import to_batch
+from bertpretrain.model.bert import IGNORE_INDEX, BertConfig, BertForPreTraining, pretraining_loss
+from bertpretrain.training.optimizer import Lamb, param_groups
 
 SEQ_LENGTH, PREDICTIONS, MICRO_BATCH = 128, 20, 32
 VOCAB_SIZE = 30522  # bert-base-uncased

@@ -3,8 +3,8 @@
 #   hack/generate-manifests.sh BIN_DIR           write charts/bertjob/templates/crd.yaml and manifests/
 #   hack/generate-manifests.sh BIN_DIR --check   write nothing; fail naming every stale file
 #
-# 1. charts/bertjob/templates/crd.yaml: the CRD generated from operator/bertjob/spec.py, wrapped
-#    in the chart's switches (`python -m bertjob.crd --chart-template`).
+# 1. charts/bertjob/templates/crd.yaml: the CRD generated from api/bertjob_api/spec.py, wrapped
+#    in the chart's switches (`python -m bertjob_api.crd --chart-template`).
 # 2. manifests/<template>.yaml: `helm template` of the chart with its default values, one file per
 #    chart template that renders anything, so that `kubectl apply -k manifests/` installs what
 #    `helm install` would. manifests/namespace.yaml and manifests/kustomization.yaml are written by
@@ -45,7 +45,7 @@ install_file() {  # install_file SOURCE TARGET: a temporary file beside TARGET, 
     mv -f "$partial" "$2"
 }
 
-"$BIN_DIR/python" -m bertjob.crd --chart-template >"$work/crd-template.yaml"
+"$BIN_DIR/python" -m bertjob_api.crd --chart-template >"$work/crd-template.yaml"
 # Written before helm renders the chart, so that manifests/crd.yaml comes from the new template;
 # --check renders the chart as it is and reports the template apart.
 if [[ $CHECK != --check ]]; then

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from jobs import REPO
+from bertjob_testing.jobs import REPO
 
 CHART = REPO / "charts" / "bertjob"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))

@@ -16,8 +16,8 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from bertjob import launchers
-from bertjob.crd import PendingEvent
-from bertjob.spec import API_VERSION, KIND, PLURAL
+from bertjob_api.crd import PendingEvent
+from bertjob_api.spec import API_VERSION, KIND, PLURAL
 
 MERGE_PATCH = "application/merge-patch+json"
 # The kinds the renderer makes besides the launchers' own, by (apiVersion, kind).

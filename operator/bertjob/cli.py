@@ -4,7 +4,7 @@
     bertjob render job.yaml     print the manifests the operator would create
     bertjob run job.yaml        run the whole job here, without a cluster
 
-The file is read as kubectl reads it (:mod:`bertjob.jobfile`), so what passes here is what the
+The file is read as kubectl reads it (:mod:`bertjob_api.jobfile`), so what passes here is what the
 cluster receives. Exit codes: 0 success, 2 an invalid job file, 1 any other failure.
 """
 
@@ -14,9 +14,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from bertjob.jobfile import dump_all, load_job
-from bertjob.spec import BertPretrainJob, SpecError
-from bertjob.validation import cluster_job
+from bertjob_api.jobfile import dump_all, load_job
+from bertjob_api.spec import BertPretrainJob, SpecError
+from bertjob_api.validation import cluster_job
 
 
 def _validate(job: BertPretrainJob, source: str) -> int:

@@ -2,11 +2,11 @@
 
     kopf run --standalone --all-namespaces -m bertjob.handlers
 
-The lifecycle: spec -> validate (:func:`bertjob.spec.parse_job`, then defaults and cross-field
+The lifecycle: spec -> validate (:func:`bertjob_api.spec.parse_job`, then defaults and cross-field
 checks inside :func:`bertjob.render.render`) -> render -> create the children, owned by the job
 (all of them; or, with ``spec.prepare.enabled``, all but the training job, which is created when
 the data Job completes) -> watch the data Job and the training job -> status
-(:mod:`bertjob.status`). Phase 1 and phase 2 run in the one training job. Spec changes later are
+(:mod:`bertjob.lifecycle`). Phase 1 and phase 2 run in the one training job. Spec changes later are
 applied only where safe (:mod:`bertjob.changes`). A bad spec fails the job for good, with a
 condition and an event naming the field; the API server not being ready is retried. Events are
 written into the status with the change they report and posted from there (:func:`announce`).
@@ -26,8 +26,8 @@ import yaml
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
-from bertjob import changes, launchers, metrics, prerequisites
-from bertjob import status as lifecycle
+from bertjob import changes, launchers, lifecycle, prerequisites
+from bertjob import monitoring as metrics
 from bertjob.children import (
     ForeignObjectError,
     create_children,
@@ -39,10 +39,10 @@ from bertjob.children import (
     read,
     read_owner,
 )
-from bertjob.crd import ChildRef, JobStatus
 from bertjob.render import JOB_FILE, NAME_LABEL, RenderError, config_map_name, render
-from bertjob.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION, SpecError, parse_job, to_document
-from bertjob.validation import cluster_job
+from bertjob_api.crd import ChildRef, JobStatus
+from bertjob_api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION, SpecError, parse_job, to_document
+from bertjob_api.validation import cluster_job
 
 # kopf's bookkeeping goes to annotations under our own domain, never into the status.
 STORAGE_PREFIX = "bertjob.dev"

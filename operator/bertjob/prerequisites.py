@@ -22,7 +22,7 @@ from kubernetes.client.exceptions import ApiException
 
 from bertjob import launchers
 from bertjob.children import call
-from bertjob.spec import GROUP, KIND, PLURAL
+from bertjob_api.spec import GROUP, KIND, PLURAL
 
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 OWN_CRD = f"{PLURAL}.{GROUP}"

@@ -25,10 +25,10 @@ from typing import Any, Literal
 import yaml
 
 from bertjob import launchers
-from bertjob.jobfile import dump
 from bertjob.launchers import Launcher, PodNames
-from bertjob.spec import GROUP, PLURAL, BertPretrainJob, JobSpec, to_document
-from bertjob.validation import cluster_job
+from bertjob_api.jobfile import dump
+from bertjob_api.spec import GROUP, PLURAL, BertPretrainJob, JobSpec, to_document
+from bertjob_api.validation import cluster_job
 
 KUSTOMIZE_DIR_ENV = "BERTJOB_KUSTOMIZE_DIR"
 JOB_FILE = "job.yaml"
@@ -98,7 +98,7 @@ def render(job: BertPretrainJob) -> list[dict[str, Any]]:
     5. the launcher's child ``<name>`` (a PyTorchJob or an MPIJob).
 
     Each carries :func:`job_labels` with its :func:`component`. Applies
-    :func:`bertjob.validation.cluster_job` (defaults and every check) first.
+    :func:`bertjob_api.validation.cluster_job` (defaults and every check) first.
 
     Raises:
         SpecError: the spec is inconsistent, or names a launcher that does not exist.

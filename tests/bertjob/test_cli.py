@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from bertjob.cli import main
-from jobs import EXAMPLES, valid_job, with_value
+from bertjob_testing.jobs import EXAMPLES, valid_job, with_value
 
 
 def _write(tmp_path, document):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jobs import REPO
+from bertjob_testing.jobs import REPO
 
 OPERATOR = REPO / "Dockerfile"
 TRAINER = REPO / "trainer_image" / "Dockerfile"

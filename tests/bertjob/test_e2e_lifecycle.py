@@ -10,13 +10,13 @@ import urllib.request
 from typing import Any
 
 import pytest
-from kube_emulator import Cluster
 from kubernetes.client import CustomObjectsApi
-from test_handlers_e2e import CHILD_RESOURCES, LAUNCHERS, children_of
+from tests.bertjob.test_handlers_e2e import CHILD_RESOURCES, LAUNCHERS, children_of
 
-from bertjob.spec import GROUP, PLURAL, VERSION
-from jobs import valid_job, with_value
-from kubeflow_env import kubeflow_condition
+from bertjob_api.spec import GROUP, PLURAL, VERSION
+from bertjob_testing.jobs import valid_job, with_value
+from bertjob_testing.kube_emulator import Cluster
+from tests.kubeflow_env import kubeflow_condition
 
 PYTORCHJOBS = CHILD_RESOURCES["pytorchjob"]
 

@@ -17,10 +17,10 @@ import pytest
 import yaml
 
 from bertjob.render import component, kustomize_build, render
-from bertjob.spec import Accelerator, BertPretrainJob, Launcher, SpecError, load_job
-from bertjob.validation import cluster_job
-from jobs import EXAMPLES
-from k8s_schema import assert_valid
+from bertjob_api.spec import Accelerator, BertPretrainJob, Launcher, SpecError, load_job
+from bertjob_api.validation import cluster_job
+from bertjob_testing.jobs import EXAMPLES
+from tests.k8s_schema import assert_valid
 
 KUBERNETES_VERSION = "1.33"
 # Run by `bertjob run` on this machine, not by the operator.

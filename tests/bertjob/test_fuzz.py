@@ -46,13 +46,13 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from bertjob.cli import main
-from bertjob.crd import resource_schema
-from bertjob.jobfile import dump, read_document
 from bertjob.render import render
-from bertjob.spec import BertPretrainJob, SpecError, parse_job, to_document
-from bertjob.validation import cluster_job
-from jobs import INJECTIONS, example, valid_job, with_value
-from k8s_schema import errors
+from bertjob_api.crd import resource_schema
+from bertjob_api.jobfile import dump, read_document
+from bertjob_api.spec import BertPretrainJob, SpecError, parse_job, to_document
+from bertjob_api.validation import cluster_job
+from bertjob_testing.jobs import INJECTIONS, example, valid_job, with_value
+from tests.k8s_schema import errors
 
 KUBERNETES_VERSION = "1.33"
 EXAMPLES = int(os.environ.get("BERTJOB_FUZZ_EXAMPLES", "0"))

@@ -26,11 +26,11 @@ import yaml
 from jsonschema import Draft7Validator
 
 from bertjob.render import kustomize_build, render
-from bertjob.spec import parse_job
-from bertjob.validation import cluster_job
-from helm_chart import CHART, helm_or_skip
-from jobs import EXAMPLES, REPO
-from k8s_schema import assert_valid
+from bertjob_api.spec import parse_job
+from bertjob_api.validation import cluster_job
+from bertjob_testing.jobs import EXAMPLES, REPO
+from tests.helm_chart import CHART, helm_or_skip
+from tests.k8s_schema import assert_valid
 
 GITOPS = EXAMPLES / "gitops"
 KUBERNETES_VERSION = "1.33"

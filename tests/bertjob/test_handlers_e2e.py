@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 import yaml
-from kube_emulator import Cluster, answers
 from kubernetes.client import CoreV1Api, CustomObjectsApi, V1ConfigMap
 
 from bertjob.children import ForeignObjectError, create_children
 from bertjob.render import JOB_LABEL, render
-from bertjob.spec import parse_job
-from jobs import valid_job, with_value
-from k8s_schema import assert_valid
-from kubeflow_env import kubeflow_condition
+from bertjob_api.spec import parse_job
+from bertjob_testing.jobs import valid_job, with_value
+from bertjob_testing.kube_emulator import Cluster, answers
+from tests.k8s_schema import assert_valid
+from tests.kubeflow_env import kubeflow_condition
 
 LAUNCHERS = ["pytorchjob", "mpijob"]
 CHILD_RESOURCES = {"pytorchjob": "kubeflow.org/v1/pytorchjobs", "mpijob": "kubeflow.org/v2beta1/mpijobs"}

@@ -9,9 +9,9 @@ import pytest
 
 from bertjob.launchers.mpijob import TRAINER_COMMAND
 from bertjob.render import render
-from bertjob.spec import parse_job
-from jobs import valid_job, with_value
-from kubeflow_env import (
+from bertjob_api.spec import parse_job
+from bertjob_testing.jobs import valid_job, with_value
+from tests.kubeflow_env import (
     mpijob_discover_hosts,
     mpijob_hostfile,
     mpijob_launcher_command,

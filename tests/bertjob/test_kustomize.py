@@ -13,9 +13,9 @@ import yaml
 
 from bertjob.launchers import mpijob
 from bertjob.render import kustomize_build
-from bertjob.spec import parse_job
-from jobs import REPO
-from k8s_schema import assert_valid
+from bertjob_api.spec import parse_job
+from bertjob_testing.jobs import REPO
+from tests.k8s_schema import assert_valid
 
 KUSTOMIZE = REPO / "kustomize"
 DEVICES = {"nvidia-gpu": "nvidia.com/gpu", "habana-hpu": "habana.ai/gaudi", "xeon-cpu": None}

@@ -12,9 +12,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from bertjob.metrics import PORT_ENV as METRICS_PORT_ENV
+from bertjob.monitoring import PORT_ENV as METRICS_PORT_ENV
 from bertjob.render import kustomize_build
-from jobs import REPO
+from bertjob_testing.jobs import REPO
 
 KUBERNETES_VERSION = "1.33"
 NAMESPACE = "bertjob-system"

@@ -13,12 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kube_emulator import Cluster, answers, cluster_crds, running_cluster, serve
 from kubernetes.client import CustomObjectsApi
-from test_e2e_lifecycle import _job
+from tests.bertjob.test_e2e_lifecycle import _job
 
 from bertjob import prerequisites
-from bertjob.crd import crd
+from bertjob_api.crd import crd
+from bertjob_testing.kube_emulator import Cluster, answers, cluster_crds, running_cluster, serve
 
 RETRY_S = 1
 MISSING = f"the {prerequisites.OWN_CRD} CRD is not installed"

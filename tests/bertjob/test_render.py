@@ -19,11 +19,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from bertjob.defaults import with_defaults
 from bertjob.render import KUSTOMIZE_DIR_ENV, RenderError, component, job_labels, kustomize_dir, render
-from bertjob.spec import SpecError, parse_job, to_document
-from jobs import INJECTIONS, valid_job, with_value
-from k8s_schema import assert_valid
+from bertjob_api.defaults import with_defaults
+from bertjob_api.spec import SpecError, parse_job, to_document
+from bertjob_testing.jobs import INJECTIONS, valid_job, with_value
+from tests.k8s_schema import assert_valid
 
 GOLDEN = Path(__file__).parent / "golden"
 KUBERNETES_VERSION = "1.33"
@@ -142,7 +142,7 @@ ELASTIC = {"minNodes": 1, "maxNodes": 4, "maxRestarts": 2}
 @pytest.mark.parametrize("accelerator", DEVICES)
 @pytest.mark.parametrize(
     ("launcher", "nodes"),
-    # Elastic Horovod starts on 2 nodes or more (bertjob.validation).
+    # Elastic Horovod starts on 2 nodes or more (bertjob_api.validation).
     [("pytorchjob", 1), ("pytorchjob", 2), ("mpijob", 2), ("mpijob", 3)],
 )
 def test_an_elastic_job_renders_valid_objects(

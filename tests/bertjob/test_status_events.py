@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
-from bertjob import changes
-from bertjob import status as lifecycle
-from bertjob.crd import JobStatus
+from bertjob import changes, lifecycle
+from bertjob_api.crd import JobStatus
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 

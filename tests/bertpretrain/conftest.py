@@ -18,12 +18,12 @@ import pytest
 import torch
 from tokenizers import BertWordPieceTokenizer
 
-from bertjob.defaults import with_defaults
-from bertjob.spec import JobSpec, parse_spec
-from bertpretrain import shards
-from bertpretrain.model import BertConfig
-from bertpretrain.packing import pack_instances
-from bertpretrain.shards import read_shard
+from bertjob_api.defaults import with_defaults
+from bertjob_api.spec import JobSpec, parse_spec
+from bertpretrain.data import shards
+from bertpretrain.data.packing import pack_instances
+from bertpretrain.data.shards import read_shard
+from bertpretrain.model.bert import BertConfig
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = [
@@ -125,7 +125,7 @@ def one_thread() -> Iterator[None]:
     """Run tiny models on one intra-op thread (``pytestmark = pytest.mark.usefixtures(...)``): on
     a small shared machine a second OpenMP thread makes their steps slower, by up to hundreds of
     milliseconds when it is descheduled. ``OMP_NUM_THREADS`` keeps the xeon-cpu device setup of
-    :func:`bertpretrain.parallel.join` at one thread too (set apart from the test's own
+    :func:`bertpretrain.runtime.parallel.join` at one thread too (set apart from the test's own
     ``monkeypatch``, which a test may undo halfway)."""
     threads = torch.get_num_threads()
     with pytest.MonkeyPatch.context() as patch:

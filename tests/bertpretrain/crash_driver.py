@@ -131,7 +131,8 @@ def plant(point: str, count: int, config: Path) -> None:
     """
     import torch
 
-    from bertpretrain import engine, run
+    from bertpretrain import run
+    from bertpretrain.runtime import engine
 
     if point == "shards":
         _watch_shards(config, count)

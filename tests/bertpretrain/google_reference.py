@@ -1,6 +1,6 @@
 """Google's create_pretraining_data.py, draw for draw, on token ids: the tests' reference.
 
-``bertpretrain.instances`` and ``bertpretrain.masking`` implement the same algorithm with array
+``bertpretrain.data.instances`` and ``bertpretrain.data.masking`` implement the same algorithm with array
 operations and their own random draws; the statistical tests compare the two on a real corpus.
 This is the project's first, straightforward port (google-research/bert, Devlin et al. 2019):
 tokens are ids, the random token is a uniform id in ``[0, vocab_size)``, and ``round`` halves to
@@ -13,8 +13,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bertpretrain.instances import InstanceParams
-from bertpretrain.vocab import SpecialIds
+from bertpretrain.data.instances import InstanceParams
+from bertpretrain.data.vocab import SpecialIds
 
 Document = Sequence[Sequence[int]]
 """A document: its sentences, each a sequence of token ids."""
@@ -76,7 +76,7 @@ def create_instances_from_document(
     Random-next B segments are taken from another document of ``all_documents`` (up to 10 draws
     to find one that is not this document, as Google does). Every document must hold at least
     one sentence and every sentence at least one token, as :func:`create_training_instances`
-    and :func:`bertpretrain.vocab.tokenize_documents` ensure.
+    and :func:`bertpretrain.data.vocab.tokenize_documents` ensure.
     """
     document = all_documents[document_index]
     # [CLS], [SEP], [SEP]

@@ -30,7 +30,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from jobs import small_training_job, with_value
+from bertjob_testing.jobs import small_training_job, with_value
 
 pytestmark = pytest.mark.slow
 

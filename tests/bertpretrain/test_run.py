@@ -19,12 +19,12 @@ from safetensors.torch import load_file
 
 import bertpretrain.run
 from bertjob.cli import main as bertjob_main
-from bertpretrain.files import DISK_FULL_EXIT_CODE, DiskFullError
-from bertpretrain.loader import ShardError
-from bertpretrain.preemption import Preempted
+from bertjob_testing.jobs import small_training_job, with_value
+from bertpretrain.common.files import DISK_FULL_EXIT_CODE, DiskFullError
+from bertpretrain.data.loader import ShardError
 from bertpretrain.run import main as bertpretrain_main
-from bertpretrain.train import DivergenceError
-from jobs import small_training_job, with_value
+from bertpretrain.training.phase import DivergenceError
+from bertpretrain.training.preemption import Preempted
 
 
 def _mlm_losses(output: str, phase: int) -> list[float]:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from helm_chart import CHART, NAMESPACE, RELEASE, helm_or_skip
+from tests.helm_chart import CHART, NAMESPACE, RELEASE, helm_or_skip
 
 
 @pytest.fixture(scope="session")

@@ -16,9 +16,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from bertjob.crd import chart_template, crd
-from bertjob.metrics import PORT_ENV
-from helm_chart import (
+from bertjob.monitoring import PORT_ENV
+from bertjob_api.crd import chart_template, crd
+from bertjob_testing.jobs import REPO
+from tests.helm_chart import (
     BAD_VALUES,
     CHART,
     CI_VALUES,
@@ -34,8 +35,7 @@ from helm_chart import (
     settings,
     values_schema,
 )
-from jobs import REPO
-from k8s_schema import assert_valid
+from tests.k8s_schema import assert_valid
 
 Helm = Callable[..., subprocess.CompletedProcess[str]]
 Render = Callable[..., list[dict[str, Any]]]

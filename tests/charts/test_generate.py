@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helm_chart import CHART, helm_binary
-from jobs import REPO
+from bertjob_testing.jobs import REPO
+from tests.helm_chart import CHART, helm_binary
 
 GENERATE = REPO / "hack" / "generate-manifests.sh"
 INSTALL_HELM = REPO / "hack" / "install-helm.sh"

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from bertjob.metrics import PORT_ENV
-from helm_chart import (
+from bertjob.monitoring import PORT_ENV
+from tests.helm_chart import (
     RELEASE,
     by_key,
     chart_metadata,

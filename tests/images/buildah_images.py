@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from jobs import REPO
+from bertjob_testing.jobs import REPO
 
 BUILD = REPO / "hack" / "build-images.sh"
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]

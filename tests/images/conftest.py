@@ -16,9 +16,9 @@ import shutil
 import subprocess
 
 import pytest
-from buildah_images import BUILD, Buildah, Built, build
 
-from jobs import REPO
+from bertjob_testing.jobs import REPO
+from tests.images.buildah_images import BUILD, Buildah, Built, build
 
 
 def _why_not() -> str | None:

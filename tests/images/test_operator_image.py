@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from buildah_images import BUILD_TIMEOUT_S, Buildah, Built, Mount, volume_dir
-from kube_emulator import answers, cluster_crds, running_cluster
 
-from jobs import REPO, valid_job, with_value
-from kubeflow_env import kubeflow_condition
+from bertjob_testing.jobs import REPO, valid_job, with_value
+from bertjob_testing.kube_emulator import answers, cluster_crds, running_cluster
+from tests.images.buildah_images import BUILD_TIMEOUT_S, Buildah, Built, Mount, volume_dir
+from tests.kubeflow_env import kubeflow_condition
 
 # The first test waits for the session's image builds.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(BUILD_TIMEOUT_S + 300)]

@@ -23,7 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from buildah_images import (
+
+from bertjob.render import render
+from bertjob_api.spec import parse_job
+from bertjob_testing.jobs import small_training_job
+from bertjob_testing.kube_emulator import free_port
+from tests.images.buildah_images import (
     BUILD_TIMEOUT_S,
     Buildah,
     Built,
@@ -33,12 +38,7 @@ from buildah_images import (
     volume_dir,
     written_outside,
 )
-from kube_emulator import free_port
-
-from bertjob.render import render
-from bertjob.spec import parse_job
-from jobs import small_training_job
-from kubeflow_env import (
+from tests.kubeflow_env import (
     MPI_HOSTFILE,
     mpijob_discover_hosts,
     mpijob_hostfile,

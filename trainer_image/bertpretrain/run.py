@@ -2,14 +2,14 @@
 
 This is what every rank of the trainer container runs (``torchrun --module bertpretrain run
 --config FILE`` in a PyTorchJob, ``mpirun ... python -m bertpretrain run --config FILE`` in an
-MPIJob; :mod:`bertpretrain.world` tells which) and what ``bertjob run job.yaml`` runs on a
+MPIJob; :mod:`bertpretrain.runtime.world` tells which) and what ``bertjob run job.yaml`` runs on a
 laptop. Phase 2 starts from phase 1's final checkpoint with a fresh optimizer and schedule, as
 NVIDIA's ``run_pretraining.py --phase2`` does; both phases run in the same child job (see
 docs/design.md).
 
 Before any work, every output directory of the job is tried for writing (naming the field of a
 bad one), and rank 0 removes the temporaries that killed writers left in the checkpoint
-directories and beside the export (:mod:`bertpretrain.files`).
+directories and beside the export (:mod:`bertpretrain.common.files`).
 """
 
 from __future__ import annotations
@@ -23,12 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bertjob.defaults import resolve_model, with_defaults
-from bertjob.spec import BertPretrainJob, JobSpec, SpecError, load_job
-from bertjob.validation import check
-from bertpretrain.checkpoint import clean_temporaries, latest, phase_dir
-from bertpretrain.export import clean_staging, export_hf, fill_mask
-from bertpretrain.files import (
+from bertjob_api.defaults import resolve_model, with_defaults
+from bertjob_api.spec import BertPretrainJob, JobSpec, SpecError, load_job
+from bertjob_api.validation import check
+from bertpretrain.common.files import (
     DISK_FULL_EXIT_CODE,
     DiskFullError,
     check_writable,
@@ -36,12 +34,14 @@ from bertpretrain.files import (
     free_bytes,
     is_disk_full,
 )
-from bertpretrain.loader import verify_phases
-from bertpretrain.parallel import DataParallel, join
-from bertpretrain.preemption import Preempted, StopSignals
-from bertpretrain.prepare import VOCAB_DIR, PreparedData, prepare
-from bertpretrain.train import DivergenceError, train_phase
-from bertpretrain.world import detect_world
+from bertpretrain.data.loader import verify_phases
+from bertpretrain.data.prepare import VOCAB_DIR, PreparedData, prepare
+from bertpretrain.model.huggingface import clean_staging, export_hf, fill_mask
+from bertpretrain.runtime.parallel import DataParallel, join
+from bertpretrain.runtime.world import detect_world
+from bertpretrain.training.checkpoint import clean_temporaries, latest, phase_dir
+from bertpretrain.training.phase import DivergenceError, train_phase
+from bertpretrain.training.preemption import Preempted, StopSignals
 
 # A sentence whose answer the standard library's documentation teaches well.
 DEMO_SENTENCE = "the [MASK] statement exits a function and gives a value back to the caller."
@@ -67,9 +67,9 @@ def run_job(spec: JobSpec, finishing: StopSignals | None = None) -> JobOutputs:
         PermissionError: an output directory cannot be written (naming its field), before any work.
         FileNotFoundError, ValueError: bad corpus, vocabulary, shards or checkpoint (the message
             names the file).
-        bertpretrain.files.DiskFullError: a checkpoint or the export does not fit.
-        bertpretrain.train.DivergenceError: the loss diverged.
-        bertpretrain.preemption.Preempted: SIGTERM stopped training after a checkpoint.
+        bertpretrain.common.files.DiskFullError: a checkpoint or the export does not fit.
+        bertpretrain.training.phase.DivergenceError: the loss diverged.
+        bertpretrain.training.preemption.Preempted: SIGTERM stopped training after a checkpoint.
         RuntimeError: the requested accelerator is not available.
     """
     started = time.perf_counter()
@@ -108,7 +108,7 @@ def check_outputs(spec: JobSpec) -> None:
 
     Raises:
         PermissionError: ``"<field> <path>: cannot write there (<reason>)"``.
-        bertpretrain.files.DiskFullError: not even an empty file fits.
+        bertpretrain.common.files.DiskFullError: not even an empty file fits.
     """
     for field, path in outputs(spec):
         check_writable(field, path, parent=field == "spec.export.path")

@@ -6,7 +6,7 @@ under ``kustomize/components/``, and supplies the job's own patch (RFC 6902 oper
 patch is rendered from the jinja2 templates in ``templates/`` (StrictUndefined; every value from the
 job goes through ``tojson``), so no value can change its structure. A launcher also names the pod
 template that runs the trainer (the data-preparation Job copies it). The child's status is read
-by :mod:`bertjob.status`, the same for every launcher (Kubeflow's JobCondition list). One module
+by :mod:`bertjob.lifecycle`, the same for every launcher (Kubeflow's JobCondition list). One module
 per launcher.
 """
 
@@ -20,8 +20,8 @@ from typing import Any, Protocol
 
 import jinja2
 
-from bertjob.defaults import DEFAULT_VOLUME
-from bertjob.spec import Accelerator, JobSpec, SpecError, VolumeSpec
+from bertjob_api.defaults import DEFAULT_VOLUME
+from bertjob_api.spec import Accelerator, JobSpec, SpecError, VolumeSpec
 
 JsonPatch = list[dict[str, Any]]
 

@@ -28,7 +28,7 @@ from bertjob.launchers import (
     json_pointer,
     pod_context,
 )
-from bertjob.spec import Accelerator, ElasticSpec, JobSpec
+from bertjob_api.spec import Accelerator, ElasticSpec, JobSpec
 
 # Names and commands of kustomize/base/mpijob.yaml and the accelerator components; the patch tests
 # the container names, and tests/bertjob/test_kustomize.py checks that the base runs the same

@@ -30,7 +30,7 @@ from bertjob.launchers import (
     json_pointer,
     pod_context,
 )
-from bertjob.spec import ElasticSpec, JobSpec
+from bertjob_api.spec import ElasticSpec, JobSpec
 
 # The container name in kustomize/base/pytorchjob.yaml; the patch first tests that it is there.
 CONTAINER = "pytorch"

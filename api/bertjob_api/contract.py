@@ -1,0 +1,87 @@
+"""What the operator, the trainer and the manifests must agree on, each written once.
+
+The operator renders pods that mount these volumes at these paths and set these variables; the
+trainer reads them there and exits with these codes, which the children's ``restartPolicy`` and
+``podFailurePolicy`` act on; the trainer patches these status fields, which the CRD declares. The
+kustomize YAML keeps its own literals (it is usable by hand), and ``tests/bertjob_api/
+test_contract.py`` checks them against this module. As Kubeflow's SDK keeps its ``constants.py``.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Final
+
+# The custom resource.
+GROUP: Final = "bertjob.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "BertPretrainJob"
+PLURAL: Final = "bertpretrainjobs"
+
+
+def job_path(namespace: str, name: str) -> str:
+    """The API server's path of one BertPretrainJob, e.g.
+    ``/apis/bertjob.dev/v1alpha1/namespaces/default/bertpretrainjobs/demo``."""
+    return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
+
+
+def status_path(namespace: str, name: str) -> str:
+    """The path of a BertPretrainJob's status subresource, which the operator and the trainer's
+    progress reports patch."""
+    return job_path(namespace, name) + "/status"
+
+
+# The job file: a ConfigMap key, mounted into every trainer pod by the volume JOB_CONFIG_VOLUME.
+JOB_FILE: Final = "job.yaml"
+CONFIG_DIR: Final = "/etc/bertjob"
+JOB_PATH: Final = f"{CONFIG_DIR}/{JOB_FILE}"
+
+# The trainer pod's volumes (kustomize/base/trainer-pod.yaml): the job file, the scratch volume a
+# job's volume of the same name replaces, and the shared memory that DataLoader workers and NCCL use.
+JOB_CONFIG_VOLUME: Final = "job-config"
+DATA_VOLUME: Final = "data"
+DATA_MOUNT_PATH: Final = "/data"
+SHM_VOLUME: Final = "dshm"
+SHM_MOUNT_PATH: Final = "/dev/shm"
+TMP_VOLUME: Final = "tmp"
+TMP_MOUNT_PATH: Final = "/tmp"
+# Volume names a job's own volumes may not take, with where the base mounts them.
+RESERVED_VOLUMES: Final = {
+    JOB_CONFIG_VOLUME: CONFIG_DIR,
+    SHM_VOLUME: SHM_MOUNT_PATH,
+    TMP_VOLUME: TMP_MOUNT_PATH,
+}
+
+# The trainer container's name in every pod the operator renders.
+TRAINER_CONTAINER: Final = "trainer"
+
+# The trainer's entry point and its commands: `python -m bertpretrain <command> --config JOB_PATH`.
+TRAINER_MODULE: Final = "bertpretrain"
+LAUNCH_MODULE: Final = "bertpretrain.launch"
+PREPARE_COMMAND: Final = "prepare"
+RUN_COMMAND: Final = "run"
+
+# Set by the operator in every trainer pod, so that the trainer can report its progress.
+NAME_ENV: Final = "BERTJOB_NAME"
+NAMESPACE_ENV: Final = "BERTJOB_NAMESPACE"
+
+# The trainer's exit codes. Kubeflow's `restartPolicy: ExitCode` restarts on 128-255 only, and the
+# data Job's podFailurePolicy fails at once on the codes a retry would not mend.
+EXIT_SUCCESS: Final = 0
+EXIT_FAILURE: Final = 1  # bad data, a diverged loss, a missing accelerator: a retry would not mend it
+EXIT_INVALID_JOB: Final = 2  # the job file does not pass validation
+EXIT_PREEMPTED: Final = 128 + signal.SIGTERM  # 143: SIGTERM after a checkpoint; restart resumes
+# Above 128 + 64 (SIGRTMAX), so no signal's death reads the same (unlike 137 for SIGKILL or 143 for
+# SIGTERM); retried, since a volume can be grown.
+EXIT_DISK_FULL: Final = 200
+PERMANENT_EXIT_CODES: Final = (EXIT_FAILURE, EXIT_INVALID_JOB)
+RETRYABLE_EXIT_CODES: Final = (EXIT_PREEMPTED, EXIT_DISK_FULL)
+
+# `status.progress`: the trainer's log values that it patches, by the status field that holds them
+# (declared by bertjob_api.crd.Progress), besides phase, step, totalSteps and updateTime.
+PROGRESS_FIELDS: Final = {
+    "loss": "loss",
+    "mlm_accuracy": "mlmAccuracy",
+    "sequences_per_second": "sequencesPerSecond",
+}

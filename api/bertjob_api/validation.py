@@ -1,0 +1,324 @@
+"""Checks across fields of a schema-valid spec (what the CRD schema cannot express).
+
+Modelled on the training operator's ``pytorch_validation.go``/``mpi_validation.go``: each check
+names the field at fault in its YAML spelling, so a user or a status condition can point at it.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+from typing import Any
+
+from bertjob_api import kubenames, passthrough
+from bertjob_api.contract import RESERVED_VOLUMES
+from bertjob_api.defaults import batch_split_problem, resolve_model, volumes, with_defaults
+from bertjob_api.spec import BertPretrainJob, JobSpec, SpecError
+
+# Volumes the base pod template mounts itself (kustomize/base): a job volume may not take their names.
+TOLERATION_OPERATORS = ("Exists", "Equal")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def problems(spec: JobSpec, training: bool = True) -> list[tuple[str, str]]:
+    """Every cross-field problem of ``spec`` (run on the output of ``with_defaults``), as
+    ``(field path, message)`` pairs; empty when the spec is consistent. ``training=False``
+    checks the spec for the data stage alone (``python -m bertpretrain prepare``)."""
+    found: list[tuple[str, str]] = []
+    world_size = spec.topology.world_size
+    dims = resolve_model(spec.model)
+
+    if dims.hidden_size % dims.num_attention_heads:
+        found.append(
+            (
+                "spec.model.numAttentionHeads",
+                f"hidden size {dims.hidden_size} is not divisible by {dims.num_attention_heads} heads",
+            )
+        )
+
+    data = spec.data
+    if data.num_shards is not None and data.max_shard_mb is not None:
+        found.append(("spec.data.maxShardMB", "set numShards or maxShardMB, not both"))
+    if data.packing != "none" and data.masking == "dynamic":
+        found.append(
+            ("spec.data.packing", "packing needs static masking: packs are made of masked instances")
+        )
+    if spec.model.init_from is not None and data.vocab.file is None:
+        found.append(
+            (
+                "spec.data.vocab.file",
+                "model.initFrom continues a Hugging Face model, which needs its own vocabulary: "
+                "set file to its vocab.txt",
+            )
+        )
+    if training and spec.evaluation.every_steps is not None and data.heldout_fraction == 0:
+        found.append(
+            (
+                "spec.evaluation.everySteps",
+                "evaluation needs held-out shards: set spec.data.heldoutFraction above 0",
+            )
+        )
+
+    for index, phase in enumerate(spec.phases):
+        where = f"spec.phases[{index}]"
+        problem = batch_split_problem(phase, world_size)
+        if problem is not None:
+            found.append((f"{where}.globalBatchSize", problem))
+        if phase.max_seq_length > dims.max_position_embeddings:
+            found.append(
+                (
+                    f"{where}.maxSeqLength",
+                    f"{phase.max_seq_length} exceeds the model's maxPositionEmbeddings "
+                    f"{dims.max_position_embeddings}",
+                )
+            )
+    if len(spec.phases) == 2 and spec.phases[1].max_seq_length < spec.phases[0].max_seq_length:
+        found.append(("spec.phases[1].maxSeqLength", "phase 2 must not use shorter sequences than phase 1"))
+    return found + _distributed_problems(spec)
+
+
+def _distributed_problems(spec: JobSpec) -> list[tuple[str, str]]:
+    """What the launcher cannot run: a compression Horovod lacks, an elastic range that leaves out
+    the starting node count, elastic MPI without horovodrun or on one node."""
+    found: list[tuple[str, str]] = []
+    if spec.launcher == "mpijob" and spec.distributed.gradient_compression == "bf16":
+        found.append(
+            (
+                "spec.distributed.gradientCompression",
+                "bf16 is not available under launcher mpijob: Horovod compresses to fp16 only "
+                "(use fp16 or none, or launcher pytorchjob)",
+            )
+        )
+    elastic = spec.elastic
+    if elastic is None:
+        return found
+    nodes = spec.topology.nodes
+    if nodes < elastic.min_nodes:
+        found.append(
+            ("spec.elastic.minNodes", f"{elastic.min_nodes} is more than the {nodes} nodes of spec.topology")
+        )
+    if nodes > elastic.max_nodes:
+        found.append(
+            ("spec.elastic.maxNodes", f"{elastic.max_nodes} is fewer than the {nodes} nodes of spec.topology")
+        )
+    if spec.launcher == "mpijob" and spec.mpi.command != "horovodrun":
+        found.append(
+            (
+                "spec.mpi.command",
+                f"elastic training under launcher mpijob needs horovodrun (elastic Horovod), not "
+                f"{spec.mpi.command}",
+            )
+        )
+    if spec.launcher == "mpijob" and nodes < 2:
+        # horovodrun finds the network interface its hosts share by comparing two of them.
+        found.append(
+            (
+                "spec.topology.nodes",
+                "elastic Horovod starts on at least 2 nodes (it compares two hosts' network interfaces); "
+                "set nodes to 2 or more, or use launcher pytorchjob",
+            )
+        )
+    return found
+
+
+def cluster_problems(spec: JobSpec) -> list[tuple[str, str]]:
+    """What only matters when the job runs as pods (not for ``bertjob run`` on this machine):
+    volume names and mount paths, and every path the job writes lying on a writable volume, so
+    that shards and checkpoints outlive the container and are visible to every rank."""
+    found: list[tuple[str, str]] = []
+    seen: dict[str, int] = {}
+    for index, volume in enumerate(spec.volumes):
+        where = f"spec.volumes[{index}]"
+        found += _volume_source_problems(volume.source, volume.name, f"{where}.source")
+        if volume.name in RESERVED_VOLUMES:
+            found.append(
+                (f"{where}.name", f"{volume.name} is the operator's own volume; choose another name")
+            )
+        if volume.name in seen:
+            found.append((f"{where}.name", f"{volume.name} is also spec.volumes[{seen[volume.name]}]"))
+        seen.setdefault(volume.name, index)
+        if PurePosixPath(volume.mount_path) in {PurePosixPath(path) for path in RESERVED_VOLUMES.values()}:
+            found.append(
+                (f"{where}.mountPath", f"{volume.mount_path} is where the operator mounts its own volume")
+            )
+    writable = [PurePosixPath(volume.mount_path) for volume in volumes(spec) if not volume.read_only]
+    outputs = {
+        "spec.data.shards": spec.data.shards,
+        "spec.checkpoint.path": spec.checkpoint.path,
+        "spec.export.path": spec.export.path,
+        "spec.logging.path": spec.logging.path,
+    }
+    for field, path in outputs.items():
+        if path is None:
+            continue
+        if not path.startswith("/"):
+            found.append((field, f"{kubenames.printable(path)} must be an absolute path in the container"))
+        elif not any(PurePosixPath(path).is_relative_to(mount) for mount in writable):
+            mounts = ", ".join(kubenames.printable(str(mount), 60) for mount in writable) or "none"
+            found.append(
+                (
+                    field,
+                    f"{kubenames.printable(path)} is on no writable volume (mounted: {mounts}); add one to "
+                    "spec.volumes",
+                )
+            )
+    return found + pod_problems(spec)
+
+
+def pod_problems(spec: JobSpec) -> list[tuple[str, str]]:
+    """What the API server would refuse in the objects ``spec.pod`` passes through to the pods as
+    written (affinity, tolerations, env, securityContext: :mod:`bertjob_api.passthrough`), with its
+    own checks the schema lacks: environment variable names, tolerations' operators and effects,
+    and nodeSelector's label keys."""
+    pod = spec.pod
+    found: list[tuple[str, str]] = []
+    for key in pod.node_selector:
+        problem = kubenames.qualified_name_problem(key)
+        if problem is not None:
+            found.append(("spec.pod.nodeSelector", problem))
+    if pod.affinity is not None:
+        found += passthrough.problems(pod.affinity, "Affinity", "spec.pod.affinity")
+    if pod.security_context is not None:
+        found += passthrough.problems(pod.security_context, "PodSecurityContext", "spec.pod.securityContext")
+    for index, env in enumerate(pod.env):
+        where = f"spec.pod.env[{index}]"
+        schema = passthrough.problems(env, "EnvVar", where)
+        found += schema
+        if not schema and (problem := kubenames.env_var_name_problem(env["name"])) is not None:
+            found.append((f"{where}.name", problem))
+    for index, toleration in enumerate(pod.tolerations):
+        where = f"spec.pod.tolerations[{index}]"
+        schema = passthrough.problems(toleration, "Toleration", where)
+        found += schema or _toleration_problems(toleration, where)
+    return found
+
+
+def _toleration_problems(toleration: dict[str, Any], where: str) -> list[tuple[str, str]]:
+    """The API server's checks of a schema-valid toleration (its validateTolerations)."""
+    found: list[tuple[str, str]] = []
+    key, value = toleration.get("key", ""), toleration.get("value", "")
+    operator, effect = toleration.get("operator", "Equal"), toleration.get("effect", "")
+    if key and (problem := kubenames.qualified_name_problem(key)) is not None:
+        found.append((f"{where}.key", problem))
+    if operator not in TOLERATION_OPERATORS:
+        found.append((f"{where}.operator", f"{kubenames.shown(operator)} is not Exists or Equal"))
+    elif not key and operator != "Exists":
+        found.append((f"{where}.operator", "must be Exists when key is empty (a toleration of every taint)"))
+    elif operator == "Exists" and value:
+        found.append((f"{where}.value", "must be empty when operator is Exists"))
+    elif operator == "Equal" and (problem := kubenames.label_value_problem(value)) is not None:
+        found.append((f"{where}.value", problem))
+    if effect and effect not in TAINT_EFFECTS:
+        found.append(
+            (f"{where}.effect", f"{kubenames.shown(effect)} is not one of {', '.join(TAINT_EFFECTS)}")
+        )
+    return found
+
+
+def _volume_source_problems(source: dict[str, Any], name: str, where: str) -> list[tuple[str, str]]:
+    """A volume source is one Kubernetes volume type, without the volume's own name."""
+    if "name" in source:
+        # It would replace the volume's name in the pod and slip past the reserved-name check.
+        return [
+            (
+                f"{where}.name",
+                f"a volume's name is {where.removesuffix('.source')}.name; a source has none of its own",
+            )
+        ]
+    found = passthrough.problems({"name": name, **source}, "Volume", where)
+    if not found and len(source) != 1:
+        types = ", ".join(map(str, source)) or "none"
+        found.append(
+            (
+                where,
+                f"must hold exactly one volume type, such as persistentVolumeClaim or emptyDir "
+                f"(found: {types})",
+            )
+        )
+    return found
+
+
+# Names the children and the Kubeflow operators make from the job's: a Job's name is a label value,
+# and a Service's (one per Kubeflow pod) a DNS-1035 label, so each is at most 63 characters.
+def derived_names(job: BertPretrainJob) -> dict[str, str]:
+    """The names made from the job's that must be DNS labels, each with what it names."""
+    name, spec = job.metadata.name, job.spec
+    names = {f"{name}-prepare": "the data-preparation Job"} if spec.prepare.enabled else {}
+    workers = max(spec.topology.nodes, spec.elastic.max_nodes if spec.elastic else 0)
+    if spec.launcher == "mpijob":
+        names[f"{name}-launcher"] = "mpi-operator's launcher Job"
+        names[f"{name}-worker-{workers - 1}"] = "mpi-operator's last Worker pod"
+    else:
+        if spec.elastic is None:
+            names[f"{name}-master-0"] = "the training operator's Master Service"
+            workers -= 1
+        if workers > 0:
+            names[f"{name}-worker-{workers - 1}"] = "the training operator's last Worker Service"
+    return names
+
+
+def metadata_problems(job: BertPretrainJob) -> list[tuple[str, str]]:
+    """What the API server would refuse in ``metadata`` (Kubernetes' ObjectMeta: its schema,
+    label keys and values, annotation keys), and a name too long (:func:`name_problems`)."""
+    meta = job.metadata
+    document = {"name": meta.name, "namespace": meta.namespace, **(meta.model_extra or {})}
+    found = passthrough.problems(document, "ObjectMeta", "metadata")
+    if found:
+        return found
+    for field in ("labels", "annotations"):
+        for key, value in document.get(field, {}).items():
+            problem = kubenames.qualified_name_problem(key)
+            if problem is None and field == "labels":
+                problem = kubenames.label_value_problem(value)
+            if problem is not None:
+                found.append((kubenames.field_path(f"metadata.{field}", [key]), problem))
+    return found + name_problems(job)
+
+
+def name_problems(job: BertPretrainJob) -> list[tuple[str, str]]:
+    """``metadata.name`` too long for a name made from it (:func:`derived_names`)."""
+    name = job.metadata.name
+    over = [
+        f"{derived} ({what})"
+        for derived, what in derived_names(job).items()
+        if len(derived) > kubenames.MAX_LABEL
+    ]
+    if not over:
+        return []
+    longest = max(len(derived) - len(name) for derived in derived_names(job))
+    return [
+        (
+            "metadata.name",
+            f"{len(name)} characters is too long for the names made from it, which would exceed "
+            f"{kubenames.MAX_LABEL}: {', '.join(over)}; use at most {kubenames.MAX_LABEL - longest}",
+        )
+    ]
+
+
+def check(spec: JobSpec, source: str = "<spec>", training: bool = True, cluster: bool = False) -> JobSpec:
+    """Return ``spec`` unchanged if it is consistent (``training``: see :func:`problems`;
+    ``cluster``: also :func:`cluster_problems`, as the operator checks it).
+
+    Raises:
+        SpecError: listing every problem found.
+    """
+    found = problems(spec, training) + (cluster_problems(spec) if cluster else [])
+    if found:
+        raise SpecError(source, found)
+    return spec
+
+
+def cluster_job(job: BertPretrainJob, source: str = "<job>") -> BertPretrainJob:
+    """``job`` as the operator runs it: its spec with :func:`bertjob_api.defaults.with_defaults`
+    applied, after every check (:func:`problems` and :func:`cluster_problems`).
+
+    Raises:
+        SpecError: listing every problem found.
+    """
+    problems = metadata_problems(job)
+    try:
+        spec = check(with_defaults(job.spec), source, cluster=True)
+    except SpecError as error:
+        raise SpecError(source, problems + error.problems) from None
+    if problems:
+        raise SpecError(source, problems)
+    return job.model_copy(update={"spec": spec})

@@ -1,0 +1,301 @@
+"""A BertPretrainJob's status as pure functions: where each observation moves the job.
+
+The handlers read the job and its children, call these functions, and write back only the status
+fields that changed (:func:`status_patch`), never ``progress``, which belongs to the trainer.
+An Event is recorded in the status (:func:`record`), in the same patch as the change it reports,
+and posted from there, so that it follows from the state even when the operator dies in between.
+
+Phases: ``Pending`` (children created, nothing running yet), ``Preparing`` (the data Job runs),
+``Running``, ``Suspended`` (exactly while ``spec.runPolicy.suspend`` is true), ``Succeeded`` and
+``Failed``. The last two are final, except that a job failed for an invalid spec is rendered again
+when the user fixes the spec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal, get_args
+
+import pydantic
+
+from bertjob_api.crd import ChildRef, Condition, ConditionType, JobStatus, PendingEvent, Phase
+
+TERMINAL_PHASES = ("Succeeded", "Failed")
+# Kubeflow's JobCondition types (PyTorchJob and MPIJob alike) that are copied into the job's own.
+MIRRORED = ("Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
+# Kubernetes caps an Event's message at 1 KiB; a condition's message is kept as short.
+MESSAGE_LIMIT = 1024
+# Status fields that someone other than the operator writes.
+FOREIGN_FIELDS = ("progress",)
+# Kubernetes caps an object's name at 253 characters (a DNS subdomain).
+NAME_LIMIT = 253
+
+PrepareOutcome = Literal["Complete", "Failed"]
+
+
+@dataclass(frozen=True)
+class Transition:
+    """An Event about the job (a phase change, a failure, a refused spec change): ``type`` is
+    ``Normal`` or ``Warning``, ``reason`` CamelCase."""
+
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+def now() -> datetime:
+    """The current time in UTC, in whole seconds as Kubernetes timestamps have them."""
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+def of(obj: Mapping[str, Any]) -> JobStatus:
+    """The status of a BertPretrainJob as read from the API server; a status this operator did not
+    write (hand-edited, or of an older shape) reads as empty rather than stopping the operator."""
+    try:
+        return JobStatus.model_validate(obj.get("status") or {})
+    except pydantic.ValidationError:
+        return JobStatus()
+
+
+def dump(status: JobStatus) -> dict[str, Any]:
+    """``status`` as the JSON the API server holds (camelCase, unset fields left out)."""
+    return status.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def status_patch(old: JobStatus, new: JobStatus) -> dict[str, Any]:
+    """The JSON merge patch of ``status`` that takes ``old`` to ``new``: only top-level fields
+    that differ (``None`` deletes one), and never those that the trainer writes. A field that is a
+    map (``pendingEvents``) is patched key by key, so that two writers adding keys keep both."""
+    before, after = dump(old), dump(new)
+    return {
+        key: _diff(before.get(key), after.get(key))
+        for key in sorted(before.keys() | after.keys())
+        if key not in FOREIGN_FIELDS and before.get(key) != after.get(key)
+    }
+
+
+def _diff(before: object, after: object) -> object:
+    if not (isinstance(before, dict) and isinstance(after, dict)):
+        return after
+    keys = sorted(before.keys() | after.keys())
+    return {key: after.get(key) for key in keys if before.get(key) != after.get(key)}
+
+
+def short(message: str) -> str:
+    """``message`` cut to what an Event or a condition may hold."""
+    return message if len(message) <= MESSAGE_LIMIT else message[: MESSAGE_LIMIT - 3] + "..."
+
+
+def with_condition(status: JobStatus, condition: Condition) -> JobStatus:
+    """``status`` with ``condition`` replacing any earlier one of its type. An unchanged condition
+    keeps its ``lastTransitionTime``, as Kubernetes conditions do."""
+    for existing in status.conditions:
+        if existing.type == condition.type and (existing.status, existing.reason, existing.message) == (
+            condition.status,
+            condition.reason,
+            condition.message,
+        ):
+            return status
+    kept = [existing for existing in status.conditions if existing.type != condition.type]
+    return status.model_copy(update={"conditions": [*kept, condition]})
+
+
+def condition(
+    type_: ConditionType, reason: str, message: str, at: datetime, status: bool = True
+) -> Condition:
+    """A condition of ``type_`` that became ``status`` at ``at``."""
+    return Condition(
+        type=type_,
+        status="True" if status else "False",
+        reason=reason,
+        message=short(message),
+        last_transition_time=at,
+    )
+
+
+def moved(status: JobStatus, phase: Phase, at: datetime) -> JobStatus:
+    """``status`` in ``phase``; a final phase records its completion time."""
+    completion = at if phase in TERMINAL_PHASES and status.phase not in TERMINAL_PHASES else None
+    return status.model_copy(update={"phase": phase, "completion_time": completion or status.completion_time})
+
+
+def failed(status: JobStatus, reason: str, message: str, at: datetime) -> JobStatus:
+    """``status`` Failed for ``reason`` (e.g. InvalidSpec, with the fields named in ``message``)."""
+    return moved(with_condition(status, condition("Failed", reason, message, at)), "Failed", at)
+
+
+def launched(
+    status: JobStatus,
+    *,
+    children: Sequence[ChildRef],
+    config_map: str | None,
+    preparing: bool,
+    suspended: bool,
+    generation: int | None,
+    at: datetime,
+) -> JobStatus:
+    """``status`` once the job's children (all of them, or all but the training child while the
+    data Job runs first) exist. Clears what a failed render of an earlier generation left."""
+    names = ", ".join(f"{child.kind} {child.name}" for child in children)
+    kept = [c for c in status.conditions if c.type not in ("Failed", "SpecChangeRefused")]
+    fresh = status.model_copy(update={"conditions": kept, "completion_time": None, "phase": None})
+    fresh = with_condition(fresh, condition("Created", "ChildrenCreated", f"Created {names}", at))
+    if preparing:
+        fresh = with_condition(fresh, condition("Preparing", "PrepareJobCreated", "Preparing the data", at))
+    phase: Phase = "Suspended" if suspended else ("Preparing" if preparing else "Pending")
+    return moved(fresh, phase, at).model_copy(
+        update={
+            "children": list(children),
+            "config_map": config_map,
+            "start_time": status.start_time or at,
+            "observed_generation": generation,
+        }
+    )
+
+
+def prepare_outcome(job_status: Mapping[str, Any]) -> tuple[PrepareOutcome, str, str] | None:
+    """A batch/v1 Job's final outcome from its conditions, as ``(outcome, reason, message)``;
+    None while it runs."""
+    for item in job_status.get("conditions") or []:
+        if (
+            isinstance(item, Mapping)
+            and item.get("status") == "True"
+            and item.get("type") in get_args(PrepareOutcome)
+        ):
+            return item["type"], str(item.get("reason") or item["type"]), str(item.get("message") or "")
+    return None
+
+
+def prepared(
+    status: JobStatus, training_child: ChildRef, reason: str, message: str, suspended: bool, at: datetime
+) -> JobStatus:
+    """``status`` once the data Job completed and the training child was created."""
+    updated = with_condition(
+        status, condition("Preparing", "PrepareJobCompleted", "Data prepared", at, False)
+    )
+    updated = with_condition(updated, condition("Prepared", reason, message or "The data Job completed", at))
+    children = [child for child in updated.children if child != training_child]
+    updated = updated.model_copy(update={"children": [*children, training_child]})
+    if updated.phase in TERMINAL_PHASES:
+        return updated
+    return moved(updated, "Suspended" if suspended else "Pending", at)
+
+
+def child_conditions(child_status: Mapping[str, Any], at: datetime) -> list[Condition]:
+    """A Kubeflow training job's conditions of the mirrored types, as the job's own; a missing or
+    malformed ``lastTransitionTime`` reads as ``at``."""
+    found = []
+    for item in child_status.get("conditions") or []:
+        if not isinstance(item, Mapping) or item.get("type") not in MIRRORED:
+            continue
+        truth = item.get("status")
+        try:
+            since = pydantic.TypeAdapter(datetime).validate_python(item.get("lastTransitionTime"))
+        except pydantic.ValidationError:
+            since = at
+        found.append(
+            Condition(
+                type=item["type"],
+                status=truth if truth in ("True", "False") else "Unknown",
+                reason=str(item.get("reason") or item["type"]),
+                message=short(str(item.get("message") or "")),
+                last_transition_time=since,
+            )
+        )
+    return found
+
+
+def child_phase(conditions: Sequence[Condition]) -> Phase | None:
+    """The phase a training child's conditions put the job in: an outcome wins over Running
+    (Restarting counts as Running), Running over Created; None before Kubeflow has written any."""
+    true = {item.type for item in conditions if item.status == "True"}
+    for types, phase in (
+        (("Succeeded",), "Succeeded"),
+        (("Failed",), "Failed"),
+        (("Running", "Restarting"), "Running"),
+        (("Created",), "Pending"),
+    ):
+        if true.intersection(types):
+            return phase  # type: ignore[return-value]
+    return None
+
+
+def follow_child(
+    status: JobStatus, conditions: Sequence[Condition], suspended: bool, at: datetime
+) -> JobStatus:
+    """``status`` after the training child reported ``conditions``. The phase is the child's,
+    except that a suspended job stays Suspended until it ends; a finished job no longer moves."""
+    if status.phase in TERMINAL_PHASES:
+        return status
+    updated = status
+    for item in conditions:
+        updated = with_condition(updated, item)
+    phase = child_phase(conditions)
+    if phase in TERMINAL_PHASES or (phase is not None and not suspended):
+        return moved(updated, phase, at)
+    return updated
+
+
+def suspension(status: JobStatus, suspended: bool, has_training_child: bool, at: datetime) -> JobStatus:
+    """``status`` after ``spec.runPolicy.suspend`` changed to ``suspended``. Resuming goes back to
+    Preparing while the data Job has not finished, else to Pending until the child runs again."""
+    if status.phase in TERMINAL_PHASES:
+        return status
+    if suspended:
+        updated = with_condition(
+            status, condition("Suspended", "SuspendedByUser", "spec.runPolicy.suspend", at)
+        )
+        return moved(updated, "Suspended", at)
+    updated = with_condition(
+        status, condition("Suspended", "ResumedByUser", "spec.runPolicy.suspend", at, status=False)
+    )
+    return moved(updated, "Pending" if has_training_child else "Preparing", at)
+
+
+def spec_change(
+    status: JobStatus, refused: Sequence[str], why: str, generation: int | None, at: datetime
+) -> JobStatus:
+    """``status`` after a spec change: ``refused`` names the fields that were not applied (``why``
+    says why), and SpecChangeRefused turns False once a change is applied whole."""
+    if refused:
+        message = f"{why}: {', '.join(refused)}"
+        updated = with_condition(status, condition("SpecChangeRefused", "UnsafeChange", message, at))
+    elif any(item.type == "SpecChangeRefused" for item in status.conditions):
+        updated = with_condition(
+            status,
+            condition("SpecChangeRefused", "ChangeApplied", "the latest spec change was applied", at, False),
+        )
+    else:
+        updated = status
+    return updated.model_copy(update={"observed_generation": generation})
+
+
+def event_name(job_name: str, stamp_ns: int) -> str:
+    """The name an Event about the job is posted under: the job's name and ``stamp_ns``
+    (nanoseconds since the epoch, in hex), as Kubernetes names its own Events, cut to fit a name."""
+    suffix = f".{stamp_ns:x}"
+    return job_name[: NAME_LIMIT - len(suffix)].rstrip("-.") + suffix
+
+
+def record(status: JobStatus, events: Mapping[str, Transition], at: datetime) -> JobStatus:
+    """``status`` with ``events`` (by the names they are to be posted under) waiting to be posted."""
+    pending = dict(status.pending_events)
+    for name, event in events.items():
+        pending[name] = PendingEvent(type=event.type, reason=event.reason, message=event.message, time=at)
+    return status.model_copy(update={"pending_events": pending})
+
+
+def transition(old: JobStatus, new: JobStatus) -> Transition | None:
+    """The Event for a phase change from ``old`` to ``new`` (None if the phase did not change): a
+    warning named after the failure's reason for Failed, else one named after the new phase."""
+    if new.phase is None or new.phase == old.phase:
+        return None
+    cause = next((item for item in new.conditions if item.type == new.phase and item.status == "True"), None)
+    message = f"{old.phase or 'New'} -> {new.phase}" + (
+        f": {cause.message}" if cause and cause.message else ""
+    )
+    if new.phase == "Failed":
+        return Transition("Warning", cause.reason if cause else "Failed", short(message))
+    return Transition("Normal", new.phase, short(message))

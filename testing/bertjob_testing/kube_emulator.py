@@ -1,0 +1,487 @@
+"""A Kubernetes API on 127.0.0.1 (kmock's emulator) with the operator running against it.
+
+Shared by the end-to-end tests and ``benchmarks/operator_load.py``. :func:`running_cluster` serves
+the emulator from a thread, declares the resources of the given CRDs, and runs ``kopf run
+--standalone -A -m bertjob.handlers`` as a subprocess whose kubeconfig points at it; the caller
+talks to the same emulator through the kubernetes client, as ``kubectl`` would. The operator's
+requests are told from the caller's by their bearer token and recorded, for the RBAC check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import itertools
+import os
+import queue
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp.web
+import attrs
+import kmock
+import pytest
+import yaml
+from kmock._internal import parsing
+from kubernetes.client import ApiClient, CustomObjectsApi
+from kubernetes.config import new_client_from_config
+
+from bertjob_api import crd as bertjob_crd
+from bertjob_api.spec import GROUP, PLURAL, VERSION
+
+WAIT_S = 30
+# Kubeflow's CRDs live in the shared checkout beside the repository, not in it.
+UPSTREAM_CRDS = Path(__file__).resolve().parents[3] / "shared" / "upstream-crds"
+KUBEFLOW_CRD_FILES = {"pytorchjob": "kubeflow.org_pytorchjobs.yaml", "mpijob": "kubeflow.org_mpijobs.yaml"}
+OPERATOR_TOKEN = "operator-token"
+# kmock keeps every request for assertions, and matches each new request to its reactions by
+# scanning them all, so a long session slows quadratically. The tests assert on ApiServer.calls
+# instead; the emulator keeps this many recent requests, plenty for those still being matched.
+KEPT_REQUESTS = 64
+T = TypeVar("T")
+
+# Built-in kinds the operator touches: (group/version/plural, kind, namespaced).
+BUILTIN = [
+    ("v1/namespaces", "Namespace", False),
+    ("apiextensions.k8s.io/v1/customresourcedefinitions", "CustomResourceDefinition", False),
+    ("v1/configmaps", "ConfigMap", True),
+    ("v1/serviceaccounts", "ServiceAccount", True),
+    ("v1/events", "Event", True),
+    ("rbac.authorization.k8s.io/v1/roles", "Role", True),
+    ("rbac.authorization.k8s.io/v1/rolebindings", "RoleBinding", True),
+    ("batch/v1/jobs", "Job", True),
+]
+VERBS = {"create", "get", "list", "watch", "patch", "update", "delete"}
+
+
+_parse_path = parsing.parse_path
+
+
+def _parse_path_with_namespaces(path: str) -> parsing.ParsedPath:
+    # kmock 0.8 reads /api/v1/namespaces[/NAME] as the prefix of a namespaced path and fails
+    # (ValueError); kopf lists and watches namespaces when it serves named ones (--namespace).
+    parts = path.strip("/").split("/")
+    if parts[:3] == ["api", "v1", "namespaces"] and len(parts) <= 4:
+        return parsing.ParsedPath("", "v1", "namespaces", None, parts[3] if len(parts) == 4 else None, None)
+    return _parse_path(path)
+
+
+parsing.parse_path = _parse_path_with_namespaces
+
+
+def cluster_crds(
+    launchers: Iterable[str] = tuple(KUBEFLOW_CRD_FILES), ours: bool = True
+) -> list[dict[str, Any]]:
+    """The CRDs of a cluster to run the operator against: ours (generated from the spec) unless
+    ``ours`` is false, and the upstream Kubeflow CRD of each of ``launchers`` (``spec.launcher``
+    values) from ``../shared/upstream-crds``.
+
+    Raises:
+        pytest.skip.Exception: an upstream CRD file is absent (shared/ is not beside the repo).
+    """
+    crds = [bertjob_crd.crd()] if ours else []
+    for launcher in launchers:
+        path = UPSTREAM_CRDS / KUBEFLOW_CRD_FILES[launcher]
+        if not path.is_file():
+            pytest.skip(f"{path} is absent: the upstream Kubeflow CRDs are not checked out beside the repo")
+        crds.append(yaml.safe_load(path.read_text()))
+    return crds
+
+
+class WaitTimeoutError(AssertionError):
+    """A bounded wait ran out (the message carries the operator's log tail)."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request the operator made: HTTP method, API group, resource, subresource, whether it
+    named an object and asked to watch, and its namespace (None for a cluster-wide request)."""
+
+    method: str
+    group: str
+    resource: str
+    subresource: str | None
+    named: bool
+    watch: bool
+    namespace: str | None = None
+
+
+@attrs.define(kw_only=True)
+class ApiServer(kmock.KubernetesEmulator):
+    """kmock's emulator plus what a real API server does on every write: metadata (uid,
+    resourceVersion, generation bumped by spec changes, creationTimestamp), 201 for a create, and
+    the garbage collector deleting the dependents of a deleted owner."""
+
+    _versions: Iterator[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
+    calls: list[Call] = attrs.field(factory=list, init=False)
+
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        del self._requests[:-KEPT_REQUESTS]
+        if request.resource is not None:
+            self._record(request)
+        if request.resource is not None and isinstance(request.data, dict):
+            meta = request.data.setdefault("metadata", {})
+            meta["resourceVersion"] = str(next(self._versions))
+            if request.action == kmock.action.CREATE:
+                if "name" not in meta and "generateName" in meta:
+                    meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+                if request.namespace:
+                    meta.setdefault("namespace", request.namespace)
+                meta.setdefault("uid", str(uuid.uuid4()))
+                meta.setdefault("generation", 1)
+                now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+                meta.setdefault("creationTimestamp", now.isoformat().replace("+00:00", "Z"))
+            elif (
+                request.action == kmock.action.UPDATE
+                and request.subresource is None
+                and "spec" in request.data
+            ):
+                existing = self._stored(request)
+                meta["generation"] = int((existing or {}).get("metadata", {}).get("generation", 1)) + 1
+        doomed = self._stored(request) if request.action == kmock.action.DELETE else None
+        response = await super()._handle(request)
+        if request.action == kmock.action.CREATE and response.status == 200 and not response.prepared:
+            response.set_status(201)  # the kubernetes client reads no body from a 200 to a POST
+        if doomed is not None and response.status < 300:
+            await self._collect_garbage(str(doomed.get("metadata", {}).get("uid")))
+        return response
+
+    def _record(self, request: kmock.Request) -> None:
+        if request.headers.get("Authorization") != f"Bearer {OPERATOR_TOKEN}":
+            return
+        assert request.resource is not None
+        self.calls.append(
+            Call(
+                method=str(request.method.value if request.method else ""),
+                group=request.resource.group or "",
+                resource=request.resource.plural or "",
+                subresource=request.subresource,
+                named=request.name is not None,
+                watch=request.action == kmock.action.WATCH,
+                namespace=request.namespace,
+            )
+        )
+
+    def _stored(self, request: kmock.Request) -> dict[str, Any] | None:
+        key = (request.resource, request.namespace, request.name)
+        if request.name is None or key not in self.objects or self.objects[key].deleted:
+            return None
+        return dict(self.objects[key].raw)
+
+    async def _collect_garbage(self, uid: str) -> None:
+        async with self._lock:
+            dependents = [
+                (key, obj)
+                for key, obj in self.objects.items()
+                if not obj.deleted
+                and any(ref.get("uid") == uid for ref in obj.get("metadata", {}).get("ownerReferences") or [])
+            ]
+            for (resource, _, _), obj in dependents:
+                raw = obj.raw
+                obj.delete()
+                await self._buses[resource].put({"type": "DELETED", "object": raw})
+        for _, obj in dependents:
+            await self._collect_garbage(str(obj.last.get("metadata", {}).get("uid")))
+
+
+def serve(server: ApiServer, crd: Mapping[str, Any]) -> None:
+    """Let the emulator serve every version of ``crd``'s resource (names, scope and subresources as
+    the CRD gives them), as an API server does once a CRD is established; the CRD object itself is
+    not stored."""
+    spec, names = crd["spec"], crd["spec"]["names"]
+    for version in spec["versions"]:
+        server.resources[f"{spec['group']}/{version['name']}/{names['plural']}"] = kmock.ResourceInfo(
+            kind=names["kind"],
+            singular=names.get("singular"),
+            namespaced=spec["scope"] == "Namespaced",
+            verbs=VERBS,
+            subresources=set(version.get("subresources") or {}),
+        )
+
+
+def declare(server: ApiServer, crds: Iterable[Mapping[str, Any]]) -> None:
+    """Declare the built-in kinds and every served version of ``crds`` (names, scope and
+    subresources as the CRDs give them), and store the CRDs themselves."""
+    for path, kind, namespaced in BUILTIN:
+        server.resources[path] = kmock.ResourceInfo(kind=kind, namespaced=namespaced, verbs=VERBS)
+    for crd in crds:
+        serve(server, crd)
+        server.objects[
+            (
+                kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions"),
+                None,
+                crd["metadata"]["name"],
+            )
+        ] = crd
+
+
+@contextlib.contextmanager
+def emulator(crds: list[Mapping[str, Any]]) -> Iterator[tuple[str, ApiServer]]:
+    """Serve the emulator from a thread with its own event loop; yield its URL and the server."""
+    ready: queue.Queue[tuple[str, ApiServer]] = queue.Queue()
+    stop = threading.Event()
+
+    async def serve() -> None:
+        server = ApiServer()
+        declare(server, crds)
+        async with server, kmock.Server(server) as http:
+            ready.put((f"http://{http.host}:{http.port}", server))
+            while not stop.is_set():
+                await asyncio.sleep(0.05)
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+    thread.start()
+    try:
+        yield ready.get(timeout=WAIT_S)
+    finally:
+        stop.set()
+        thread.join(timeout=WAIT_S)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def answers(url: str) -> bool:
+    """Whether ``url`` answers 200."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def kubeconfig(path: Path, url: str, token: str) -> Path:
+    """Write a kubeconfig for ``url`` with a bearer ``token`` to ``path``."""
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "kmock", "cluster": {"server": url}}],
+                "users": [{"name": "user", "user": {"token": token}}],
+                "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "user"}}],
+                "current-context": "kmock",
+            }
+        )
+    )
+    return path
+
+
+@attrs.define
+class Cluster:
+    """The emulator, a client of it, and the operator subprocess (restartable)."""
+
+    api: ApiClient
+    server: ApiServer
+    workdir: Path
+    operator_config: Path
+    operator: subprocess.Popen[bytes] | None = None
+    liveness: str = ""
+    metrics: str = ""
+    starts: int = 0
+    # kopf's scope: every namespace when empty, else one --namespace per entry (the chart's
+    # watchNamespaces).
+    namespaces: tuple[str, ...] = ()
+    # Turns the operator's command and environment into the command that runs it, e.g. inside a
+    # built image (tests/images); None runs it from this interpreter's environment.
+    launch: Callable[[list[str], dict[str, str]], list[str]] | None = None
+    # Seconds the liveness endpoint may take to answer after a start.
+    start_wait_s: float = WAIT_S
+
+    def start(self) -> None:
+        """Start ``kopf run`` and wait until its liveness endpoint answers."""
+        self.starts += 1
+        self.liveness = f"http://127.0.0.1:{free_port()}/healthz"
+        port = free_port()
+        self.metrics = f"http://127.0.0.1:{port}"
+        own = {
+            "KUBECONFIG": str(self.operator_config),
+            "BERTJOB_METRICS_PORT": str(port),
+            "NO_PROXY": "127.0.0.1,localhost",
+            "no_proxy": "127.0.0.1",
+        }
+        scope = [f"--namespace={name}" for name in self.namespaces] or ["--all-namespaces"]
+        liveness = f"--liveness={self.liveness}"
+        command = ["kopf", "run", "--standalone", *scope, liveness, "-m", "bertjob.handlers"]
+        if self.launch is None:
+            command[0] = str(Path(sys.executable).with_name("kopf"))
+        else:
+            command = self.launch(command, own)
+        with self.log.open("ab") as output:
+            output.write(f"--- operator start {self.starts} ---\n".encode())
+            output.flush()
+            self.operator = subprocess.Popen(
+                command, env={**os.environ, **own}, stdout=output, stderr=subprocess.STDOUT
+            )
+        self.wait_for("the liveness endpoint", lambda: answers(self.liveness), wait_s=self.start_wait_s)
+
+    def stop(self) -> None:
+        """Stop the operator (SIGTERM, then SIGKILL after 10 s)."""
+        if self.operator is None:
+            return
+        self.operator.terminate()
+        try:
+            self.operator.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.operator.kill()
+            self.operator.wait(timeout=10)
+        self.operator = None
+
+    @property
+    def log(self) -> Path:
+        """The operator's log (all its starts)."""
+        return self.workdir / "operator.log"
+
+    def wait_for(self, what: str, probe: Callable[[], T | None], wait_s: float = WAIT_S) -> T:
+        """Poll ``probe`` until it returns something truthy.
+
+        Raises:
+            WaitTimeoutError: after ``wait_s`` seconds, or when the operator exited.
+        """
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if self.operator is not None and self.operator.poll() is not None:
+                raise WaitTimeoutError(f"the operator exited\n{self.log_tail()}")
+            value = probe()
+            if value:
+                return value
+            time.sleep(0.1)
+        raise WaitTimeoutError(f"waited {wait_s} s for {what}\n{self.log_tail()}")
+
+    def log_tail(self) -> str:
+        """The last 40 lines of the operator's log."""
+        return "--- operator log ---\n" + "\n".join(self.log.read_text().splitlines()[-40:])
+
+    def create_job(self, document: dict[str, Any], namespace: str = "default") -> dict[str, Any]:
+        """Create a BertPretrainJob; the object as stored."""
+        result = CustomObjectsApi(self.api).create_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, document
+        )
+        assert isinstance(result, dict)
+        return result
+
+    def job(self, name: str, namespace: str = "default") -> dict[str, Any]:
+        """A BertPretrainJob as stored."""
+        result = CustomObjectsApi(self.api).get_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name
+        )
+        assert isinstance(result, dict)
+        return result
+
+    def status_when(self, name: str, phase: str, wait_s: float = WAIT_S) -> dict[str, Any]:
+        """The job's status once its phase is ``phase``."""
+
+        def probe() -> dict[str, Any] | None:
+            status: dict[str, Any] = self.job(name).get("status") or {}
+            return status if status.get("phase") == phase else None
+
+        return self.wait_for(f"{name} to be {phase}", probe, wait_s)
+
+    def patch_job(self, name: str, patch: dict[str, Any], namespace: str = "default") -> None:
+        """Merge-patch a BertPretrainJob, as ``kubectl patch --type merge`` would."""
+        CustomObjectsApi(self.api).patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name, patch, _content_type="application/merge-patch+json"
+        )
+
+    def object(
+        self, group_version_plural: str, name: str, namespace: str = "default"
+    ) -> dict[str, Any] | None:
+        """One live object of a resource in the emulator; None if there is none."""
+        found = [
+            obj for obj in self.stored(group_version_plural, namespace) if obj["metadata"]["name"] == name
+        ]
+        return found[0] if found else None
+
+    def report(
+        self, group_version_plural: str, name: str, status: dict[str, Any], namespace: str = "default"
+    ) -> None:
+        """Patch a child's status (``kubeflow.org/v1/pytorchjobs``, ``batch/v1/jobs``), as Kubeflow's
+        operator or the Job controller would."""
+        group, version, plural = group_version_plural.split("/")
+        CustomObjectsApi(self.api).patch_namespaced_custom_object_status(
+            group,
+            version,
+            namespace,
+            plural,
+            name,
+            {"status": status},
+            _content_type="application/merge-patch+json",
+        )
+
+    def events(self, name: str, namespace: str = "default") -> list[dict[str, Any]]:
+        """The Events about the object named ``name``."""
+        return [
+            event
+            for event in self.stored("v1/events", namespace)
+            if (event.get("involvedObject") or {}).get("name") == name
+        ]
+
+    def reasons_when(self, name: str, wanted: Callable[[list[str]], bool]) -> list[str]:
+        """The reasons of the Events about ``name`` once ``wanted(reasons)`` holds: kopf posts
+        events after the status patch they go with, so a test waits for them too."""
+        return self.wait_for(
+            f"events about {name}",
+            lambda: (
+                (reasons := [event["reason"] for event in self.events(name)]) and wanted(reasons) and reasons
+            ),
+        )
+
+    def stored(self, group_version_plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Every live object of a resource (``batch/v1/jobs``, ``v1/configmaps``) in the emulator."""
+        wanted = kmock.resource(group_version_plural)
+        while True:
+            try:
+                # The emulator's thread may add an object while this one reads the store.
+                items = list(self.server.objects.items())
+            except RuntimeError:
+                continue
+            return [
+                obj.raw
+                for (resource, ns, _), obj in items
+                if resource == wanted and not obj.deleted and namespace in (None, ns)
+            ]
+
+
+@contextlib.contextmanager
+def running_cluster(
+    workdir: Path,
+    crds: list[Mapping[str, Any]],
+    namespaces: tuple[str, ...] = (),
+    launch: Callable[[list[str], dict[str, str]], list[str]] | None = None,
+    start_wait_s: float = WAIT_S,
+) -> Iterator[Cluster]:
+    """The emulator with ``crds`` declared and the operator running against it; stopped after.
+
+    ``namespaces``, ``launch`` and ``start_wait_s`` are :class:`Cluster`'s: the operator's scope,
+    how its command is run, and how long its liveness endpoint may take to answer (seconds).
+    """
+    with emulator(crds) as (url, server):
+        mine = kubeconfig(workdir / "kubeconfig", url, "tester-token")
+        cluster = Cluster(
+            new_client_from_config(config_file=str(mine)),
+            server,
+            workdir,
+            kubeconfig(workdir / "operator-kubeconfig", url, OPERATOR_TOKEN),
+            namespaces=namespaces,
+            launch=launch,
+            start_wait_s=start_wait_s,
+        )
+        try:
+            cluster.start()
+            yield cluster
+        finally:
+            cluster.stop()

@@ -1,0 +1,168 @@
+"""HDF5 shards of training instances in NVIDIA DeepLearningExamples' BERT schema.
+
+The schema of NVIDIA's ``create_pretraining_data.py`` (PyTorch/LanguageModeling/BERT), read by
+its ``run_pretraining.py``; N instances per file, L = ``max_seq_length``, P =
+``max_predictions_per_seq``, every dataset gzip-compressed (with a fletcher32 checksum per chunk
+from :data:`SHARD_FORMAT` 2 on):
+
+=======================  ======  ======  ==============================================
+dataset                  dtype   shape   content
+=======================  ======  ======  ==============================================
+``input_ids``            int32   [N, L]  token ids after masking, zero-padded
+``input_mask``           int8    [N, L]  1 for real tokens, 0 for padding
+``segment_ids``          int8    [N, L]  0 for ``[CLS] A [SEP]``, 1 for ``B [SEP]``, 0 padding
+``masked_lm_positions``  int32   [N, P]  masked positions, increasing, zero-padded
+``masked_lm_ids``        int32   [N, P]  original ids at those positions, zero-padded
+``next_sentence_labels`` int8    [N]     1 when B is a random next (Google's convention)
+=======================  ======  ======  ==============================================
+
+Position 0 holds ``[CLS]``, which is never masked, so a 0 in ``masked_lm_positions`` after the
+first slot marks padding (NVIDIA's loader relies on this). Padding is 0 whatever the vocabulary's
+``[PAD]`` id, as in NVIDIA's files; ``input_mask`` tells padding apart.
+
+HDF5 checks each chunk's checksum as it reads the chunk, so damaged bytes (a bad disk, a partial
+copy) fail the read instead of becoming wrong token ids. Shards without checksums (NVIDIA's, or
+from an older version) still read; there, only gzip's own check and HDF5's structure catch damage.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+CHUNK_BYTES = 1 << 20
+"""Uncompressed bytes per chunk (whole rows): HDF5's default chunk cache holds one chunk."""
+SHARD_FORMAT = 2
+"""Version of the on-disk shard layout, bumped whenever it changes (2: fletcher32 checksums).
+
+Data preparation's cache key includes it, so shards written by an older version are rebuilt."""
+
+SHARD_DTYPES: dict[str, type[np.integer]] = {
+    "input_ids": np.int32,
+    "input_mask": np.int8,
+    "segment_ids": np.int8,
+    "masked_lm_positions": np.int32,
+    "masked_lm_ids": np.int32,
+    "next_sentence_labels": np.int8,
+}
+# The other datasets hold one value per instance.
+SEQUENCE_DATASETS = ("input_ids", "input_mask", "segment_ids")  # [N, max_seq_length]
+PREDICTION_DATASETS = ("masked_lm_positions", "masked_lm_ids")  # [N, max_predictions_per_seq]
+
+
+def shard_shapes(
+    num_sequences: int, max_seq_length: int, max_predictions_per_seq: int
+) -> dict[str, tuple[int, ...]]:
+    """The shape of each dataset of a shard holding ``num_sequences`` instances."""
+    widths = {
+        **dict.fromkeys(SEQUENCE_DATASETS, max_seq_length),
+        **dict.fromkeys(PREDICTION_DATASETS, max_predictions_per_seq),
+    }
+    return {
+        name: (num_sequences, widths[name]) if name in widths else (num_sequences,) for name in SHARD_DTYPES
+    }
+
+
+DYNAMIC_DTYPES = {name: SHARD_DTYPES[name] for name in (*SEQUENCE_DATASETS, "next_sentence_labels")}
+"""Dynamic masking: the same datasets without ``masked_lm_*``; ``input_ids`` are unmasked."""
+
+
+def write_shard(
+    path: Path, arrays: dict[str, np.ndarray], attrs: dict[str, int | float] | None = None
+) -> None:
+    """Write one shard: each array as a gzip-compressed dataset, ``attrs`` as file attributes.
+
+    ``arrays`` follows one of the schemas (:data:`SHARD_DTYPES`, :data:`DYNAMIC_DTYPES` or
+    ``bertpretrain.data.packing.PACKED_DTYPES``), each array in its dtype. The file is written as
+    ``<path>.tmp`` and renamed, so that ``path`` is either absent or complete. The byte-shuffle
+    filter groups the high bytes of the int32 ids, which roughly halves the file and time spent
+    compressing; the fletcher32 filter stores a checksum of each compressed chunk. Chunks are
+    whole rows, about :data:`CHUNK_BYTES` each. Readers (h5py, NVIDIA's loader) undo the filters
+    and check the checksums without being told.
+
+    Raises:
+        ValueError: the arrays do not all have the same number of rows (nothing is written).
+    """
+    path = Path(path)
+    rows = {name: len(array) for name, array in arrays.items()}
+    if len(set(rows.values())) > 1:
+        raise ValueError(f"{path}: datasets of different lengths {rows}")
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with h5py.File(tmp, "w") as file:
+            for name, array in arrays.items():
+                file.create_dataset(
+                    name, data=array, chunks=_row_chunks(array), compression="gzip", compression_opts=1,
+                    shuffle=True, fletcher32=True,
+                    # HDF5 allows a chunk larger than the data only when the dataset may grow.
+                    maxshape=(None, *array.shape[1:]) if len(array) == 0 else None,
+                )  # fmt: skip
+            file.attrs.update(attrs or {})
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _row_chunks(array: np.ndarray) -> tuple[int, ...]:
+    """Chunks of whole rows: the loader reads whole rows, and NVIDIA's whole files."""
+    row_bytes = array.itemsize * int(np.prod(array.shape[1:]))
+    return (max(1, min(len(array), CHUNK_BYTES // row_bytes)), *array.shape[1:])
+
+
+def read_attrs(path: Path) -> dict[str, int | float]:
+    """The file attributes of a shard (the counts the data stage stored in it).
+
+    Raises:
+        OSError: ``path`` is not a readable HDF5 file.
+    """
+    with h5py.File(path, "r") as file:
+        return {name: value.item() for name, value in file.attrs.items()}
+
+
+def read_datasets(path: Path, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+    """Datasets of a shard, each read whole (default: every dataset), keyed by name.
+
+    Reading checks every chunk's checksum where the shard has them, and gzip's own check.
+
+    Raises:
+        OSError: ``path`` is not a readable HDF5 file, or a dataset cannot be read (a checksum,
+            decompression or structure error); the message names the file and the dataset.
+        KeyError: a named dataset is missing.
+    """
+    try:
+        file = h5py.File(path, "r")
+    except OSError as error:
+        raise OSError(f"{path}: not a readable HDF5 file ({error})") from None
+    with file:
+        if names is None:
+            names = [name for name in file if isinstance(file[name], h5py.Dataset)]
+        arrays = {}
+        for name in names:
+            if name not in file:
+                raise KeyError(f"{path}: no dataset {name}")
+            try:
+                arrays[name] = file[name][()]
+            except OSError as error:
+                raise OSError(
+                    f"{path}: dataset {name} cannot be read, the file is damaged ({error})"
+                ) from None
+    return arrays
+
+
+def read_shard(path: Path) -> dict[str, np.ndarray]:
+    """All six datasets of a shard as NumPy arrays, keyed by dataset name (whole file in memory).
+
+    Raises:
+        OSError: see :func:`read_datasets`.
+        ValueError: a dataset of the schema is missing, or has another dtype.
+    """
+    arrays = read_datasets(path)
+    for name, dtype in SHARD_DTYPES.items():
+        if name not in arrays or arrays[name].dtype != dtype:
+            found = arrays[name].dtype if name in arrays else "missing"
+            raise ValueError(f"{path}: dataset {name} should be {np.dtype(dtype)}, found {found}")
+    return arrays

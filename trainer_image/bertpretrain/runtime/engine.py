@@ -1,0 +1,210 @@
+"""Device, precision and data parallelism behind a few calls, so that the training loop does not
+see them (in the manner of gpauloski/llm-pytorch's ``engine``).
+
+The device and the data parallelism (alone, DDP under torchrun, Horovod under mpirun or
+horovodrun) come from :func:`bertpretrain.runtime.parallel.join`; gradients are averaged over ranks once
+per optimizer step, on the last micro-batch of each gradient accumulation.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from bertjob_api.spec import Precision
+from bertpretrain.model.bert import pretraining_loss
+from bertpretrain.runtime.parallel import DataParallel
+from bertpretrain.training.accuracy import prediction_counts
+
+Batch = dict[str, torch.Tensor]
+
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_NATIVE_INSTRUCTIONS = {"bf16": "AVX512-BF16 or AMX-BF16", "fp16": "AVX512-FP16 or AMX-FP16"}
+# Batch entries of packed rows, passed to the model by name.
+_PACKED_INPUTS = ("position_ids", "next_sentence_positions")
+STEP_STATS = ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_total", "nsp_correct", "nsp_total")
+
+
+def _cpu_has_native(precision: Precision) -> bool:
+    # oneDNN's own check for the instructions its bf16/fp16 kernels need.
+    supported = getattr(torch.ops.mkldnn, f"_is_mkldnn_{precision}_supported", None)
+    return bool(supported()) if supported is not None else True
+
+
+class Engine:
+    """Runs forward/backward and optimizer steps on one rank's device, in one precision.
+
+    ``parallel``: this rank's device and data parallelism, from :func:`bertpretrain.runtime.parallel.join`.
+    ``precision``: ``bf16`` or ``fp16`` autocast over fp32 parameters (fp16 with a gradient
+    scaler), or ``fp32``. Call :meth:`prepare` with the model, :meth:`wrap_optimizer` on its
+    optimizer before building the schedule, then :meth:`attach` both.
+    """
+
+    def __init__(self, parallel: DataParallel, precision: Precision):
+        self.parallel = parallel
+        self.world = parallel.world
+        self.hardware = parallel.device
+        self.device = parallel.device.device
+        self.autocast_dtype = _AUTOCAST_DTYPES.get(precision)
+        if self.device.type == "cpu" and precision != "fp32" and not _cpu_has_native(precision):
+            warnings.warn(
+                f"{precision} autocast on a CPU without {_NATIVE_INSTRUCTIONS[precision]} is emulated "
+                f"and many times slower than fp32; consider precision fp32",
+                stacklevel=2,
+            )
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=precision == "fp16")
+        self._micro_batches = 0
+
+    @property
+    def rank(self) -> int:
+        """This process's rank, 0 to world size - 1."""
+        return self.world.rank
+
+    @property
+    def world_size(self) -> int:
+        """Number of training processes in the job."""
+        return self.world.world_size
+
+    @property
+    def distributed(self) -> bool:
+        """Whether more than one process trains."""
+        return self.world.distributed
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this is rank 0, the one that prints and writes checkpoints."""
+        return self.world.rank == 0
+
+    def prepare(self, model: nn.Module, compile: bool = False) -> nn.Module:
+        """Move ``model`` to the device, wrap it for data parallelism (DDP under torchrun) and,
+        with ``compile``, in :func:`torch.compile`; returns the model.
+
+        Keep using the returned (unwrapped) module for checkpoints and optimizers.
+        """
+        self.module = model.to(self.device)
+        self.wrapped = self.parallel.wrap_model(self.module)
+        # Wrap first, then compile: TorchDynamo splits the graph at DDP's buckets (torch docs).
+        self.forward_module: Callable[..., tuple[torch.Tensor, torch.Tensor]] = (
+            torch.compile(self.wrapped) if compile else self.wrapped
+        )
+        return self.module
+
+    def wrap_optimizer(
+        self, optimizer: torch.optim.Optimizer, accumulation_steps: int
+    ) -> torch.optim.Optimizer:
+        """The optimizer to build the schedule on and to :meth:`attach` (Horovod's
+        ``DistributedOptimizer`` under mpirun/horovodrun, ``optimizer`` itself otherwise)."""
+        return self.parallel.wrap_optimizer(optimizer, self.module, accumulation_steps)
+
+    def attach(
+        self,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        clip_grad_norm: float | None,
+    ) -> None:
+        """Set the optimizer and schedule; ``clip_grad_norm`` clips the global gradient norm before
+        each step (None when the optimizer clips, as LAMB does)."""
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.clip_grad_norm = clip_grad_norm
+
+    def broadcast_state(self) -> None:
+        """Give every rank rank 0's parameters and optimizer state (at the start, and after a
+        resume); a collective."""
+        self.parallel.broadcast_state(self.module, self.optimizer)
+
+    def _autocast(self) -> torch.autocast:
+        return torch.autocast(self.device.type, self.autocast_dtype, enabled=self.autocast_dtype is not None)
+
+    def _forward(
+        self, model: Callable[..., tuple[torch.Tensor, torch.Tensor]], batch: Batch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        with self._autocast():
+            return model(
+                batch["input_ids"],
+                batch["token_type_ids"],
+                batch["attention_mask"],
+                batch["masked_lm_positions"],
+                **{name: batch[name] for name in _PACKED_INPUTS if name in batch},
+            )
+
+    def _stats(self, batch: Batch, logits: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """``[7]`` fp32: the three losses of ``pretraining_loss`` and ``prediction_counts``."""
+        mlm_logits, nsp_logits = logits
+        targets = (batch["masked_lm_labels"], batch["next_sentence_labels"])
+        losses = pretraining_loss(mlm_logits, targets[0], nsp_logits, targets[1])
+        counts = prediction_counts(mlm_logits.detach(), targets[0], nsp_logits.detach(), targets[1])
+        return torch.cat([torch.stack(losses), counts])
+
+    def forward_backward(self, batch: Batch, accumulation_steps: int) -> torch.Tensor:
+        """Forward and backward on one micro-batch, its loss weighted ``1 / accumulation_steps``.
+
+        ``batch`` as :func:`bertpretrain.data.loader.to_batch` makes it. Returns this micro-batch's
+        statistics on this rank, fp32 ``[7]`` named by ``STEP_STATS``: the unweighted total,
+        MLM and NSP losses (nats) and the counts of :func:`bertpretrain.training.accuracy.prediction_counts`.
+        """
+        self._micro_batches += 1
+        sync = self._micro_batches % accumulation_steps == 0
+        batch = {name: tensor.to(self.device, non_blocking=True) for name, tensor in batch.items()}
+        with self.parallel.accumulate(self.wrapped, sync):
+            stats = self._stats(batch, self._forward(self.forward_module, batch))
+            self.scaler.scale(stats[0] / accumulation_steps).backward()
+        self.hardware.mark_step()
+        return stats.detach()
+
+    @torch.no_grad()
+    def evaluate(self, batch: Batch) -> torch.Tensor:
+        """Statistics of one held-out batch as :meth:`forward_backward` gives them, without
+        gradients, on the unwrapped model (no collective). Call with the model in eval mode."""
+        batch = {name: tensor.to(self.device, non_blocking=True) for name, tensor in batch.items()}
+        return self._stats(batch, self._forward(self.module, batch))
+
+    def optimizer_step(self) -> tuple[float, bool]:
+        """Unscale and clip the gradients, step the optimizer and the schedule, zero the gradients.
+
+        With fp16 a step whose gradients overflowed is skipped by the scaler, which then halves
+        the loss scale.
+
+        Returns:
+            The learning rate of this step (of the first parameter group), and whether the
+            gradient scaler skipped the update.
+        """
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        self.parallel.gradients_ready(self.optimizer)
+        self.scaler.unscale_(self.optimizer)
+        if self.clip_grad_norm is not None:
+            nn.utils.clip_grad_norm_(self.module.parameters(), self.clip_grad_norm)
+        scale = self.scaler.get_scale()
+        with self.parallel.stepping(self.optimizer):
+            self.scaler.step(self.optimizer)
+        self.hardware.mark_step()
+        self.scaler.update()
+        self.scheduler.step()
+        # torch's default sets the gradients to None; Horovod's optimizer takes no argument.
+        self.optimizer.zero_grad()
+        return lr, self.scaler.is_enabled() and self.scaler.get_scale() < scale
+
+    def sum_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
+        """The element-wise sum of ``values`` over all ranks (a collective: every rank calls it)."""
+        return self.parallel.sum(values)
+
+    def any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on any rank (a collective: every rank calls it)."""
+        if not self.distributed:
+            return flag
+        return bool(self.sum_over_ranks(torch.tensor([float(flag)], device=self.device)).item() > 0)
+
+    def gather(self, value: object) -> list[object]:
+        """``value`` of every rank, in rank order (a collective: every rank calls it)."""
+        return self.parallel.gather_object(value)
+
+    def mean_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
+        """The element-wise mean of ``values`` over all ranks (a collective: every rank calls it)."""
+        return self.sum_over_ranks(values) / self.world_size
+
+    def barrier(self) -> None:
+        """Wait for every rank (no-op for one process)."""
+        self.parallel.barrier()

@@ -1,0 +1,300 @@
+"""Training checkpoints: ``<root>/phase<n>/step_<step:06d>.pt``, n counting phases from 1.
+
+A checkpoint holds the model's ``state_dict`` under Hugging Face's parameter names, the
+optimizer, schedule and gradient-scaler states, the phase index and optimizer step, the model
+config, the data position (epoch, shard, row and sequences read, see
+``bertpretrain.data.loader.DataPosition``) and the RNG states of every rank, all loadable with
+``torch.load(weights_only=True)``. Each is written
+under a temporary name and renamed into place, the directory synced after the rename
+(:func:`bertpretrain.common.files.write_atomically`), so a reader never sees half a file, and only the
+newest ``keep`` of a phase are kept. A save first removes the temporaries that writers killed
+halfway left (:mod:`bertpretrain.common.files` tells them from a live writer's).
+
+A phase resumes from its newest checkpoint that can be read (:func:`newest_resumable`): one cut
+short (a power cut before the rename reached the disk, a volume that lost data) is skipped for
+the one before, and the phase repeats the steps in between. ``evaluation.json`` in a phase's
+directory records its last held-out evaluation, so that a run stopped after a checkpoint but
+before the evaluation of that step makes it when resumed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bertpretrain.common import files
+from bertpretrain.model.bert import BertConfig, BertForPreTraining
+
+_NAME = re.compile(r"^step_(\d+)\.pt$")
+EVALUATION_FILE = "evaluation.json"
+# What resuming reads besides the weights and config.
+_TRAINING_STATE = ("optimizer", "scheduler", "scaler", "step", "data_position", "rng")
+# Fields that fix the parameters' shapes; dropout may differ between a checkpoint and a model.
+SHAPE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or does not fit the model; names the file."""
+
+
+def phase_dir(root: Path, phase_index: int) -> Path:
+    """The directory of phase ``phase_index`` (0-based) under ``root``: ``root/phase<index + 1>``."""
+    return root / f"phase{phase_index + 1}"
+
+
+def checkpoint_path(root: Path, phase_index: int, step: int) -> Path:
+    """Where the checkpoint of phase ``phase_index`` (0-based) after ``step`` optimizer steps goes."""
+    return phase_dir(root, phase_index) / f"step_{step:06d}.pt"
+
+
+def latest(directory: Path) -> Path | None:
+    """The checkpoint with the highest step in a phase directory, or None if there is none."""
+    found = _by_step(directory)
+    return found[-1] if found else None
+
+
+def _by_step(directory: Path) -> list[Path]:
+    """The checkpoints in ``directory``, oldest step first; none if it does not exist."""
+    if not directory.is_dir():
+        return []
+    found = [(int(match[1]), path) for path in directory.iterdir() if (match := _NAME.match(path.name))]
+    return [path for _, path in sorted(found)]
+
+
+def save_checkpoint(
+    root: Path,
+    phase_index: int,
+    step: int,
+    *,
+    model: BertForPreTraining,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scaler: torch.amp.GradScaler,
+    keep: int,
+    data_position: dict[str, Any] | None = None,
+    rng: list[dict[str, Any]] | None = None,
+) -> Path:
+    """Write the training state after ``step`` optimizer steps; delete all but the newest ``keep``.
+
+    ``data_position`` is rank 0's (``DataPosition.to_dict()``); ``rng`` holds every rank's
+    :func:`rng_states` in rank order (default: this process's alone).
+
+    Returns:
+        The path written, ``root/phase<n>/step_<step:06d>.pt``.
+    """
+    path = checkpoint_path(root, phase_index, step)
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict(),
+        "phase_index": phase_index,
+        "step": step,
+        "config": model.config.to_dict(),
+        "data_position": data_position or {},
+        "rng": rng if rng is not None else [rng_states()],
+    }
+    with files.writing(path.parent, files.TEMPORARY):
+        files.write_atomically(path, lambda file: torch.save(state, file), _tensor_bytes(state))
+        _prune(path.parent, keep)
+    return path
+
+
+def _tensor_bytes(value: Any) -> int:
+    """The bytes of the tensors in ``value`` (nested dicts, lists, tuples): about what
+    ``torch.save`` writes, less its small zip and pickle overhead."""
+    if isinstance(value, torch.Tensor):
+        return value.untyped_storage().nbytes()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(item) for item in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_tensor_bytes(item) for item in value)
+    return 0
+
+
+def clean_temporaries(directory: Path) -> list[Path]:
+    """Remove the temporaries that killed writers left in the phase directory ``directory``; none
+    while a live writer holds it (:func:`bertpretrain.common.files.remove_stale`). Returns them."""
+    return files.remove_stale(directory, files.TEMPORARY)
+
+
+def _prune(directory: Path, keep: int) -> None:
+    for path in _by_step(directory)[:-keep]:
+        path.unlink(missing_ok=True)
+
+
+def rng_states() -> dict[str, Any]:
+    """This process's random number generator states: torch (CPU, and CUDA when present) and
+    Python's ``random``. The loader's shuffling and masking draw from their own seeded
+    generators, so these are all that a resumed rank needs to draw what it would have drawn."""
+    states: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """The contents of a checkpoint file, tensors on the CPU.
+
+    Raises:
+        CheckpointError: the file is missing, is not a checkpoint, or lacks model and config.
+    """
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: checkpoint does not exist") from None
+    except Exception as error:
+        # torch's first line says what is wrong; the rest is advice on saving checkpoints.
+        reason = str(error).strip().split("\n", 1)[0].split(". ", 1)[0]
+        raise CheckpointError(f"{path}: not a readable checkpoint ({reason})") from None
+    if not isinstance(state, dict) or not {"model", "config"} <= state.keys():
+        raise CheckpointError(f"{path}: not a training checkpoint (no model state or config)")
+    return state
+
+
+def shape_differences(found: BertConfig, model: BertConfig) -> list[str]:
+    """``"<field> <found> (the model has <model's>)"`` for each of ``SHAPE_FIELDS`` that differs."""
+    return [
+        f"{name} {getattr(found, name)} (the model has {getattr(model, name)})"
+        for name in SHAPE_FIELDS
+        if getattr(found, name) != getattr(model, name)
+    ]
+
+
+@dataclass(frozen=True)
+class Resumable:
+    """The checkpoint a phase resumes from: its file and contents, and ``"<file>: <why>"`` for each
+    newer checkpoint that could not be read, newest first."""
+
+    path: Path
+    state: dict[str, Any]
+    skipped: list[str]
+
+
+def newest_resumable(directory: Path) -> Resumable | None:
+    """The newest checkpoint in the phase directory ``directory`` that can be read and holds a
+    training state; None when there is no checkpoint at all.
+
+    A checkpoint of another model is not skipped (:func:`load_model_weights` refuses it): every
+    checkpoint of the phase would be, and the job's model is what must change.
+
+    Raises:
+        CheckpointError: there are checkpoints, but none can be read; it names each and why.
+    """
+    skipped = []
+    for path in reversed(_by_step(directory)):
+        try:
+            state = read_checkpoint(path)
+        except CheckpointError as error:
+            skipped.append(str(error))
+            continue
+        missing = [key for key in _TRAINING_STATE if key not in state]
+        if missing:
+            skipped.append(f"{path}: no training state to resume from ({', '.join(missing)} missing)")
+            continue
+        return Resumable(path, state, skipped)
+    if skipped:
+        listed = "; ".join(skipped)
+        raise CheckpointError(
+            f"{directory}: no checkpoint can be read: {listed}; delete them to start the phase again"
+        )
+    return None
+
+
+def load_model_weights(
+    path: Path, model: BertForPreTraining, state: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Load a checkpoint's weights into ``model``; returns the whole checkpoint. ``state``: its
+    contents, when already read.
+
+    Raises:
+        CheckpointError: naming the file, when it cannot be read or its model has another shape.
+    """
+    state = state if state is not None else read_checkpoint(path)
+    differences = shape_differences(BertConfig(**state["config"]), model.config)
+    if differences:
+        raise CheckpointError(f"{path}: checkpoint is of another model: {', '.join(differences)}")
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as error:
+        raise CheckpointError(f"{path}: weights do not fit the model: {error}") from None
+    return state
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a resumed phase continues: after ``step`` optimizer steps, with ``sequences`` rows
+    (instances, or packed rows) already read by each rank."""
+
+    step: int
+    sequences: int
+
+
+def load_training_state(
+    path: Path,
+    model: BertForPreTraining,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scaler: torch.amp.GradScaler,
+    rank: int = 0,
+    state: dict[str, Any] | None = None,
+) -> ResumePoint:
+    """Restore model, optimizer, schedule, gradient scaler and this rank's RNG states from the
+    checkpoint ``path`` (``state``: its contents, when already read).
+
+    A checkpoint written by fewer ranks than there are now gives the extra ranks the states of
+    rank ``rank % saved ranks``.
+
+    Returns:
+        The step and data position to continue from.
+
+    Raises:
+        CheckpointError: see :func:`load_model_weights`; also a checkpoint without training state.
+    """
+    state = load_model_weights(path, model, state)
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        scaler.load_state_dict(state["scaler"])
+        rng = state["rng"][rank % len(state["rng"])]
+        sequences = int(state["data_position"]["sequences"])
+    except (KeyError, ValueError, RuntimeError, TypeError, ZeroDivisionError) as error:
+        raise CheckpointError(f"{path}: cannot resume from it: {error!r}") from None
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    return ResumePoint(int(state["step"]), sequences)
+
+
+def record_evaluation(root: Path, phase_index: int, step: int, values: dict[str, float]) -> None:
+    """Record that phase ``phase_index`` (0-based) was evaluated after ``step`` optimizer steps,
+    with ``values`` (the figures by name), in ``<phase dir>/evaluation.json``."""
+    document = json.dumps({"step": step, "values": values}, indent=2, sort_keys=True) + "\n"
+    directory = phase_dir(root, phase_index)
+    with files.writing(directory, files.TEMPORARY):
+        files.write_atomically(directory / EVALUATION_FILE, lambda file: file.write(document.encode()))
+
+
+def evaluated_step(root: Path, phase_index: int) -> int:
+    """The step of the last evaluation :func:`record_evaluation` recorded for the phase; 0 when
+    there is none (or the record cannot be read: the evaluation is then made again)."""
+    try:
+        step = json.loads((phase_dir(root, phase_index) / EVALUATION_FILE).read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+    return step if isinstance(step, int) else 0

@@ -1,0 +1,171 @@
+"""LAMB, as NVIDIA's BERT recipe runs it, and the optimizer factory.
+
+LAMB is You et al. 2020, "Large Batch Optimization for Deep Learning: Training BERT in 76
+minutes" (ICLR), in the form of NVIDIA apex's ``FusedLAMB`` that DeepLearningExamples' BERT
+uses: the gradients of all parameters are first scaled down together so that their global L2
+norm is at most ``max_grad_norm``; Adam moments with bias correction give the direction, the
+decoupled weight decay is added to it, and each tensor's step is scaled by its trust ratio
+``||p|| / ||update||``. As in ``FusedLAMB`` (``use_nvlamb=False``), tensors without weight decay
+(biases, LayerNorm) take the plain Adam step; ``use_nvlamb=True`` gives them the trust ratio too.
+``bias_correction=False`` uses the raw moments, as ``FusedLAMB(bias_correction=False)`` does;
+when on, the bias correction is inside the update whose norm the trust ratio divides by.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from bertjob_api.spec import OptimizerSpec
+
+ParamGroups = list[dict[str, Any]]
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> ParamGroups:
+    """Two groups: matrices and embeddings with ``weight_decay``, biases and LayerNorm without.
+
+    As Google's BERT and NVIDIA's recipe exclude them; tied tensors appear once.
+    """
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    for name, parameter in model.named_parameters():
+        if not parameter.requires_grad:
+            continue
+        excluded = name.endswith("bias") or "LayerNorm" in name
+        (no_decay if excluded else decay).append(parameter)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+class Lamb(torch.optim.Optimizer):
+    """LAMB with global gradient clipping, as apex's ``FusedLAMB``; multi-tensor ``_foreach`` ops.
+
+    The step count is per group (``group["step"]``), as in ``FusedLAMB``. Parameters and
+    gradients must be floating point of one dtype per group.
+
+    Args:
+        params: parameters, or groups of them with their own ``weight_decay`` (and other
+            hyper-parameters), as :func:`param_groups` gives.
+        lr: learning rate (the schedule multiplies it).
+        betas: decay of the first and second moments, each in ``[0, 1)``.
+        eps: added to the square root of the second moment, ``> 0``.
+        weight_decay: decoupled weight decay, added to the update before the trust ratio.
+        max_grad_norm: the global L2 norm of all gradients is clipped to this, ``> 0`` (the
+            first group's value applies to all).
+        use_nvlamb: apply the trust ratio to tensors without weight decay too.
+        bias_correction: divide the moments by ``1 - beta ** step`` (Adam's bias correction).
+
+    Raises:
+        ValueError: a hyper-parameter out of range.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor] | ParamGroups,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.01,
+        max_grad_norm: float = 1.0,
+        use_nvlamb: bool = False,
+        bias_correction: bool = True,
+    ):
+        if lr < 0:
+            raise ValueError(f"learning rate must be >= 0, got {lr}")
+        if not all(0.0 <= beta < 1.0 for beta in betas):
+            raise ValueError(f"betas must be in [0, 1), got {betas}")
+        if eps <= 0 or max_grad_norm <= 0:
+            raise ValueError(f"eps and max_grad_norm must be > 0, got {eps} and {max_grad_norm}")
+        # Every setting lives in the groups, not in attributes: Horovod's DistributedOptimizer
+        # rebuilds the optimizer from its param_groups alone.
+        defaults = {
+            "lr": lr,
+            "betas": betas,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "max_grad_norm": max_grad_norm,
+            "use_nvlamb": use_nvlamb,
+            "bias_correction": bias_correction,
+        }
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """One update of every parameter that has a gradient."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+        if not grads:
+            return loss
+        # Clip by dividing (not multiplying by a clamped factor) to round exactly as FusedLAMB.
+        global_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        clip_divisor = torch.clamp(global_norm / self.param_groups[0]["max_grad_norm"], min=1.0)
+        for group in self.param_groups:
+            self._update_group(group, clip_divisor)
+        return loss
+
+    def _update_group(self, group: dict[str, Any], clip_divisor: torch.Tensor) -> None:
+        params = [p for p in group["params"] if p.grad is not None]
+        if not params:
+            return
+        for p in params:
+            if not self.state[p]:
+                self.state[p]["exp_avg"] = torch.zeros_like(p)
+                self.state[p]["exp_avg_sq"] = torch.zeros_like(p)
+        exp_avgs = [self.state[p]["exp_avg"] for p in params]
+        exp_avg_sqs = [self.state[p]["exp_avg_sq"] for p in params]
+        group["step"] = group.get("step", 0) + 1
+        beta1, beta2 = group["betas"]
+        weight_decay = group["weight_decay"]
+
+        grads = torch._foreach_div([p.grad for p in params], clip_divisor)
+        torch._foreach_mul_(exp_avgs, beta1)
+        torch._foreach_add_(exp_avgs, grads, alpha=1 - beta1)
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
+
+        # update = m_hat / (sqrt(v_hat) + eps) + weight_decay * p, hats being the moments divided
+        # by 1 - beta ** step with bias correction, the moments themselves without.
+        m_hats: Sequence[torch.Tensor]
+        v_hats: Sequence[torch.Tensor]
+        if group["bias_correction"]:
+            m_hats = torch._foreach_div(exp_avgs, 1 - beta1 ** group["step"])
+            v_hats = torch._foreach_div(exp_avg_sqs, 1 - beta2 ** group["step"])
+        else:
+            m_hats, v_hats = exp_avgs, exp_avg_sqs
+        denominators = torch._foreach_sqrt(v_hats)
+        torch._foreach_add_(denominators, group["eps"])
+        updates = torch._foreach_div(m_hats, denominators)
+        if weight_decay != 0:
+            torch._foreach_add_(updates, params, alpha=weight_decay)
+
+        if weight_decay != 0 or group["use_nvlamb"]:
+            param_norms = torch.stack(torch._foreach_norm(params))
+            update_norms = torch.stack(torch._foreach_norm(updates))
+            trust_ratios = torch.where(
+                (param_norms > 0) & (update_norms > 0),
+                param_norms / update_norms,
+                torch.ones_like(param_norms),
+            )
+            torch._foreach_mul_(updates, list(trust_ratios.unbind()))
+        torch._foreach_add_(params, updates, alpha=-group["lr"])
+
+
+def build_optimizer(model: nn.Module, spec: OptimizerSpec, lr: float) -> torch.optim.Optimizer:
+    """LAMB (clipping inside) or ``torch.optim.AdamW`` over :func:`param_groups` of ``model``.
+
+    ``lr`` is the peak learning rate; the schedule multiplies it. For AdamW, clip the gradients
+    to ``spec.max_grad_norm`` before each step (the engine does).
+    """
+    groups = param_groups(model, spec.weight_decay)
+    betas = (spec.beta1, spec.beta2)
+    if spec.name == "lamb":
+        return Lamb(groups, lr=lr, betas=betas, eps=spec.eps, max_grad_norm=spec.max_grad_norm)
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=spec.eps)

@@ -1,0 +1,474 @@
+"""One pretraining phase: build everything from the job spec, run the optimizer steps, checkpoint.
+
+NVIDIA's two-phase recipe (DeepLearningExamples BERT, after You et al. 2020): phase 1 trains
+at sequence length 128, phase 2 continues from phase 1's final weights at 512 with a fresh
+optimizer, step count and schedule. A phase that finds a checkpoint of its own resumes from the
+newest one that can be read (model, optimizer, schedule, gradient scaler, data position and every
+rank's RNG states) instead, and then computes exactly what the uninterrupted run would have
+computed; if the evaluation due at that step was not recorded as made, it makes it first.
+
+Each optimizer step: ``accumulation_steps`` forward/backward passes, one optimizer step, the
+statistics summed over ranks; then, as due, a progress line, a checkpoint, an evaluation on the
+held-out shards; and a stop if a rank got SIGTERM (:mod:`bertpretrain.training.preemption`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from bertjob_api.defaults import gradient_accumulation_steps, micro_batch_size, resolve_model
+from bertjob_api.spec import JobSpec, PhaseSpec
+from bertpretrain.data.loader import (
+    HELDOUT_PATTERN,
+    Batch,
+    DynamicMasking,
+    PretrainingBatches,
+    Shard,
+    build_loader,
+    find_shards,
+    heldout_batches,
+)
+from bertpretrain.model.bert import BertConfig, BertForPreTraining, count_parameters
+from bertpretrain.model.huggingface import load_hf_weights
+from bertpretrain.runtime.engine import Engine
+from bertpretrain.runtime.parallel import DataParallel, join
+from bertpretrain.training.accuracy import Accuracy
+from bertpretrain.training.checkpoint import (
+    Resumable,
+    ResumePoint,
+    checkpoint_path,
+    evaluated_step,
+    latest,
+    load_model_weights,
+    load_training_state,
+    newest_resumable,
+    phase_dir,
+    read_checkpoint,
+    record_evaluation,
+    rng_states,
+    save_checkpoint,
+)
+from bertpretrain.training.evaluation import Evaluation, evaluate
+from bertpretrain.training.logs import TrainingLog
+from bertpretrain.training.optimizer import build_optimizer
+from bertpretrain.training.preemption import Preempted, StopSignals
+from bertpretrain.training.progress import StatusReporter
+from bertpretrain.training.schedule import build_schedule
+
+# With fp16, this many skipped steps in a row (the loss scale halved each time) means divergence.
+MAX_CONSECUTIVE_SKIPS = 30
+
+
+class DivergenceError(RuntimeError):
+    """The training loss became NaN or infinite."""
+
+
+@dataclass
+class _Phase:
+    """What the loop of one phase needs, built by :func:`_build`."""
+
+    spec: JobSpec
+    index: int
+    engine: Engine
+    model: BertForPreTraining
+    loader: DataLoader[Batch]
+    heldout: list[Shard]
+    masking: DynamicMasking | None
+    accumulation_steps: int
+    start_step: int
+    log: TrainingLog
+
+    @property
+    def phase(self) -> PhaseSpec:
+        return self.spec.phases[self.index]
+
+    @property
+    def name(self) -> str:
+        return f"phase {self.index + 1}/{len(self.spec.phases)}"
+
+    @property
+    def root(self) -> Path:
+        return Path(self.spec.checkpoint.path)
+
+    @property
+    def batches(self) -> PretrainingBatches:
+        assert isinstance(self.loader.dataset, PretrainingBatches)
+        return self.loader.dataset
+
+
+def train_phase(
+    spec: JobSpec,
+    phase_index: int,
+    shard_dir: Path,
+    vocab_size: int,
+    init_from: Path | None = None,
+    vocab_dir: Path | None = None,
+    parallel: DataParallel | None = None,
+) -> Path:
+    """Train phase ``phase_index`` (0-based) of ``spec`` on the shards in ``shard_dir``.
+
+    ``spec`` must have been through :func:`bertjob_api.defaults.with_defaults`. The model starts
+    from ``init_from``'s weights (phase 1's final checkpoint, for phase 2), else from
+    ``spec.model.initFrom`` (a Hugging Face model), else from random initialisation, unless a
+    checkpoint of this phase exists, which is resumed. ``vocab_dir`` (the vocabulary the shards
+    were made with) is needed for dynamic masking. ``parallel``: the job's device and data
+    parallelism (default: :func:`bertpretrain.runtime.parallel.join` for this call alone). Every rank
+    calls this; each reads its own part of the shards; rank 0 prints progress
+    to stdout, writes the log and the checkpoints, which must be on storage all ranks share.
+    Held-out shards (``heldout_*.hdf5`` beside the training shards) are evaluated every
+    ``evaluation.everySteps`` steps and at the end.
+
+    Returns:
+        The phase's final checkpoint, ``<checkpoint.path>/phase<n>/step_<steps:06d>.pt``.
+
+    Raises:
+        DivergenceError: the loss became NaN or infinite (a RuntimeError); the newest checkpoint
+            on disk is from before.
+        Preempted: SIGTERM arrived; a checkpoint of the last step was written.
+        bertpretrain.data.loader.ShardError, bertpretrain.training.checkpoint.CheckpointError: bad
+            input files.
+        RuntimeError: an accelerator that is missing or not supported.
+    """
+    owned = parallel is None
+    parallel = parallel or join(spec.accelerator, spec.tf32, spec.distributed)
+    engine = Engine(parallel, spec.precision)
+    log = None
+    try:
+        directory = Path(spec.logging.path) if engine.is_main and spec.logging.path else None
+        status = StatusReporter.from_environment(spec.phases[phase_index].steps) if directory else None
+        log = TrainingLog(directory, spec.logging.tensorboard, status)
+        run = _build(spec, phase_index, shard_dir, vocab_size, init_from, vocab_dir, engine, log)
+        with StopSignals() as stop:
+            _train(run, stop)
+        engine.barrier()
+        return checkpoint_path(run.root, phase_index, run.phase.steps)
+    finally:
+        if log is not None:
+            log.close()
+        if owned:
+            parallel.close()
+
+
+def _seed(*parts: int) -> int:
+    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
+
+
+def _build(
+    spec: JobSpec,
+    index: int,
+    shard_dir: Path,
+    vocab_size: int,
+    init_from: Path | None,
+    vocab_dir: Path | None,
+    engine: Engine,
+    log: TrainingLog,
+) -> _Phase:
+    phase = spec.phases[index]
+    torch.manual_seed(_seed(spec.seed, index))
+    model = BertForPreTraining(BertConfig.from_dims(resolve_model(spec.model), vocab_size))
+    if spec.activation_checkpointing:
+        model.set_activation_checkpointing(True)
+    resume = _resumable(spec, index, engine)
+    origin = _initialise(spec, model, resume.path if resume else None, init_from, engine)
+    engine.prepare(model, compile=spec.compile)
+    # Dropout differs between ranks; the initial weights above do not.
+    torch.manual_seed(_seed(spec.seed, index, engine.rank + 1))
+
+    accumulation_steps = gradient_accumulation_steps(phase, engine.world_size)
+    optimizer = engine.wrap_optimizer(
+        build_optimizer(model, spec.optimizer, phase.learning_rate), accumulation_steps
+    )
+    scheduler = build_schedule(
+        optimizer, spec.optimizer.schedule, phase.steps, phase.warmup_proportion, spec.optimizer.poly_power
+    )
+    engine.attach(
+        optimizer, scheduler, None if spec.optimizer.name == "lamb" else spec.optimizer.max_grad_norm
+    )
+    start = ResumePoint(0, 0)
+    if resume is not None:
+        start = load_training_state(
+            resume.path, model, optimizer, scheduler, engine.scaler, engine.rank, state=resume.state
+        )
+    engine.broadcast_state()
+
+    micro_batch = micro_batch_size(phase, engine.world_size)
+    masking = _dynamic_masking(spec, vocab_dir)
+    loader = build_loader(
+        shard_dir,
+        phase.max_seq_length,
+        phase.max_predictions_per_seq,
+        vocab_size,
+        micro_batch,
+        rank=engine.rank,
+        world_size=engine.world_size,
+        seed=_seed(spec.seed, index),
+        skip_batches=start.sequences // micro_batch,
+        num_workers=1 if engine.device.type == "cuda" else 0,
+        pin_memory=engine.device.type == "cuda",
+        masking=masking,
+    )
+    heldout = (
+        find_shards(shard_dir, phase.max_seq_length, phase.max_predictions_per_seq, HELDOUT_PATTERN)
+        if any(shard_dir.glob(HELDOUT_PATTERN))
+        else []
+    )
+    run = _Phase(spec, index, engine, model, loader, heldout, masking, accumulation_steps, start.step, log)
+    _announce(run, origin)
+    return run
+
+
+def _resumable(spec: JobSpec, index: int, engine: Engine) -> Resumable | None:
+    """The checkpoint phase ``index`` resumes from, the same on every rank (collective): rank 0
+    picks the newest that can be read and says which newer ones it skipped and why; the others
+    read the one it picked."""
+    found = None
+    if engine.is_main:
+        found = newest_resumable(phase_dir(Path(spec.checkpoint.path), index))
+        if found is not None:
+            for reason in found.skipped:
+                print(f"{reason}; skipped, resuming from {found.path.name}", flush=True)
+    picked = engine.parallel.broadcast_object(str(found.path) if found else None)
+    if engine.is_main or picked is None:
+        return found
+    path = Path(str(picked))
+    return Resumable(path, read_checkpoint(path), [])
+
+
+def _initialise(
+    spec: JobSpec, model: BertForPreTraining, resume: Path | None, init_from: Path | None, engine: Engine
+) -> str:
+    """Load the starting weights (a resumed checkpoint's are loaded later, with the rest of its
+    state); returns where they come from, for the first log line."""
+    if resume is not None:
+        return str(resume)
+    if init_from is not None:
+        load_model_weights(init_from, model)
+        return str(init_from)
+    if spec.model.init_from is None:
+        return "random initialisation"
+    source = Path(spec.model.init_from)
+    initialised = load_hf_weights(source, model)
+    if initialised and engine.is_main:
+        print(f"{source}: no weights for {', '.join(initialised)}; they start from initialisation")
+    return f"{source} (Hugging Face)"
+
+
+def _dynamic_masking(spec: JobSpec, vocab_dir: Path | None) -> DynamicMasking | None:
+    data = spec.data
+    if data.masking != "dynamic":
+        return None
+    if vocab_dir is None:
+        raise ValueError("data.masking is dynamic, but the trainer was given no vocabulary to mask with")
+    return DynamicMasking.from_vocab(vocab_dir, data.masked_lm_prob, data.whole_word_mask)
+
+
+def _announce(run: _Phase, origin: str) -> None:
+    phase, spec, engine = run.phase, run.spec, run.engine
+    description = {
+        "phase": run.index + 1,
+        "model": spec.model.preset,
+        "parameters": count_parameters(run.model),
+        "steps": phase.steps,
+        "global_batch_size": phase.global_batch_size,
+        "micro_batch_size": micro_batch_size(phase, engine.world_size),
+        "gradient_accumulation_steps": run.accumulation_steps,
+        "world_size": engine.world_size,
+        "max_seq_length": phase.max_seq_length,
+        "learning_rate": phase.learning_rate,
+        "optimizer": spec.optimizer.name,
+        "schedule": spec.optimizer.schedule,
+        "precision": spec.precision,
+        "device": str(engine.device),
+        "packing": spec.data.packing,
+        "heldout_shards": len(run.heldout),
+        "start_step": run.start_step,
+        "init_from": origin,
+    }
+    run.log.parameters(description)
+    if not engine.is_main:
+        return
+    rows = "rows of packed sequences" if spec.data.packing != "none" else "sequences"
+    print(
+        f"{run.name}: {spec.model.preset} ({description['parameters']:,} parameters), "
+        f"{phase.steps} steps x {phase.global_batch_size} {rows} of {phase.max_seq_length} tokens "
+        f"(micro-batch {description['micro_batch_size']} x {run.accumulation_steps} accumulation steps x "
+        f"world size {engine.world_size}), {engine.device} {spec.precision} {spec.optimizer.name}; "
+        f"from {origin} at step {run.start_step}",
+        flush=True,
+    )
+
+
+def _train(run: _Phase, stop: StopSignals) -> None:
+    phase, engine, spec = run.phase, run.engine, run.spec
+    if run.heldout and _evaluation_owed(run):
+        _evaluate(run, run.start_step)
+    batches = iter(run.loader)
+    progress = _Progress(run)
+    for step in range(run.start_step + 1, phase.steps + 1):
+        stats = torch.zeros(7, device=engine.device)
+        for _ in range(run.accumulation_steps):
+            stats += engine.forward_backward(next(batches), run.accumulation_steps)
+        lr, skipped = engine.optimizer_step()
+        progress.record(step, engine.sum_over_ranks(stats).cpu(), lr, skipped)
+        stopping = engine.any_rank(stop.received is not None)
+        last = step == phase.steps
+        if stopping or last or step % spec.checkpoint.every_steps == 0:
+            saved = _save(run, step)
+            if stopping:
+                raise Preempted(stop.received or signal.SIGTERM, step, saved)
+        if run.heldout and _evaluation_due(run, step):
+            _evaluate(run, step)
+
+
+def _evaluation_due(run: _Phase, step: int) -> bool:
+    every = run.spec.evaluation.every_steps
+    return step == run.phase.steps or bool(every and step % every == 0)
+
+
+def _evaluation_owed(run: _Phase) -> bool:
+    """Whether the evaluation due at the step the phase resumes at was not made: the run before
+    was stopped between that step's checkpoint and the end of its evaluation (collective: every
+    rank gets rank 0's answer)."""
+    step = run.start_step
+    owed = step > 0 and _evaluation_due(run, step) and evaluated_step(run.root, run.index) < step
+    return run.engine.any_rank(run.engine.is_main and owed)
+
+
+def _save(run: _Phase, step: int) -> Path:
+    """Write the checkpoint of ``step`` on rank 0, with every rank's RNG states (collective)."""
+    rng = run.engine.gather(rng_states())
+    path = checkpoint_path(run.root, run.index, step)
+    if run.engine.is_main:
+        save_checkpoint(
+            run.root,
+            run.index,
+            step,
+            model=run.model,
+            optimizer=run.engine.optimizer,
+            scheduler=run.engine.scheduler,
+            scaler=run.engine.scaler,
+            keep=run.spec.checkpoint.keep,
+            data_position=run.batches.position(step * run.accumulation_steps).to_dict(),
+            rng=rng,  # type: ignore[arg-type]
+        )
+    return path
+
+
+def _evaluate(run: _Phase, step: int) -> Evaluation:
+    phase, engine = run.phase, run.engine
+    result = evaluate(
+        engine,
+        heldout_batches(
+            run.heldout,
+            run.model.config.vocab_size,
+            micro_batch_size(phase, engine.world_size),
+            engine.rank,
+            engine.world_size,
+            seed=_seed(run.spec.seed, run.index, 1),
+            masking=run.masking,
+            max_predictions_per_seq=phase.max_predictions_per_seq,
+            max_sequences=run.spec.evaluation.max_sequences,
+        ),
+    )
+    run.log.log(run.index + 1, step, "eval", result.values())
+    if engine.is_main:
+        record_evaluation(run.root, run.index, step, result.values())
+        print(
+            f"{run.name} step {step}/{phase.steps} held-out: mlm_acc {result.accuracy.mlm:.4f} "
+            f"nsp_acc {result.accuracy.nsp:.4f} loss {result.loss:.3f} (mlm {result.mlm_loss:.3f} "
+            f"nsp {result.nsp_loss:.3f}), {result.accuracy.sequences:,} sequences in {result.seconds:.1f} s",
+            flush=True,
+        )
+    return result
+
+
+class _Progress:
+    """Checks each step's loss, prints one line per ``logging.every_steps`` steps (rank 0) and
+    logs it.
+
+    The losses shown are means over the steps since the last line (skipped fp16 steps left out);
+    mlm_acc is the training masked-LM accuracy over those steps; seq/s counts the sequences of
+    all ranks (packed ones one by one) per second of wall-clock time over those steps.
+    """
+
+    def __init__(self, run: _Phase):
+        self.run = run
+        self.consecutive_skips = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.sums = torch.zeros(7)
+        self.steps = 0
+        self.skipped = 0
+        self.start = time.perf_counter()
+
+    def record(self, step: int, stats: torch.Tensor, lr: float, skipped: bool) -> None:
+        """Take the statistics of one optimizer step, summed over micro-batches and ranks.
+
+        Raises:
+            DivergenceError: a non-finite loss that the fp16 gradient scaler did not skip, or
+                ``MAX_CONSECUTIVE_SKIPS`` skipped steps in a row.
+        """
+        finite = bool(torch.isfinite(stats[:3]).all())
+        self.consecutive_skips = self.consecutive_skips + 1 if skipped else 0
+        if (not finite and not skipped) or self.consecutive_skips >= MAX_CONSECUTIVE_SKIPS:
+            self._diverged(step, stats, skipped)
+        if skipped:
+            self.skipped += 1
+        if finite:
+            self.sums += stats
+            self.steps += 1
+        if step % self.run.spec.logging.every_steps == 0 or step == self.run.phase.steps:
+            self._emit(step, lr)
+            self._reset()
+
+    def _diverged(self, step: int, stats: torch.Tensor, skipped: bool) -> None:
+        run = self.run
+        losses = (stats[:3] / (run.accumulation_steps * run.engine.world_size)).tolist()
+        newest = latest(phase_dir(run.root, run.index))
+        kept = (
+            f"the last good checkpoint is {newest}" if newest else "no checkpoint of this phase was written"
+        )
+        cause = (
+            f"{self.consecutive_skips} fp16 steps in a row overflowed" if skipped else f"loss is {losses[0]}"
+        )
+        raise DivergenceError(
+            f"{run.name} step {step}: {cause} (mlm {losses[1]} nsp {losses[2]}); stopping, {kept}. "
+            f"Lower the learning rate, or use bf16 or fp32 instead of fp16."
+        )
+
+    def _emit(self, step: int, lr: float) -> None:
+        run, phase = self.run, self.run.phase
+        elapsed = time.perf_counter() - self.start
+        # NaN when every step since the last line was skipped.
+        micro_batches = self.steps * run.accumulation_steps * run.engine.world_size
+        loss, mlm, nsp = (
+            self.sums[:3] / micro_batches if self.steps else torch.full((3,), math.nan)
+        ).tolist()
+        accuracy = Accuracy.from_counts(self.sums[3:])
+        steps_done = self.steps + self.skipped
+        rate = accuracy.sequences / elapsed
+        values = {"loss": loss, "mlm_loss": mlm, "nsp_loss": nsp, "mlm_accuracy": accuracy.mlm}
+        values |= {"nsp_accuracy": accuracy.nsp, "learning_rate": lr, "sequences_per_second": rate}
+        values["sequences"] = float(accuracy.sequences)
+        if self.skipped:
+            values["skipped_steps"] = float(self.skipped)
+        run.log.log(run.index + 1, step, "train", values)
+        if not run.engine.is_main:
+            return
+        eta = datetime.timedelta(seconds=round((phase.steps - step) * elapsed / max(steps_done, 1)))
+        skipped = f" skipped {self.skipped} (fp16 overflow)" if self.skipped else ""
+        print(
+            f"{run.name} step {step}/{phase.steps} loss {loss:.3f} (mlm {mlm:.3f} nsp {nsp:.3f}) "
+            f"mlm_acc {accuracy.mlm:.3f} lr {lr:.2e} seq/s {rate:.1f} eta {eta}{skipped}",
+            flush=True,
+        )
