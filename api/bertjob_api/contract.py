@@ -53,6 +53,11 @@ RESERVED_VOLUMES: Final = {
     TMP_VOLUME: TMP_MOUNT_PATH,
 }
 
+# The vocabulary's files, as the data stage writes them (under <spec.data.shards>/vocab) and as the
+# Hugging Face export carries them (spec.export.path), where users and fine-tuning jobs read them.
+VOCAB_FILE: Final = "vocab.txt"
+TOKENIZER_FILE: Final = "tokenizer.json"
+
 # The trainer container's name in every pod the operator renders.
 TRAINER_CONTAINER: Final = "trainer"
 
