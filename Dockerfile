@@ -46,9 +46,12 @@ RUN python3 -m venv /opt/venv \
     && rm /tmp/requirements.txt \
     && useradd --uid 10001 --user-group --no-create-home --home-dir /tmp bertjob
 
-# setuptools wants both package directories that pyproject.toml names; the trainer's code is
-# small, and its heavy dependencies (torch) come only with the [trainer] extra.
-COPY . /src/
+# The job API and the operator only: the trainer's folder is not copied, and pyproject.toml's
+# package search installs what is there.
+COPY README.md /src/
+COPY api/ /src/api/
+COPY operator/ /src/operator/
+COPY kustomize/ /src/kustomize/
 RUN pip install "/src[operator]" \
     && mkdir -p /opt/bertjob \
     && mv /src/kustomize "$BERTJOB_KUSTOMIZE_DIR" \

@@ -31,6 +31,12 @@ PYTORCHJOBS = "kubeflow.org/v1/pytorchjobs"
 KUBECONFIG_IN_CONTAINER = "/etc/bertjob-test/kubeconfig"
 # Seconds for the container to start and kopf to answer on its liveness endpoint.
 START_WAIT_S = 120
+# The image holds the job API and the operator, and not the trainer's code.
+ONLY_ITS_PACKAGES = (
+    "python -c 'import importlib.util as u, sys; "
+    'sys.exit([u.find_spec(p) is not None for p in ("bertjob_api", "bertjob", "bertpretrain")] '
+    "!= [True, True, False])'"
+)
 
 
 def _but_liveness(command: list[str]) -> list[str]:
@@ -58,7 +64,11 @@ def test_the_operator_image_turns_a_job_into_a_pytorchjob_and_follows_it(
     with buildah.container(operator_image.name) as container:
         # The root filesystem refuses the Deployment's user, and its volumes take writes.
         probe = container.run_argv(
-            ["sh", "-c", "id -u; touch /tmp/probe && ! touch /var/tmp/probe"],
+            [
+                "sh",
+                "-c",
+                f"id -u; touch /tmp/probe && ! touch /var/tmp/probe && python -c {ONLY_ITS_PACKAGES}",
+            ],
             mounts=volumes,
             user=user,
             read_only_root=True,
