@@ -34,7 +34,7 @@ from bertjob_api.contract import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
 __all__ = ["API_VERSION", "GROUP", "KIND", "PLURAL", "VERSION"]
 
-Launcher = Literal["pytorchjob", "mpijob"]
+LauncherName = Literal["pytorchjob", "mpijob"]
 Accelerator = Literal["nvidia-gpu", "habana-hpu", "xeon-cpu"]
 Precision = Literal["bf16", "fp16", "fp32"]
 ModelPreset = Literal["bert-tiny", "bert-mini", "bert-small", "bert-medium", "bert-base", "bert-large"]
@@ -563,7 +563,7 @@ class JobSpec(_Spec):
     image: Annotated[str, _rule(kubenames.image_problem)] = Field(
         min_length=1, description="Trainer container image."
     )
-    launcher: Launcher = Field(
+    launcher: LauncherName = Field(
         "pytorchjob", description="pytorchjob (torchrun, DDP) or mpijob (mpirun, Horovod)."
     )
     accelerator: Accelerator = Field("nvidia-gpu", description="nvidia-gpu, habana-hpu or xeon-cpu.")

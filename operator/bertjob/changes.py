@@ -41,7 +41,7 @@ def split(fields: list[str]) -> tuple[list[str], list[str]]:
     return safe, [field for field in fields if field not in SAFE_FIELDS]
 
 
-def run_policy(spec: object) -> dict[str, Any]:
+def safe_run_policy(spec: object) -> dict[str, Any]:
     """The safe run-policy fields of a spec as it is now (missing ones as None, which a merge patch
     reads as "remove"); a spec of the wrong shape counts as setting none of them."""
     policy = spec.get("runPolicy") if isinstance(spec, Mapping) else None
@@ -51,12 +51,12 @@ def run_policy(spec: object) -> dict[str, Any]:
 
 def suspended(spec: object) -> bool:
     """Whether ``spec.runPolicy.suspend`` is true."""
-    return run_policy(spec)["suspend"] is True
+    return safe_run_policy(spec)["suspend"] is True
 
 
 def training_patch(spec: object) -> dict[str, Any]:
     """Merge patch that gives a Kubeflow training job (PyTorchJob, MPIJob) the safe fields of ``spec``."""
-    policy = run_policy(spec)
+    policy = safe_run_policy(spec)
     policy["suspend"] = policy["suspend"] is True
     return {"spec": {"runPolicy": policy}}
 
@@ -64,7 +64,7 @@ def training_patch(spec: object) -> dict[str, Any]:
 def prepare_patch(spec: object) -> dict[str, Any]:
     """Merge patch that suspends or resumes the data-preparation Job with the job, and records the
     safe fields of ``spec`` on it as applied (:data:`APPLIED_ANNOTATION`)."""
-    applied = json.dumps(run_policy(spec), sort_keys=True)
+    applied = json.dumps(safe_run_policy(spec), sort_keys=True)
     return {"metadata": {"annotations": {APPLIED_ANNOTATION: applied}}, "spec": {"suspend": suspended(spec)}}
 
 
@@ -79,7 +79,7 @@ def applied_run_policy(prepare_job: Mapping[str, Any], accepted_spec: object) ->
         recorded = None
     if isinstance(recorded, dict) and set(recorded) == set(SAFE_RUN_POLICY):
         return recorded
-    return run_policy(accepted_spec)
+    return safe_run_policy(accepted_spec)
 
 
 def merged(obj: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from bertjob.render import component, kustomize_build, render
-from bertjob_api.spec import Accelerator, BertPretrainJob, Launcher, SpecError, load_job
+from bertjob_api.spec import Accelerator, BertPretrainJob, LauncherName, SpecError, load_job
 from bertjob_api.validation import cluster_job
 from bertjob_testing.jobs import EXAMPLES
 from tests.k8s_schema import assert_valid
@@ -120,7 +120,7 @@ def test_the_examples_cover_every_accelerator_launcher_and_topology() -> None:
     jobs = [load_job(EXAMPLES / name).spec for name in CLUSTER]
 
     assert {spec.accelerator for spec in jobs} == set(get_args(Accelerator))
-    assert {spec.launcher for spec in jobs} == set(get_args(Launcher))
+    assert {spec.launcher for spec in jobs} == set(get_args(LauncherName))
     assert {spec.topology.nodes > 1 for spec in jobs} == {False, True}, "single-node and multi-node"
     gpu = [spec for spec in jobs if spec.accelerator == "nvidia-gpu" and spec.launcher == "pytorchjob"]
     assert {spec.topology.nodes > 1 for spec in gpu} == {False, True}, (

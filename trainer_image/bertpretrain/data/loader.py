@@ -35,6 +35,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from bertjob_api.spec import PhaseSpec
+from bertpretrain.common.batch import Batch
 from bertpretrain.data.masking import mask_tokens
 from bertpretrain.data.packing import PACKED_DTYPES, packed_shapes
 from bertpretrain.data.shards import (
@@ -47,7 +48,6 @@ from bertpretrain.data.shards import (
 from bertpretrain.data.vocab import SpecialIds, continuation_table, load_tokenizer
 from bertpretrain.model.bert import IGNORE_INDEX
 
-Batch = dict[str, torch.Tensor]
 Arrays = dict[str, np.ndarray]
 
 

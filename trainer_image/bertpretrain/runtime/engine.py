@@ -15,11 +15,10 @@ import torch
 from torch import nn
 
 from bertjob_api.spec import Precision
+from bertpretrain.common.batch import Batch
 from bertpretrain.model.bert import pretraining_loss
 from bertpretrain.runtime.parallel import DataParallel
 from bertpretrain.training.accuracy import prediction_counts
-
-Batch = dict[str, torch.Tensor]
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _NATIVE_INSTRUCTIONS = {"bf16": "AVX512-BF16 or AMX-BF16", "fp16": "AVX512-FP16 or AMX-FP16"}
