@@ -39,13 +39,14 @@ from bertjob.children import (
     read,
     read_owner,
 )
-from bertjob.render import JOB_FILE, NAME_LABEL, RenderError, config_map_name, render
+from bertjob.render import NAME_LABEL, RenderError, config_map_name, render
+from bertjob_api.contract import API_VERSION, GROUP, JOB_FILE, KIND, PLURAL, VERSION
 from bertjob_api.crd import ChildRef, JobStatus
-from bertjob_api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION, SpecError, parse_job, to_document
+from bertjob_api.spec import SpecError, parse_job, to_document
 from bertjob_api.validation import cluster_job
 
 # kopf's bookkeeping goes to annotations under our own domain, never into the status.
-STORAGE_PREFIX = "bertjob.dev"
+STORAGE_PREFIX = GROUP
 RETRY_DELAY_S = 30
 # Failures that a corrected spec may clear: the job is rendered again from the new spec.
 RENDERED_AGAIN = ("InvalidSpec", "RenderFailed")

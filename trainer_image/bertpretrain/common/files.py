@@ -31,12 +31,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Literal
 
+from bertjob_api.contract import EXIT_DISK_FULL
+
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
-# Exit code for a full volume: Kubeflow's restartPolicy ExitCode retries 128-255, and above
-# 128 + 64 (SIGRTMAX) no signal's death reads the same, unlike 137 (SIGKILL) or 143 (SIGTERM).
-DISK_FULL_EXIT_CODE = 200
+# Exit code for a full volume (200), which the children's restartPolicy retries: the contract's.
+DISK_FULL_EXIT_CODE = EXIT_DISK_FULL
 # Where file locks are missing: a temporary unchanged this long has no live writer.
 STALE_SECONDS = 3600.0
 LOCK_FILE = ".lock"

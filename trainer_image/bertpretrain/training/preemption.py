@@ -3,8 +3,9 @@
 Kubernetes sends SIGTERM to every container of a pod it deletes, evicts or preempts, and SIGKILL
 after the pod's grace period (30 s by default). The handler only records the request; the loop
 polls it after each optimizer step, writes a checkpoint and raises :class:`Preempted`, and the
-entry point exits with 128 + the signal number (143), which Kubeflow's ``restartPolicy:
-ExitCode`` treats as retryable, while 1 (bad input, divergence) is permanent. The request lives
+entry point exits with 128 + the signal number (143 for SIGTERM, the contract's
+:data:`bertjob_api.contract.EXIT_PREEMPTED`), which Kubeflow's ``restartPolicy: ExitCode`` treats
+as retryable, while 1 (bad input, divergence) is permanent. The request lives
 on the :class:`StopSignals` object that a phase enters, not in a module global.
 
 Once training is done, the job's entry point installs another :class:`StopSignals`: a SIGTERM

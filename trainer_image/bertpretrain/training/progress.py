@@ -25,12 +25,9 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
-NAME_ENV = "BERTJOB_NAME"
-NAMESPACE_ENV = "BERTJOB_NAMESPACE"
+from bertjob_api.contract import NAME_ENV, NAMESPACE_ENV, PROGRESS_FIELDS, status_path
+
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-STATUS_PATH = "/apis/bertjob.dev/v1alpha1/namespaces/{namespace}/bertpretrainjobs/{name}/status"
-# The trainer's log values that the status carries, by their status field names.
-FIELDS = {"loss": "loss", "mlm_accuracy": "mlmAccuracy", "sequences_per_second": "sequencesPerSecond"}
 
 
 class StatusReporter:
@@ -72,7 +69,7 @@ class StatusReporter:
             return None
         # An IPv6 service address needs brackets in a URL.
         host = f"[{host}]" if ":" in host else host
-        url = f"https://{host}:{port}" + STATUS_PATH.format(namespace=namespace, name=name)
+        url = f"https://{host}:{port}" + status_path(namespace, name)
         ca_file = secrets / "ca.crt"
         return cls(url, total_steps, secrets / "token", ca_file if ca_file.is_file() else None)
 
@@ -90,7 +87,7 @@ class StatusReporter:
         progress: dict[str, object] = {"phase": phase, "step": step, "totalSteps": self.total_steps}
         progress |= {
             field: round(float(values[key]), 6)
-            for key, field in FIELDS.items()
+            for key, field in PROGRESS_FIELDS.items()
             if key in values and math.isfinite(values[key])
         }
         progress["updateTime"] = (
