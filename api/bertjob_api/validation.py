@@ -7,7 +7,7 @@ names the field at fault in its YAML spelling, so a user or a status condition c
 from __future__ import annotations
 
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, Literal
 
 from bertjob_api import kubenames, passthrough
 from bertjob_api.contract import RESERVED_VOLUMES
@@ -307,16 +307,39 @@ def check(spec: JobSpec, source: str = "<spec>", training: bool = True, cluster:
     return spec
 
 
+# What a spec is checked for, by who runs it (see checked).
+Purpose = Literal["cluster", "training", "data"]
+
+
+def checked(spec: JobSpec, source: str = "<spec>", purpose: Purpose = "training") -> JobSpec:
+    """``spec`` with :func:`bertjob_api.defaults.with_defaults` applied, after the checks that
+    ``purpose`` needs: the one way in to :func:`check` for the operator, the CLI and the trainer.
+
+    - ``"cluster"``: the job as pods will run it (the operator, through :func:`cluster_job`, and
+      ``bertjob validate``): every check, :func:`cluster_problems` included (volumes, pod
+      settings, and every output path absolute and on a writable volume).
+    - ``"training"``: the whole job in this process group (``python -m bertpretrain run`` in a pod
+      the operator has already checked as a cluster job, and ``bertjob run`` on a machine where
+      the paths are the user's own, relative ones included): :func:`problems`.
+    - ``"data"``: the data stage alone (``python -m bertpretrain prepare``): :func:`problems`
+      without those that only training has (evaluation needs held-out shards).
+
+    Raises:
+        SpecError: listing every problem found.
+    """
+    return check(with_defaults(spec), source, training=purpose != "data", cluster=purpose == "cluster")
+
+
 def cluster_job(job: BertPretrainJob, source: str = "<job>") -> BertPretrainJob:
     """``job`` as the operator runs it: its spec with :func:`bertjob_api.defaults.with_defaults`
-    applied, after every check (:func:`problems` and :func:`cluster_problems`).
+    applied, after every check (:func:`metadata_problems`, and :func:`checked` for a cluster).
 
     Raises:
         SpecError: listing every problem found.
     """
     problems = metadata_problems(job)
     try:
-        spec = check(with_defaults(job.spec), source, cluster=True)
+        spec = checked(job.spec, source, "cluster")
     except SpecError as error:
         raise SpecError(source, problems + error.problems) from None
     if problems:

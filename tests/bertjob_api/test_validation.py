@@ -5,7 +5,7 @@ import pytest
 from bertjob_api import kubenames, passthrough
 from bertjob_api.defaults import with_defaults
 from bertjob_api.spec import SpecError, parse_job
-from bertjob_api.validation import check, cluster_job, cluster_problems, problems
+from bertjob_api.validation import check, checked, cluster_job, cluster_problems, problems
 from bertjob_testing.jobs import valid_job, with_value
 
 
@@ -175,6 +175,30 @@ def test_cluster_checks_are_only_made_when_asked():
     assert check(spec) is spec
     with pytest.raises(SpecError, match=r"spec\.data\.shards"):
         check(spec, cluster=True)
+
+
+# (a change to valid_job, the field each purpose refuses it for: cluster, training, data)
+PURPOSES = [
+    ({}, None, None, None),
+    ({"spec.data.shards": "shards"}, "spec.data.shards", None, None),
+    ({"spec.evaluation": {"everySteps": 100}}, *["spec.evaluation.everySteps"] * 2, None),
+    ({"spec.topology.processesPerNode": 3}, *["spec.phases[0].globalBatchSize"] * 3),
+]
+
+
+@pytest.mark.parametrize(("changes", "cluster", "training", "data"), PURPOSES)
+def test_each_purpose_has_its_checks(changes, cluster, training, data):
+    document = valid_job()
+    for field, value in changes.items():
+        document = with_value(document, field, value)
+    spec = parse_job(document).spec
+    for purpose, refused in {"cluster": cluster, "training": training, "data": data}.items():
+        if refused is None:
+            assert checked(spec, "job.yaml", purpose) == with_defaults(spec)
+            continue
+        with pytest.raises(SpecError) as caught:
+            checked(spec, "job.yaml", purpose)
+        assert refused in dict(caught.value.problems), (purpose, caught.value.problems)
 
 
 @pytest.mark.parametrize(
