@@ -58,8 +58,12 @@ RESERVED_VOLUMES: Final = {
 VOCAB_FILE: Final = "vocab.txt"
 TOKENIZER_FILE: Final = "tokenizer.json"
 
-# The trainer container's name in every pod the operator renders.
+# The trainer container's name in the base's trainer pod (kustomize/base/trainer-pod.yaml), whose
+# fields the launchers' replicas take; the data Job's one container, which its podFailurePolicy names.
 TRAINER_CONTAINER: Final = "trainer"
+PREPARE_CONTAINER: Final = "prepare"
+# The label every child pod carries with its job's name; NAME_ENV is read from it (a fieldRef).
+JOB_LABEL: Final = f"{GROUP}/job"
 
 # The trainer's entry point and its commands: `python -m bertpretrain <command> --config JOB_PATH`.
 TRAINER_MODULE: Final = "bertpretrain"
