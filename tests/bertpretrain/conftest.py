@@ -23,7 +23,7 @@ from bertjob_api.spec import JobSpec, parse_spec
 from bertpretrain.data import shards
 from bertpretrain.data.packing import pack_instances
 from bertpretrain.data.shards import read_shard
-from bertpretrain.model.bert import BertConfig
+from bertpretrain.model.config import BertConfig
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = [

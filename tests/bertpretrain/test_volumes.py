@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tests.bertpretrain.training.test_checkpoint import Training
 
 from bertjob_testing.jobs import small_training_job, with_value
 from bertpretrain.common.files import DISK_FULL_EXIT_CODE, DiskFullError, free_bytes
-from bertpretrain.model.bert import BertConfig
+from bertpretrain.model.config import BertConfig
 from bertpretrain.run import main as bertpretrain_main
+from tests.bertpretrain.training.test_checkpoint import Training
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

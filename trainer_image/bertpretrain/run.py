@@ -36,10 +36,10 @@ from bertpretrain.common.files import (
 )
 from bertpretrain.data.loader import verify_phases
 from bertpretrain.data.prepare import VOCAB_DIR, PreparedData, prepare
-from bertpretrain.model.huggingface import clean_staging, export_hf, fill_mask
+from bertpretrain.model.huggingface import clean_staging, fill_mask
 from bertpretrain.runtime.parallel import DataParallel, join
 from bertpretrain.runtime.world import detect_world
-from bertpretrain.training.checkpoint import clean_temporaries, latest, phase_dir
+from bertpretrain.training.checkpoint import clean_temporaries, export_hf, latest, phase_dir
 from bertpretrain.training.phase import DivergenceError, train_phase
 from bertpretrain.training.preemption import Preempted, StopSignals
 

@@ -15,15 +15,15 @@ import transformers
 from bertjob_api.defaults import MODEL_PRESETS
 from bertpretrain.data import packing
 from bertpretrain.data.shards import SHARD_DTYPES
+from bertpretrain.model import bert as model_module
 from bertpretrain.model.bert import (
     IGNORE_INDEX,
-    BertConfig,
     BertForPreTraining,
     count_parameters,
     pretraining_loss,
     sdpa_mask,
 )
-from bertpretrain.model import bert as model_module
+from bertpretrain.model.config import BertConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -185,19 +185,6 @@ def test_pretraining_loss_averages_the_real_slots_of_packed_rows() -> None:
     )
     torch.testing.assert_close(mlm, expected_mlm)
     torch.testing.assert_close(total, mlm + nsp)
-
-
-def test_config_round_trips_through_transformers(tiny_config: BertConfig) -> None:
-    hf = transformers.BertConfig(**tiny_config.to_hf_dict())
-    for name, value in tiny_config.to_dict().items():
-        assert getattr(hf, name) == value, name
-    assert hf.hidden_act == "gelu"
-    assert hf.model_type == "bert"
-
-
-def test_config_rejects_heads_that_do_not_divide_hidden(tiny_config: BertConfig) -> None:
-    with pytest.raises(ValueError, match="num_attention_heads 3"):
-        BertConfig(**{**tiny_config.to_dict(), "num_attention_heads": 3})
 
 
 # Packed rows (Krell et al. 2021, arXiv:2107.02027) as bertpretrain.data.packing makes them: rows of

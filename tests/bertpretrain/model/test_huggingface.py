@@ -25,15 +25,16 @@ from safetensors.torch import load_file, save_file
 
 from bertpretrain.common import files
 from bertpretrain.common.files import DiskFullError
-from bertpretrain.model.bert import IGNORE_INDEX, BertConfig, BertForPreTraining, pretraining_loss
+from bertpretrain.model.bert import IGNORE_INDEX, BertForPreTraining, pretraining_loss
+from bertpretrain.model.config import BertConfig, CheckpointError
 from bertpretrain.model.huggingface import (
     clean_staging,
-    export_hf,
     fill_mask,
     load_hf_weights,
     read_hf_config,
+    save_hf,
 )
-from bertpretrain.training.checkpoint import CheckpointError, save_checkpoint
+from bertpretrain.training.checkpoint import export_hf, save_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -152,6 +153,20 @@ def test_files(trained: tuple[BertForPreTraining, Path], vocab_dir: Path, tmp_pa
     assert json.loads((out / "tokenizer_config.json").read_text())["do_lower_case"] is True
     # No staging directory left behind, only the lock that exports to hf hold.
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".hf")] == [".hf.lock"]
+
+
+def test_a_model_exports_as_its_checkpoint_does(
+    trained: tuple[BertForPreTraining, Path], vocab_dir: Path, tmp_path: Path
+) -> None:
+    """The model stage's export takes weights and config, no training checkpoint; the training
+    stage's reads the checkpoint and hands them over. Both write the same files."""
+    model, checkpoint = trained
+    ours = save_hf(model.state_dict(), model.config, vocab_dir, tmp_path / "model", lowercase=True)
+    theirs = export_hf(checkpoint, vocab_dir, tmp_path / "checkpoint", lowercase=True)
+    names = sorted(path.name for path in theirs.iterdir())
+    assert sorted(path.name for path in ours.iterdir()) == names
+    for name in names:
+        assert (ours / name).read_bytes() == (theirs / name).read_bytes(), name
 
 
 def test_transformers_loads_it_without_missing_keys_and_agrees(

@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 from bertjob_api.spec import DistributedSpec, OptimizerSpec
-from bertpretrain.model.bert import BertConfig, BertForPreTraining
+from bertpretrain.model.bert import BertForPreTraining
+from bertpretrain.model.config import BertConfig
 from bertpretrain.runtime.engine import Engine
 from bertpretrain.runtime.parallel import join
 from bertpretrain.training.optimizer import build_optimizer

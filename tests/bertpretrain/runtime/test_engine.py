@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import bertpretrain.runtime.engine
-from bertpretrain.model.bert import BertConfig, BertForPreTraining
+from bertpretrain.model.bert import BertForPreTraining
+from bertpretrain.model.config import BertConfig
 from bertpretrain.runtime.engine import Engine
 from bertpretrain.runtime.parallel import join
 from bertpretrain.training.checkpoint import read_checkpoint
@@ -107,7 +108,8 @@ from bertjob_api.defaults import with_defaults
 from bertpretrain.runtime.engine import Engine
 from bertpretrain.data.loader import build_loader
 from bertpretrain.runtime.parallel import join
-from bertpretrain.model.bert import BertConfig, BertForPreTraining
+from bertpretrain.model.bert import BertForPreTraining
+from bertpretrain.model.config import BertConfig
 from bertpretrain.training.phase import train_phase
 
 spec = with_defaults(parse_spec(json.loads(sys.argv[1])))

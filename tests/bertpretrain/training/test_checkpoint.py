@@ -15,7 +15,8 @@ import torch
 
 from bertpretrain.common import files
 from bertpretrain.common.files import DiskFullError
-from bertpretrain.model.bert import BertConfig, BertForPreTraining
+from bertpretrain.model.bert import BertForPreTraining
+from bertpretrain.model.config import BertConfig
 from bertpretrain.training.checkpoint import (
     CheckpointError,
     ResumePoint,

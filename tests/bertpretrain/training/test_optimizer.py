@@ -13,7 +13,8 @@ import torch_optimizer
 from torch import nn
 
 from bertjob_api.spec import OptimizerSpec
-from bertpretrain.model.bert import BertConfig, BertForPreTraining
+from bertpretrain.model.bert import BertForPreTraining
+from bertpretrain.model.config import BertConfig
 from bertpretrain.training.optimizer import Lamb, build_optimizer, param_groups
 
 pytestmark = pytest.mark.usefixtures("one_thread")

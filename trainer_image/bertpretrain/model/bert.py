@@ -15,70 +15,20 @@ things keep a packed sequence from seeing its neighbours, so that its outputs ar
 alone: a block-diagonal attention mask, position ids that restart at each sequence, and the pooler
 and NSP classifier run at each sequence's own ``[CLS]``.
 
-Read top to bottom: config, embeddings, one encoder layer, the encoder, the attention masks,
-pooler, heads, the whole model, the loss.
+The config is :class:`bertpretrain.model.config.BertConfig`. Read top to bottom: embeddings, one
+encoder layer, the encoder, the attention masks, pooler, heads, the whole model, the loss.
 """
 
 from __future__ import annotations
-
-import dataclasses
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from bertjob_api.defaults import ModelDims
+from bertpretrain.model.config import PAD_TOKEN_ID, BertConfig
 
-PAD_TOKEN_ID = 0
 IGNORE_INDEX = -100
-
-
-@dataclass(frozen=True, kw_only=True)
-class BertConfig(ModelDims):
-    """A BERT's shape (the job's :class:`~bertjob_api.defaults.ModelDims` and the vocabulary's size)
-    and its initialisation and regularisation constants.
-
-    Raises:
-        ValueError: ``hidden_size`` is not a multiple of ``num_attention_heads``.
-    """
-
-    vocab_size: int
-    layer_norm_eps: float = 1e-12
-    type_vocab_size: int = 2
-    initializer_range: float = 0.02
-
-    def __post_init__(self) -> None:
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"hidden_size {self.hidden_size} is not a multiple of "
-                f"num_attention_heads {self.num_attention_heads}"
-            )
-
-    @classmethod
-    def from_dims(cls, dims: ModelDims, vocab_size: int) -> BertConfig:
-        """The config of a model with the job's dimensions and the vocabulary's size."""
-        return cls(vocab_size=vocab_size, **dataclasses.asdict(dims))
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fields as plain Python values (for checkpoints)."""
-        return dataclasses.asdict(self)
-
-    def to_hf_dict(self) -> dict[str, Any]:
-        """A ``config.json`` that ``transformers.BertConfig`` reads as this same model."""
-        return {
-            "architectures": ["BertForPreTraining"],
-            "model_type": "bert",
-            **self.to_dict(),
-            "hidden_act": "gelu",
-            "pad_token_id": PAD_TOKEN_ID,
-            "position_embedding_type": "absolute",
-            "tie_word_embeddings": True,
-            "classifier_dropout": None,
-            "dtype": "float32",
-        }
 
 
 class BertEmbeddings(nn.Module):

@@ -1,5 +1,6 @@
-"""Hugging Face model directories: export of a training checkpoint, a fill-mask check of the export,
-and import of a Hugging Face BERT's config and weights for continued pretraining.
+"""Hugging Face model directories: export of the model's weights with its vocabulary, a fill-mask
+check of the export, and import of a Hugging Face BERT's config and weights for continued
+pretraining.
 
 The directory is what ``transformers.BertForPreTraining.from_pretrained`` and
 ``AutoTokenizer.from_pretrained`` read: ``config.json``, ``model.safetensors``, ``vocab.txt``,
@@ -10,27 +11,31 @@ weight and bias, which are tied to the word embeddings and ``cls.predictions.bia
 Import reads ``config.json`` and ``model.safetensors`` (or, without it, ``pytorch_model.bin``)
 as written by ``save_pretrained`` from ``BertForPreTraining``, ``BertForMaskedLM`` or
 ``BertModel``, and by transformers' early versions (``LayerNorm.gamma``/``beta``).
+
+The module knows the model and the format, nothing of training: exporting a training checkpoint
+(reading it, then :func:`save_hf`) is :func:`bertpretrain.training.checkpoint.export_hf`, and the
+vocabulary's file names are the contract's (:mod:`bertjob_api.contract`), which the data stage
+writes by.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
 import secrets
 import shutil
-from collections.abc import Container
+from collections.abc import Container, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save
 
+from bertjob_api.contract import TOKENIZER_FILE, VOCAB_FILE
 from bertpretrain.common import files
-from bertpretrain.data.vocab import TOKENIZER_FILE, VOCAB_FILE
-from bertpretrain.model.bert import BertConfig, BertForPreTraining
-from bertpretrain.training.checkpoint import CheckpointError, read_checkpoint, shape_differences
+from bertpretrain.model.bert import BertForPreTraining
+from bertpretrain.model.config import BertConfig, CheckpointError, shape_differences
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
@@ -39,15 +44,6 @@ PYTORCH_FILE = "pytorch_model.bin"
 _TIES = {
     "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
     "cls.predictions.decoder.bias": "cls.predictions.bias",
-}
-# Settings of transformers' BertConfig that change what the model computes, each with the one
-# value our model implements, which is also transformers' default when config.json omits it.
-_IMPLEMENTED = {
-    "hidden_act": "gelu",
-    "position_embedding_type": "absolute",
-    "is_decoder": False,
-    "add_cross_attention": False,
-    "tie_word_embeddings": True,
 }
 # transformers' first versions kept the names of Google's TensorFlow checkpoints for LayerNorm.
 _OLD_NAMES = {"LayerNorm.gamma": "LayerNorm.weight", "LayerNorm.beta": "LayerNorm.bias"}
@@ -62,35 +58,35 @@ SPECIAL_TOKENS = {
 }
 
 
-def export_hf(checkpoint: Path, vocab_dir: Path, out_dir: Path, lowercase: bool) -> Path:
-    """Write the model of ``checkpoint`` and the vocabulary of ``vocab_dir`` to ``out_dir``.
+def save_hf(
+    weights: Mapping[str, torch.Tensor], config: BertConfig, vocab_dir: Path, out_dir: Path, lowercase: bool
+) -> Path:
+    """Write a model's weights and config and the vocabulary of ``vocab_dir`` to ``out_dir``.
 
-    ``checkpoint`` is any training checkpoint (``bertpretrain.training.checkpoint``), not only a phase's
-    last. The weights are written as they are stored (fp32 for every precision the trainer runs).
-    The files are written and synced in a staging directory beside ``out_dir``
-    (``.<name>.partial-<random>``), which then replaces it; the parent directory is synced after
-    the rename. Directories and files get the modes the umask gives (0755 and 0644 under the usual
-    022). Exports to one ``out_dir`` take turns on the lock ``.<name>.lock`` beside it, and each
-    removes the staging directories that killed exports left.
+    ``weights`` is a ``BertForPreTraining`` state dict (the tied MLM decoder's entries are left
+    out), its tensors on the CPU; they are written as they are (fp32 for every precision the
+    trainer runs). ``lowercase`` is the tokenizer's ``do_lower_case``. The files are written and
+    synced in a staging directory beside ``out_dir`` (``.<name>.partial-<random>``), which then
+    replaces it; the parent directory is synced after the rename. Directories and files get the
+    modes the umask gives (0755 and 0644 under the usual 022). Exports to one ``out_dir`` take
+    turns on the lock ``.<name>.lock`` beside it, and each removes the staging directories that
+    killed exports left.
 
     Returns:
         ``out_dir``.
 
     Raises:
-        bertpretrain.training.checkpoint.CheckpointError: the checkpoint cannot be read.
         FileNotFoundError: ``vocab_dir`` has no ``vocab.txt``.
         bertpretrain.common.files.DiskFullError: the export does not fit (naming ``out_dir``, the free
             space and the export's size); nothing of it is left.
     """
-    state = read_checkpoint(checkpoint)
-    config = BertConfig(**state["config"])
     vocab = vocab_dir / VOCAB_FILE
     if not vocab.is_file():
         raise FileNotFoundError(f"{vocab_dir}: no vocab.txt to export with the model")
-    weights = {name: tensor.contiguous() for name, tensor in state["model"].items() if name not in _TIES}
+    untied = {name: tensor.contiguous() for name, tensor in weights.items() if name not in _TIES}
     contents = {
         CONFIG_FILE: _json(config.to_hf_dict()),
-        SAFETENSORS_FILE: save(weights, metadata={"format": "pt"}),
+        SAFETENSORS_FILE: save(untied, metadata={"format": "pt"}),
         VOCAB_FILE: vocab.read_bytes(),
         "tokenizer_config.json": _json(_tokenizer_config(config, lowercase)),
         "special_tokens_map.json": _json(SPECIAL_TOKENS),
@@ -204,19 +200,12 @@ def fill_mask(export_dir: Path, text: str, top_k: int = 5) -> list[tuple[str, fl
 
 
 def read_hf_config(hf_dir: Path) -> BertConfig:
-    """Our config of the BERT whose transformers ``config.json`` is in ``hf_dir``.
-
-    Fields absent from the file take transformers' defaults, which are ours. A file without
-    ``model_type`` is read as a BERT: Google's ``bert_config.json`` and the early Hugging Face
-    configs (BioBERT's among them) have none.
+    """Our config of the BERT whose transformers ``config.json`` is in ``hf_dir``
+    (:meth:`BertConfig.from_hf_dict` of its contents).
 
     Raises:
-        CheckpointError: naming ``config.json``, when it is missing, is not a JSON object, is of
-            another ``model_type`` than ``"bert"``, lacks a field without a default
-            (``vocab_size``, ``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``,
-            ``intermediate_size``), or sets something our model does not implement (a
-            ``hidden_act`` other than exact ``gelu``, relative position embeddings, a decoder,
-            untied word embeddings).
+        CheckpointError: naming ``config.json``, when it is missing or not JSON, or with
+            :meth:`BertConfig.from_hf_dict`'s reason when it is not a config of our model.
     """
     path = hf_dir / CONFIG_FILE
     try:
@@ -225,24 +214,10 @@ def read_hf_config(hf_dir: Path) -> BertConfig:
         raise CheckpointError(f"{path}: no such file (a Hugging Face model directory has one)") from None
     except (OSError, ValueError) as error:
         raise CheckpointError(f"{path}: not a readable JSON file ({error})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: not a config (a JSON object)")
-    if data.get("model_type", "bert") != "bert":
-        raise CheckpointError(f"{path}: model_type is {data['model_type']!r}, not a BERT")
-    unsupported = [
-        f"{name} {data[name]!r} (the model implements {value!r})"
-        for name, value in _IMPLEMENTED.items()
-        if name in data and data[name] != value
-    ]
-    if unsupported:
-        raise CheckpointError(
-            f"{path}: a BERT variant the model does not implement: {', '.join(unsupported)}"
-        )
-    names = {field.name for field in dataclasses.fields(BertConfig)}
     try:
-        return BertConfig(**{name: value for name, value in data.items() if name in names})
-    except (TypeError, ValueError) as error:
-        raise CheckpointError(f"{path}: not a BERT config ({error})") from None
+        return BertConfig.from_hf_dict(data)
+    except ValueError as error:
+        raise CheckpointError(f"{path}: {error}") from None
 
 
 def load_hf_weights(hf_dir: Path, model: BertForPreTraining) -> list[str]:

@@ -15,6 +15,11 @@ short (a power cut before the rename reached the disk, a volume that lost data) 
 the one before, and the phase repeats the steps in between. ``evaluation.json`` in a phase's
 directory records its last held-out evaluation, so that a run stopped after a checkpoint but
 before the evaluation of that step makes it when resumed.
+
+:func:`export_hf` turns a checkpoint into a Hugging Face model directory, whose format is the
+model stage's (:mod:`bertpretrain.model.huggingface`). :class:`CheckpointError` is the model
+stage's too (:mod:`bertpretrain.model.config`): a Hugging Face directory that does not fit the
+model raises it as well.
 """
 
 from __future__ import annotations
@@ -29,26 +34,14 @@ from typing import Any
 import torch
 
 from bertpretrain.common import files
-from bertpretrain.model.bert import BertConfig, BertForPreTraining
+from bertpretrain.model.bert import BertForPreTraining
+from bertpretrain.model.config import BertConfig, CheckpointError, shape_differences
+from bertpretrain.model.huggingface import save_hf
 
 _NAME = re.compile(r"^step_(\d+)\.pt$")
 EVALUATION_FILE = "evaluation.json"
 # What resuming reads besides the weights and config.
 _TRAINING_STATE = ("optimizer", "scheduler", "scaler", "step", "data_position", "rng")
-# Fields that fix the parameters' shapes; dropout may differ between a checkpoint and a model.
-SHAPE_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "intermediate_size",
-    "max_position_embeddings",
-    "type_vocab_size",
-)
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read or does not fit the model; names the file."""
 
 
 def phase_dir(root: Path, phase_index: int) -> Path:
@@ -166,15 +159,6 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     return state
 
 
-def shape_differences(found: BertConfig, model: BertConfig) -> list[str]:
-    """``"<field> <found> (the model has <model's>)"`` for each of ``SHAPE_FIELDS`` that differs."""
-    return [
-        f"{name} {getattr(found, name)} (the model has {getattr(model, name)})"
-        for name in SHAPE_FIELDS
-        if getattr(found, name) != getattr(model, name)
-    ]
-
-
 @dataclass(frozen=True)
 class Resumable:
     """The checkpoint a phase resumes from: its file and contents, and ``"<file>: <why>"`` for each
@@ -233,6 +217,25 @@ def load_model_weights(
     except RuntimeError as error:
         raise CheckpointError(f"{path}: weights do not fit the model: {error}") from None
     return state
+
+
+def export_hf(checkpoint: Path, vocab_dir: Path, out_dir: Path, lowercase: bool) -> Path:
+    """Write the model of ``checkpoint`` and the vocabulary of ``vocab_dir`` to ``out_dir`` as a
+    Hugging Face model directory (:func:`bertpretrain.model.huggingface.save_hf`, which says how).
+
+    ``checkpoint`` is any training checkpoint, not only a phase's last; its weights are written as
+    they are stored. ``lowercase`` is the tokenizer's ``do_lower_case``.
+
+    Returns:
+        ``out_dir``.
+
+    Raises:
+        CheckpointError: the checkpoint cannot be read.
+        FileNotFoundError: ``vocab_dir`` has no ``vocab.txt``.
+        bertpretrain.common.files.DiskFullError: the export does not fit; nothing of it is left.
+    """
+    state = read_checkpoint(checkpoint)
+    return save_hf(state["model"], BertConfig(**state["config"]), vocab_dir, out_dir, lowercase)
 
 
 @dataclass(frozen=True)

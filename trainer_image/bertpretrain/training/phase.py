@@ -37,7 +37,8 @@ from bertpretrain.data.loader import (
     find_shards,
     heldout_batches,
 )
-from bertpretrain.model.bert import BertConfig, BertForPreTraining, count_parameters
+from bertpretrain.model.bert import BertForPreTraining, count_parameters
+from bertpretrain.model.config import BertConfig
 from bertpretrain.model.huggingface import load_hf_weights
 from bertpretrain.runtime.engine import Engine
 from bertpretrain.runtime.parallel import DataParallel, join
