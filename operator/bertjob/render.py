@@ -3,16 +3,19 @@ data-preparation Job and the launcher's child.
 
 The child comes from plain kustomize YAML that works by hand too: ``kustomize/base`` (the trainer pod
 and both launchers' jobs), an overlay per topology, a launcher component and an accelerator
-component. :func:`render` writes a throw-away kustomization that selects them and adds the job's own
-patch, rendered by the launcher from jinja2 templates where every value goes through ``tojson``,
-runs ``kustomize build`` (or ``kubectl kustomize``) on it and parses the result. The other objects
-are built here as data. No value from the job is pasted into YAML text, so a field that holds YAML
-or template syntax comes out verbatim.
+component. Each combination of them is built once per process (``kustomize build``, or ``kubectl
+kustomize``: :func:`build`, cached) and every job's child is that build with the job's own patch
+merged in, in-process (:func:`merge`). The patch is a strategic-merge patch that the launcher
+renders from jinja2 templates where every value goes through ``tojson``; it finds replicas by their
+key and containers, volumes, volumeMounts and env entries by their name, so reordering the base's
+lists cannot make it patch the wrong entry. The other objects are built here as data. No value from
+the job is pasted into YAML text, so a field that holds YAML or template syntax comes out verbatim.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import shutil
@@ -25,26 +28,45 @@ from typing import Any, Literal
 import yaml
 
 from bertjob import launchers
-from bertjob.launchers import Launcher, PodNames
+from bertjob.launchers import DIRECTIVE, REPLACE, Launcher, PodNames
+from bertjob_api.contract import (
+    GROUP,
+    JOB_FILE,
+    JOB_LABEL,
+    JOB_PATH,
+    PERMANENT_EXIT_CODES,
+    PLURAL,
+    PREPARE_COMMAND,
+    PREPARE_CONTAINER,
+    TRAINER_MODULE,
+)
 from bertjob_api.jobfile import dump
-from bertjob_api.spec import GROUP, PLURAL, BertPretrainJob, JobSpec, to_document
+from bertjob_api.spec import BertPretrainJob, JobSpec, to_document
 from bertjob_api.validation import cluster_job
 
 KUSTOMIZE_DIR_ENV = "BERTJOB_KUSTOMIZE_DIR"
-JOB_FILE = "job.yaml"
-JOB_PATH = f"/etc/bertjob/{JOB_FILE}"
 NAME_LABEL = "app.kubernetes.io/name"
-JOB_LABEL = "bertjob.dev/job"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 KUSTOMIZE_TIMEOUT_S = 60
 # Exit codes of `python -m bertpretrain prepare` that a retry would not mend (bad input, bad spec).
-PREPARE_FATAL_EXIT_CODES = [1, 2]
+PREPARE_FATAL_EXIT_CODES = list(PERMANENT_EXIT_CODES)
+# The strategic merge's lists merged by a key (as Kubernetes' patchMergeKey, except volumeMounts,
+# which Kubernetes merges by mountPath and we by name, as the base's volumes); every other list is
+# replaced. A pod's containers are named in full: see merge().
+MERGE_KEYS = {"containers": "name", "volumes": "name", "volumeMounts": "name", "env": "name"}
+COMPLETE_LISTS = frozenset({"containers"})
 
 Component = Literal["config", "progress", "prepare", "train"]
 
 
 class RenderError(RuntimeError):
-    """kustomize is missing, or it refused the kustomization (its stderr is in the message)."""
+    """kustomize is missing, it refused the kustomization (its stderr is in the message), or its
+    build does not take the job's patch."""
+
+
+class MergeError(ValueError):
+    """A strategic-merge patch that does not fit the object: it names a container the object
+    lacks, leaves one out, or carries a directive :func:`merge` does not know."""
 
 
 def kustomize_dir() -> Path:
@@ -102,7 +124,8 @@ def render(job: BertPretrainJob) -> list[dict[str, Any]]:
 
     Raises:
         SpecError: the spec is inconsistent, or names a launcher that does not exist.
-        RenderError: no kustomize/kubectl on PATH, or kustomize failed.
+        RenderError: no kustomize/kubectl on PATH, kustomize failed, or its build does not take
+            the job's patch.
     """
     name, namespace = job.metadata.name, job.metadata.namespace
     job = cluster_job(job, f"{namespace}/{name}")
@@ -172,7 +195,8 @@ def _prepare_job(name: str, namespace: str, spec: JobSpec, trainer: Mapping[str,
     for field in ("args", "ports", "resources"):
         container.pop(field, None)
     container.update(
-        name="prepare", command=["python", "-m", "bertpretrain", "prepare", "--config", JOB_PATH]
+        name=PREPARE_CONTAINER,
+        command=["python", "-m", TRAINER_MODULE, PREPARE_COMMAND, "--config", JOB_PATH],
     )
     prepare = spec.prepare.resources
     limits = {"requests": dict(prepare.requests), "limits": dict(prepare.limits)}
@@ -188,7 +212,7 @@ def _prepare_job(name: str, namespace: str, spec: JobSpec, trainer: Mapping[str,
                 {
                     "action": "FailJob",
                     "onExitCodes": {
-                        "containerName": "prepare",
+                        "containerName": PREPARE_CONTAINER,
                         "operator": "In",
                         "values": PREPARE_FATAL_EXIT_CODES,
                     },
@@ -210,38 +234,121 @@ def _prepare_job(name: str, namespace: str, spec: JobSpec, trainer: Mapping[str,
 
 def _build_child(job: BertPretrainJob, launcher: Launcher, pods: PodNames) -> dict[str, Any]:
     root = kustomize_dir()
-    overlay = root / "overlays" / launchers.overlay(job.spec)
-    accelerator = root / "components" / job.spec.accelerator
-    parts = [overlay, root / "components" / launcher.component, accelerator]
+    parts = (launchers.overlay(job.spec), launcher.component, job.spec.accelerator)
+    built = build(root, *parts)
+    child = launcher.child
+    if (built.get("apiVersion"), built.get("kind")) != (child.api_version, child.kind):
+        raise RenderError(f"{root} should build exactly one {child.kind}")
+    name, namespace = job.metadata.name, job.metadata.namespace
+    patch = launcher.patch(job.spec, name=name, namespace=namespace, pods=pods)
+    try:
+        return dict(merge(built, patch))
+    except MergeError as error:
+        raise RenderError(
+            f"the kustomize build of {root} {parts} does not take the job's patch: {error}"
+        ) from None
+
+
+def build(root: Path, overlay: str, launcher_component: str, accelerator: str) -> dict[str, Any]:
+    """The one object that kustomize builds from ``overlays/<overlay>`` with the components
+    ``<launcher_component>`` and ``<accelerator>`` of the kustomize tree ``root``: a fresh copy of
+    the build cached for this process (:func:`cached_build`), which the caller may change.
+
+    Raises:
+        RenderError: a directory has no kustomization, kustomize is missing or failed, or it
+            built other than one object.
+    """
+    return dict(json.loads(cached_build(root.resolve(), overlay, launcher_component, accelerator)))
+
+
+@functools.cache
+def cached_build(root: Path, overlay: str, launcher_component: str, accelerator: str) -> str:
+    """:func:`build`'s object as JSON text, built once per process and combination (a failure is
+    not cached, and is tried again by the next call). The cache reads no file twice: a changed
+    kustomize tree is read by the next process, or after ``cached_build.cache_clear()``."""
+    parts = [
+        root / "overlays" / overlay,
+        *(root / "components" / name for name in (launcher_component, accelerator)),
+    ]
     for part in parts:
         if not (part / "kustomization.yaml").is_file():
             raise RenderError(f"no kustomization in {part} (set {KUSTOMIZE_DIR_ENV})")
-    ops = launcher.patch(job.spec, name=job.metadata.name, pods=pods)
-    child = launcher.child
     with tempfile.TemporaryDirectory(prefix="bertjob-") as workdir:
         # kustomize accepts directories outside the kustomization's root, given relatively.
-        relative = [os.path.relpath(part.resolve(), Path(workdir).resolve()) for part in parts]
+        relative = [os.path.relpath(part, Path(workdir).resolve()) for part in parts]
         kustomization = {
             "apiVersion": "kustomize.config.k8s.io/v1beta1",
             "kind": "Kustomization",
             "resources": relative[:1],
             "components": relative[1:],
-            "namespace": job.metadata.namespace,
-            "labels": [{"pairs": pods.labels}],
-            "patches": [
-                {
-                    "target": {"group": child.group, "version": child.version, "kind": child.kind},
-                    "patch": json.dumps(ops),
-                }
-            ],
         }
-        # JSON is YAML: the file is written by json.dumps, so no value can change its structure.
         (Path(workdir) / "kustomization.yaml").write_text(json.dumps(kustomization, indent=2))
         output = kustomize_build(Path(workdir))
     objects = [obj for obj in yaml.safe_load_all(output) if obj is not None]
-    if [(obj.get("apiVersion"), obj.get("kind")) for obj in objects] != [(child.api_version, child.kind)]:
-        raise RenderError(f"{root} should build exactly one {child.kind}")
-    return dict(objects[0])
+    if len(objects) != 1:
+        raise RenderError(
+            f"{root} should build exactly one object from {overlay}, {launcher_component}, {accelerator}"
+        )
+    return json.dumps(objects[0])
+
+
+def merge(original: Any, patch: Any, field: str = "") -> Any:
+    """``original`` with the strategic-merge ``patch`` applied, as Kubernetes' strategic merge
+    does for the keys our patches use; neither argument is changed (a new object shares parts of
+    both).
+
+    - A mapping merges key by key into the original's (a missing one counts as empty); a key
+      whose value is null is removed. A mapping with ``{"$patch": "replace"}`` replaces the
+      original's as it is, without the directive, and nothing inside it is read as a directive.
+    - A list under a key of :data:`MERGE_KEYS` merges entry by entry by that key (``name``): an
+      entry the original has is merged in its place, another is added at the end, in the patch's
+      order; entries the patch leaves out stay as they are. Under ``containers`` the patch must
+      name each of the original's containers and no other (a base that renamed its container,
+      which kustomize's replacements then add beside it, would otherwise run without its command).
+    - Any other list, and any scalar, replaces the original's.
+
+    Raises:
+        MergeError: a container list that does not match, a merge-key list entry without its key,
+            or an unknown ``$patch`` directive.
+    """
+    if isinstance(patch, Mapping):
+        if DIRECTIVE in patch:
+            if patch[DIRECTIVE] != REPLACE:
+                raise MergeError(
+                    f"unknown directive {DIRECTIVE}: {patch[DIRECTIVE]!r} under {field or 'the root'}"
+                )
+            return {key: value for key, value in patch.items() if key != DIRECTIVE}
+        result = dict(original) if isinstance(original, Mapping) else {}
+        for key, value in patch.items():
+            if value is None:
+                result.pop(key, None)
+            else:
+                result[key] = merge(result.get(key), value, key)
+        return result
+    if isinstance(patch, list) and field in MERGE_KEYS:
+        return _merge_list(original if isinstance(original, list) else [], patch, field)
+    return patch
+
+
+def _merge_list(original: list[Any], patch: list[Any], field: str) -> list[Any]:
+    key = MERGE_KEYS[field]
+    result = list(original)
+    where = {entry.get(key): index for index, entry in enumerate(result) if isinstance(entry, Mapping)}
+    for entry in patch:
+        if not isinstance(entry, Mapping) or key not in entry:
+            raise MergeError(f"an entry of {field} without its {key}: {entry!r}")
+        index = where.get(entry[key])
+        if index is not None:
+            result[index] = merge(result[index], entry, field)
+        elif field in COMPLETE_LISTS:
+            raise MergeError(f"{field} has no {key} {entry[key]!r} (it has {sorted(where, key=str)})")
+        else:
+            where[entry[key]] = len(result)
+            result.append(merge(None, entry, field))
+    if field in COMPLETE_LISTS and len(patch) != len(result):
+        named = {entry[key] for entry in patch}
+        raise MergeError(f"{field} has {sorted(set(where) - named, key=str)} besides {sorted(named)}")
+    return result
 
 
 def kustomize_build(directory: Path) -> str:

@@ -19,7 +19,15 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from bertjob.render import KUSTOMIZE_DIR_ENV, RenderError, component, job_labels, kustomize_dir, render
+from bertjob.render import (
+    KUSTOMIZE_DIR_ENV,
+    RenderError,
+    cached_build,
+    component,
+    job_labels,
+    kustomize_dir,
+    render,
+)
 from bertjob_api.defaults import with_defaults
 from bertjob_api.spec import SpecError, parse_job, to_document
 from bertjob_testing.jobs import INJECTIONS, valid_job, with_value
@@ -594,6 +602,7 @@ def test_a_base_that_moved_the_container_is_caught(tmp_path: Path, monkeypatch: 
 
 
 def test_without_kustomize_or_kubectl_render_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    cached_build.cache_clear()  # as in a new process: the builds are cached per process
     monkeypatch.setenv("PATH", "")
 
     with pytest.raises(RenderError, match="neither kustomize nor kubectl"):

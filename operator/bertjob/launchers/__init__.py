@@ -1,12 +1,14 @@
 """Launchers: how a BertPretrainJob becomes the distributed-training resource that runs it.
 
 Each launcher (``spec.launcher``) names the child kind it creates and its kustomize component
-under ``kustomize/components/``, and supplies the job's own patch (RFC 6902 operations) that
-:func:`bertjob.render.render` applies on top of the topology's overlay and the components. The
-patch is rendered from the jinja2 templates in ``templates/`` (StrictUndefined; every value from the
-job goes through ``tojson``), so no value can change its structure. A launcher also names the pod
-template that runs the trainer (the data-preparation Job copies it). The child's status is read
-by :mod:`bertjob.lifecycle`, the same for every launcher (Kubeflow's JobCondition list). One module
+under ``kustomize/components/``, and supplies the job's own patch, a strategic-merge patch that
+:func:`bertjob.render.render` merges into the build of the topology's overlay and the components
+(:func:`bertjob.render.merge`: replicas are found by their key, containers, volumes, volumeMounts
+and env entries by their name, never by their position in the base's lists). The patch is rendered
+from the jinja2 templates in ``templates/`` (StrictUndefined; every value from the job goes through
+``tojson``), so no value can change its structure. A launcher also names the pod template that
+runs the trainer (the data-preparation Job copies it). The child's status is read by
+:mod:`bertjob.lifecycle`, the same for every launcher (Kubeflow's JobCondition list). One module
 per launcher.
 """
 
@@ -20,10 +22,14 @@ from typing import Any, Protocol
 
 import jinja2
 
-from bertjob_api.defaults import DEFAULT_VOLUME
+from bertjob_api.contract import JOB_CONFIG_VOLUME
 from bertjob_api.spec import Accelerator, JobSpec, SpecError, VolumeSpec
 
-JsonPatch = list[dict[str, Any]]
+MergePatch = dict[str, Any]
+# Kubernetes' strategic-merge directive: a mapping that carries {"$patch": "replace"} replaces the
+# base's mapping instead of merging into it (bertjob.render.merge).
+DIRECTIVE = "$patch"
+REPLACE = "replace"
 
 
 @dataclass(frozen=True)
@@ -57,9 +63,10 @@ class Launcher(Protocol):
     component: str
     """Directory under ``kustomize/components/`` that makes the base's job of this kind the output."""
 
-    def patch(self, spec: JobSpec, *, name: str, pods: PodNames) -> JsonPatch:
-        """RFC 6902 operations that turn the built child into this job's child: its name, the
-        ConfigMap, labels, image, pod settings, volumes, processes, replicas and runPolicy."""
+    def patch(self, spec: JobSpec, *, name: str, namespace: str, pods: PodNames) -> MergePatch:
+        """The strategic-merge patch that turns the built child into this job's child: its name,
+        namespace and labels, the ConfigMap, image, pod settings, volumes, processes, replicas and
+        runPolicy."""
         ...
 
     def trainer_template(self, child: Mapping[str, Any]) -> dict[str, Any]:
@@ -74,6 +81,16 @@ DEVICE_RESOURCES: dict[Accelerator, str | None] = {
     "xeon-cpu": None,
 }
 TOPOLOGY_OVERLAYS = ("single-node", "multi-node")
+
+
+def whole(value: Any) -> Any:
+    """``value`` marked to replace what the base holds in its place rather than merge into it: a
+    mapping gains ``{"$patch": "replace"}``; anything else (a list without a merge key, a scalar)
+    replaces it anyway. The template filter ``whole``; values from the job never carry the
+    directive themselves (each is checked against its Kubernetes schema, unknown fields refused)."""
+    return {DIRECTIVE: REPLACE, **value} if isinstance(value, Mapping) else value
+
+
 _TEMPLATES = jinja2.Environment(
     # templates/ ships inside the package (pyproject: package-data).
     loader=jinja2.FileSystemLoader(Path(__file__).resolve().parents[1] / "templates"),
@@ -81,6 +98,7 @@ _TEMPLATES = jinja2.Environment(
     autoescape=False,
     keep_trailing_newline=True,
 )
+_TEMPLATES.filters["whole"] = whole
 
 
 def overlay(spec: JobSpec) -> str:
@@ -91,36 +109,45 @@ def overlay(spec: JobSpec) -> str:
     return TOPOLOGY_OVERLAYS[0] if single else TOPOLOGY_OVERLAYS[1]
 
 
-def render_patch(template: str, **context: Any) -> JsonPatch:
-    """The RFC 6902 operations that ``templates/<template>`` renders from ``context``, one JSON
-    object per line.
+def render_patch(template: str, **context: Any) -> MergePatch:
+    """The strategic-merge patch that ``templates/<template>`` renders from ``context`` (one JSON
+    document).
 
     Raises:
         jinja2.UndefinedError: the template uses a name the context lacks (a bug, not user input).
     """
-    text = _TEMPLATES.get_template(template).render(**context)
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    patch = json.loads(_TEMPLATES.get_template(template).render(**context))
+    assert isinstance(patch, dict), template
+    return patch
 
 
 def job_patch(
     spec: JobSpec,
+    *,
     name: str,
+    namespace: str,
+    pods: PodNames,
+    replica_specs: str,
     fields: Mapping[str, Any],
     replicas: list[dict[str, Any]],
     removed: Sequence[str] = (),
-) -> JsonPatch:
-    """``templates/job.j2`` for a Kubeflow job: its name, Kueue label and runPolicy, the job-level
-    ``fields`` (JSON pointer -> value), each replica (``path``, ``count``, ``trainer``, ``pod``
-    from :func:`pod_context`, and ``container`` fields to add, a pointer relative to the
-    container each) and, last, the ``removed`` fields (JSON pointers, e.g. a replica the overlay
-    made that this job does not run)."""
+) -> MergePatch:
+    """``templates/job.j2`` for a Kubeflow job: its name, namespace, labels (``pods.labels`` and
+    the Kueue queue) and runPolicy, the fields of ``spec`` (``fields``, each replacing the base's),
+    and in ``spec.<replica_specs>`` each replica by its key (``name``, ``count``, ``trainer``,
+    ``pod`` from :func:`pod_context`, and ``container`` fields that replace the base's) and
+    ``removed``, the replicas the overlay made that this job does not run."""
+    labels = dict(pods.labels)
+    if spec.queue_name is not None:
+        labels["kueue.x-k8s.io/queue-name"] = spec.queue_name
     job = {
         "name": name,
-        "queue_name": spec.queue_name,
+        "namespace": namespace,
+        "labels": labels,
         "run_policy": run_policy(spec),
         "fields": dict(fields),
-        "replicas": replicas,
-        "removed": list(removed),
+        "replica_specs": replica_specs,
+        "replicas": [*replicas, *({"name": gone, "removed": True} for gone in removed)],
     }
     return render_patch("job.j2", job=job)
 
@@ -130,7 +157,7 @@ def pod_context(
 ) -> dict[str, Any]:
     """What ``templates/pod.j2`` sets on one replica: ``spec.pod``'s settings, and for a pod that
     runs the trainer (``trainer``) its volumes, the ConfigMap and resources. ``container`` is the
-    name the kustomize base gives the replica's container (the patch tests it)."""
+    name the kustomize base gives the replica's container, which the patch finds it by."""
     pod = spec.pod
     fields: dict[str, Any] = {
         "nodeSelector": dict(pod.node_selector) or None,
@@ -141,8 +168,6 @@ def pod_context(
         "imagePullSecrets": [{"name": secret} for secret in pod.image_pull_secrets] or None,
         "securityContext": pod.security_context,
     }
-    # A volume named like the base's emptyDir at /data replaces it; the others are added.
-    data = next((volume for volume in spec.volumes if volume.name == DEFAULT_VOLUME.name), None)
     return {
         "container": container,
         "labels": dict(labels),
@@ -151,10 +176,12 @@ def pod_context(
         "env": list(pod.env),
         "service_account": pods.service_account,
         "fields": {key: value for key, value in fields.items() if value is not None},
+        "config_volume": JOB_CONFIG_VOLUME,
         "config_map": pods.config_map,
         "resources": resources(spec),
-        "data_volume": _volume(data) if data else None,
-        "volumes": [_volume(volume) for volume in spec.volumes if volume is not data],
+        # By name: one named like a base volume (`data`, the emptyDir at /data) replaces it in
+        # place, the others are added after the base's.
+        "volumes": [_volume(volume) for volume in spec.volumes],
     }
 
 
@@ -186,11 +213,6 @@ def _volume(volume: VolumeSpec) -> dict[str, Any]:
     if volume.read_only:
         mount["readOnly"] = True
     return {"volume": {"name": volume.name, **volume.source}, "mount": mount}
-
-
-def json_pointer(*parts: str) -> str:
-    """An RFC 6901 pointer to the field named by ``parts`` (``/`` in a label key becomes ``~1``)."""
-    return "".join("/" + part.replace("~", "~0").replace("/", "~1") for part in parts)
 
 
 def _registry() -> dict[str, Launcher]:

@@ -20,27 +20,22 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
-from bertjob.launchers import (
-    ChildKind,
-    JsonPatch,
-    PodNames,
-    job_patch,
-    json_pointer,
-    pod_context,
-)
+from bertjob.launchers import ChildKind, MergePatch, PodNames, job_patch, pod_context
+from bertjob_api.contract import JOB_PATH, NAME_ENV, NAMESPACE_ENV, RUN_COMMAND, TRAINER_MODULE
 from bertjob_api.spec import Accelerator, ElasticSpec, JobSpec
 
-# Names and commands of kustomize/base/mpijob.yaml and the accelerator components; the patch tests
-# the container names, and tests/bertjob/test_kustomize.py checks that the base runs the same
-# trainer command as these.
+# Names and commands of kustomize/base/mpijob.yaml and the accelerator components; the patch finds
+# the containers by these names, and tests/bertjob/test_kustomize.py checks that the base runs the
+# same trainer command as these.
 LAUNCHER_CONTAINER = "launcher"
 WORKER_CONTAINER = "worker"
 # Both written by mpi-operator into the ConfigMap it mounts on the Launcher at /etc/mpi.
 HOSTFILE = "/etc/mpi/hostfile"
 DISCOVER_HOSTS = "/etc/mpi/discover_hosts.sh"
-TRAINER_COMMAND = ["python", "-m", "bertpretrain", "run", "--config", "/etc/bertjob/job.yaml"]
+REPLICA_SPECS = "mpiReplicaSpecs"
+TRAINER_COMMAND = ["python", "-m", TRAINER_MODULE, RUN_COMMAND, "--config", JOB_PATH]
 # Variables every rank needs from the Launcher: the job, for progress reports.
-FORWARDED_ENV = ["BERTJOB_NAME", "BERTJOB_NAMESPACE"]
+FORWARDED_ENV = [NAME_ENV, NAMESPACE_ENV]
 ACCELERATOR_ENV: dict[Accelerator, list[str]] = {"habana-hpu": ["PT_HPU_LAZY_MODE"]}
 # One process per socket, bound to it (components/xeon-cpu); mpirun's defaults elsewhere.
 MPIRUN_BINDING: dict[Accelerator, list[str]] = {"xeon-cpu": ["--map-by", "socket", "--bind-to", "socket"]}
@@ -52,12 +47,12 @@ class MPIJobLauncher:
     child = ChildKind(group="kubeflow.org", version="v2beta1", kind="MPIJob", plural="mpijobs")
     component = "mpijob"
 
-    def patch(self, spec: JobSpec, *, name: str, pods: PodNames) -> JsonPatch:
-        """Operations on the built MPIJob; see :meth:`bertjob.launchers.Launcher.patch`."""
+    def patch(self, spec: JobSpec, *, name: str, namespace: str, pods: PodNames) -> MergePatch:
+        """The patch of the built MPIJob; see :meth:`bertjob.launchers.Launcher.patch`."""
         ssh = PurePosixPath(spec.mpi.ssh_auth_mount_path)
         replicas: list[dict[str, Any]] = [
             {
-                "path": json_pointer("spec", "mpiReplicaSpecs", "Launcher"),
+                "name": "Launcher",
                 "count": None,
                 "trainer": False,
                 "pod": pod_context(
@@ -66,7 +61,7 @@ class MPIJobLauncher:
                 "container": {"command": launcher_command(spec)},
             },
             {
-                "path": json_pointer("spec", "mpiReplicaSpecs", "Worker"),
+                "name": "Worker",
                 "count": spec.topology.nodes,
                 "trainer": True,
                 "pod": pod_context(spec, pods, container=WORKER_CONTAINER, labels=pods.labels, trainer=True),
@@ -76,17 +71,17 @@ class MPIJobLauncher:
         ]
         return job_patch(
             spec,
-            name,
-            {
-                "/spec/slotsPerWorker": spec.topology.processes_per_node,
-                "/spec/sshAuthMountPath": str(ssh),
-            },
-            replicas,
+            name=name,
+            namespace=namespace,
+            pods=pods,
+            replica_specs=REPLICA_SPECS,
+            fields={"slotsPerWorker": spec.topology.processes_per_node, "sshAuthMountPath": str(ssh)},
+            replicas=replicas,
         )
 
     def trainer_template(self, child: Mapping[str, Any]) -> dict[str, Any]:
         """The Worker's pod template (the Launcher runs mpirun only)."""
-        return dict(child["spec"]["mpiReplicaSpecs"]["Worker"]["template"])
+        return dict(child["spec"][REPLICA_SPECS]["Worker"]["template"])
 
 
 def launcher_command(spec: JobSpec) -> list[str]:

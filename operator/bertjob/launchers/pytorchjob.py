@@ -22,18 +22,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from bertjob.launchers import (
-    ChildKind,
-    JsonPatch,
-    PodNames,
-    job_patch,
-    json_pointer,
-    pod_context,
-)
+from bertjob.launchers import ChildKind, MergePatch, PodNames, job_patch, pod_context
 from bertjob_api.spec import ElasticSpec, JobSpec
 
-# The container name in kustomize/base/pytorchjob.yaml; the patch first tests that it is there.
+# The container name in kustomize/base/pytorchjob.yaml, which the patch finds the container by.
 CONTAINER = "pytorch"
+REPLICA_SPECS = "pytorchReplicaSpecs"
 RDZV_BACKEND = "c10d"
 
 
@@ -43,39 +37,42 @@ class PyTorchJobLauncher:
     child = ChildKind(group="kubeflow.org", version="v1", kind="PyTorchJob", plural="pytorchjobs")
     component = "pytorchjob"
 
-    def patch(self, spec: JobSpec, *, name: str, pods: PodNames) -> JsonPatch:
-        """Operations on the built PyTorchJob; see :meth:`bertjob.launchers.Launcher.patch`."""
+    def patch(self, spec: JobSpec, *, name: str, namespace: str, pods: PodNames) -> MergePatch:
+        """The patch of the built PyTorchJob; see :meth:`bertjob.launchers.Launcher.patch`."""
         nodes = spec.topology.nodes
         processes = str(spec.topology.processes_per_node)
         # The CRD types nprocPerNode as a string ("auto", "cpu", "gpu" or a number).
-        fields: dict[str, Any] = {"/spec/nprocPerNode": processes}
+        fields: dict[str, Any] = {"nprocPerNode": processes}
         removed: list[str] = []
         counts: dict[str, int | None]  # None: the replica count the overlay set
         if spec.elastic is None:
             counts = {"Master": None} if nodes == 1 else {"Master": None, "Worker": nodes - 1}
         else:
             counts = {"Worker": nodes}
-            removed.append(json_pointer("spec", "pytorchReplicaSpecs", "Master"))
-            fields["/spec/elasticPolicy"] = elastic_policy(spec.elastic, name)
+            removed.append("Master")
+            fields["elasticPolicy"] = elastic_policy(spec.elastic, name)
         pod = pod_context(spec, pods, container=CONTAINER, labels=pods.labels, trainer=True)
         if spec.elastic is not None:
             pod["env"] = [*elastic_env(processes), *pod["env"]]
         replicas = [
-            {
-                "path": json_pointer("spec", "pytorchReplicaSpecs", replica),
-                "count": count,
-                "trainer": True,
-                "pod": pod,
-                "container": {},
-            }
+            {"name": replica, "count": count, "trainer": True, "pod": pod, "container": {}}
             for replica, count in counts.items()
         ]
-        return job_patch(spec, name, fields, replicas, removed)
+        return job_patch(
+            spec,
+            name=name,
+            namespace=namespace,
+            pods=pods,
+            replica_specs=REPLICA_SPECS,
+            fields=fields,
+            replicas=replicas,
+            removed=removed,
+        )
 
     def trainer_template(self, child: Mapping[str, Any]) -> dict[str, Any]:
         """The Master's pod template, or the Workers' in an elastic job (every replica runs the
         same pod)."""
-        replicas = child["spec"]["pytorchReplicaSpecs"]
+        replicas = child["spec"][REPLICA_SPECS]
         return dict((replicas.get("Master") or replicas["Worker"])["template"])
 
 
