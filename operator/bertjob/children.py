@@ -16,8 +16,8 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from bertjob import launchers
+from bertjob_api.contract import API_VERSION, KIND, job_path, status_path
 from bertjob_api.crd import PendingEvent
-from bertjob_api.spec import API_VERSION, KIND, PLURAL
 
 MERGE_PATCH = "application/merge-patch+json"
 # The kinds the renderer makes besides the launchers' own, by (apiVersion, kind).
@@ -71,11 +71,6 @@ def object_path(obj: Mapping[str, Any]) -> str:
     """URL path of ``obj`` (a manifest with apiVersion, kind, metadata.name and namespace)."""
     meta = obj["metadata"]
     return f"{collection_path(obj['apiVersion'], obj['kind'], meta['namespace'])}/{meta['name']}"
-
-
-def job_path(namespace: str, name: str) -> str:
-    """URL path of a BertPretrainJob."""
-    return f"/apis/{API_VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
 
 
 def call(
@@ -178,7 +173,7 @@ def patch_status(api: ApiClient, job: Mapping[str, Any], status: Mapping[str, An
         ApiException: the API server refused the patch, or failed.
     """
     meta = job["metadata"]
-    call(api, "PATCH", job_path(meta["namespace"], meta["name"]) + "/status", {"status": status}, MERGE_PATCH)
+    call(api, "PATCH", status_path(meta["namespace"], meta["name"]), {"status": status}, MERGE_PATCH)
 
 
 def post_event(api: ApiClient, job: Mapping[str, Any], name: str, event: PendingEvent) -> bool:
