@@ -25,13 +25,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from bertjob_api.spec import SourceSpec
-from bertpretrain.data import corpus
 from bertpretrain.data.corpus import (
     BUILTIN_PYTHON_DOCS,
     RawDocument,
     detect_format,
     read_corpus,
     read_source,
+    readers,
     sentences,
 )
 
@@ -271,7 +271,7 @@ def test_parquet_and_arrow_one_document_per_row(
 
     monkeypatch.setattr(pq.ParquetFile, "read", whole_file)
     monkeypatch.setattr(pq, "read_table", whole_file)
-    monkeypatch.setattr(corpus, "_BATCH_ROWS", 2)
+    monkeypatch.setattr(readers, "_BATCH_ROWS", 2)
     file = tmp_path / name
     write_table(file)
     documents, skipped = read(file)

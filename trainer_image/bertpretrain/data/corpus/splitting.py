@@ -1,0 +1,68 @@
+"""Split a raw document into sentences with BlingFire, a pure function run in the worker processes.
+
+Line and paragraph breaks are handed to BlingFire as U+2029 (paragraph separator), after which it
+always ends a sentence, so that one call splits a whole document.
+"""
+
+from __future__ import annotations
+
+import re
+
+import blingfire
+
+from bertpretrain.data.corpus.raw import RawDocument
+from bertpretrain.data.corpus.wikitext import wikitext_to_prose
+
+# A line that ends like a sentence (also how ``auto`` tells ``bert`` files from ``text``).
+SENTENCE_END = re.compile(r"""[.!?:;]['"’”)\]]*$""")
+
+# U+2029 (paragraph separator) ends a sentence for BlingFire whatever precedes it, unlike "\n",
+# which it reads as a space. The space after it matters: BlingFire ends a sentence after
+# "\u2029Mr." but not after "\u2029 Mr.".
+_BREAK_CHAR = "\u2029"
+_BREAK = "\u2029 "
+BLANK_LINES = re.compile(r"\n[^\S\n]*\n\s*")
+
+
+def sentences(document: RawDocument) -> list[str]:
+    """The document's sentences, stripped and non-empty, found with BlingFire.
+
+    ``lines``: every line break ends a sentence; ``prose``: blank lines end paragraphs and single
+    line breaks are spaces; ``wikitext``: the markup is stripped with mwparserfromhell first, then
+    as prose. Runs of whitespace inside a sentence become one space. A pure function: it runs in
+    worker processes.
+
+    Raises:
+        ValueError: an unknown ``kind``.
+    """
+    if document.kind == "lines":
+        text = document.text.strip().replace("\n", _BREAK)
+    elif document.kind == "prose":
+        text = _prose_breaks(document.text)
+    elif document.kind == "wikitext":
+        text = _prose_breaks(wikitext_to_prose(document.text))
+    else:
+        raise ValueError(f"{document.origin}: unknown document kind {document.kind!r}")
+    if not text or text.isspace():
+        return []
+    split = blingfire.text_to_sentences(text)
+    if split.count(_BREAK_CHAR) != text.count(_BREAK_CHAR):
+        # Never seen, but cheap to check: the breaks must survive, or lines would be joined.
+        return [s for part in text.split(_BREAK_CHAR) for s in split_sentences(part)]
+    # Whitespace is collapsed per sentence: a regular expression over the whole text is slower.
+    parts = split.replace(_BREAK_CHAR, "\n").split("\n")
+    return [s for s in (" ".join(part.split()) for part in parts) if s]
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split one paragraph of prose into sentences with BlingFire; whitespace is collapsed."""
+    text = " ".join(text.split())
+    if not text:
+        return []
+    sentences = (s.strip() for s in blingfire.text_to_sentences(text).split("\n"))
+    return [s for s in sentences if s]
+
+
+def _prose_breaks(text: str) -> str:
+    """Prose with paragraph breaks as U+2029 and line breaks within paragraphs as spaces."""
+    return BLANK_LINES.sub(_BREAK, text.strip()).replace("\n", " ")
