@@ -23,7 +23,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from bertjob_api.spec import GROUP, KIND, PLURAL, VERSION, JobSpec
+from bertjob_api.contract import GROUP, KIND, PLURAL, VERSION
+from bertjob_api.spec import JobSpec
 
 Phase = Literal["Pending", "Preparing", "Running", "Succeeded", "Failed", "Suspended"]
 ConditionType = Literal[
@@ -67,7 +68,8 @@ class ChildRef(_Status):
 
 
 class Progress(_Status):
-    """Training progress, reported by the trainer's rank 0 at each logging step."""
+    """Training progress, reported by the trainer's rank 0 at each logging step: the phase and
+    step, and the log values of :data:`bertjob_api.contract.PROGRESS_FIELDS` under their names."""
 
     phase: int = Field(ge=1, description="Training phase (1 or 2).")
     step: int = Field(ge=0, description="Optimizer steps done in this phase.")

@@ -1,0 +1,321 @@
+"""The status state machine (:mod:`bertjob.lifecycle`) as pure functions, one table per move.
+
+Each row is a status and an observation, and the phase, conditions and Event it must lead to;
+no cluster, no emulator. The end-to-end tests show the same moves through kopf.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from bertjob import lifecycle
+from bertjob_api.crd import ChildRef, Condition, JobStatus, Phase
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+AT = T0 + timedelta(minutes=5)
+DATA_JOB = ChildRef(api_version="batch/v1", kind="Job", name="demo-prepare")
+TRAINING = ChildRef(api_version="kubeflow.org/v1", kind="PyTorchJob", name="demo")
+
+
+def cond(
+    type_: Any, status: bool = True, reason: str = "", message: str = "", at: datetime = T0
+) -> Condition:
+    """A condition, its reason defaulting to its type."""
+    return lifecycle.condition(type_, reason or type_, message, at, status)
+
+
+def conditions(status: JobStatus) -> dict[str, tuple[str, str]]:
+    """``{type: (status, reason)}`` of a status's conditions."""
+    return {item.type: (item.status, item.reason) for item in status.conditions}
+
+
+# --- launched -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("preparing", "suspended", "phase", "types"),
+    [
+        (False, False, "Pending", {"Created"}),
+        (True, False, "Preparing", {"Created", "Preparing"}),
+        (False, True, "Suspended", {"Created"}),
+        (True, True, "Suspended", {"Created", "Preparing"}),
+    ],
+)
+def test_launched(preparing: bool, suspended: bool, phase: Phase, types: set[str]) -> None:
+    # A job failed for its spec, with a refused change, rendered again.
+    before = JobStatus(
+        phase="Failed",
+        conditions=[cond("Failed", reason="InvalidSpec"), cond("SpecChangeRefused"), cond("Running")],
+        completion_time=T0,
+        start_time=T0,
+    )
+    children = [DATA_JOB] if preparing else [TRAINING]
+    after = lifecycle.launched(
+        before, children=children, config_map="demo-job", preparing=preparing, suspended=suspended,
+        generation=3, at=AT,
+    )  # fmt: skip
+
+    assert after.phase == phase
+    assert set(conditions(after)) == types | {"Running"}
+    assert conditions(after)["Created"] == ("True", "ChildrenCreated")
+    assert (after.children, after.config_map, after.observed_generation) == (children, "demo-job", 3)
+    assert after.completion_time is None
+    assert after.start_time == T0, "the first launch's start time is kept"
+    assert lifecycle.launched(JobStatus(), children=children, config_map=None, preparing=preparing,
+                              suspended=suspended, generation=None, at=AT).start_time == AT  # fmt: skip
+
+
+# --- the data Job -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("job_status", "outcome"),
+    [
+        ({}, None),
+        ({"conditions": None}, None),
+        ({"conditions": [{"type": "Suspended", "status": "True"}]}, None),
+        ({"conditions": [{"type": "Complete", "status": "False"}]}, None),
+        ({"conditions": ["garbage", {"type": "Complete", "status": "True"}]}, ("Complete", "Complete", "")),
+        (
+            {
+                "conditions": [
+                    {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "m"}
+                ]
+            },
+            ("Failed", "BackoffLimitExceeded", "m"),
+        ),
+        (
+            {"conditions": [{"type": "Failed", "status": "True", "reason": "PodFailurePolicy"}]},
+            ("Failed", "PodFailurePolicy", ""),
+        ),
+    ],
+)
+def test_prepare_outcome(job_status: dict[str, Any], outcome: tuple[str, str, str] | None) -> None:
+    assert lifecycle.prepare_outcome(job_status) == outcome
+
+
+@pytest.mark.parametrize(
+    ("phase", "suspended", "expected"),
+    [
+        ("Preparing", False, "Pending"),
+        ("Preparing", True, "Suspended"),
+        ("Suspended", True, "Suspended"),
+        ("Suspended", False, "Pending"),
+        ("Failed", False, "Failed"),
+        ("Succeeded", True, "Succeeded"),
+    ],
+)
+def test_prepared(phase: Phase, suspended: bool, expected: Phase) -> None:
+    before = JobStatus(phase=phase, children=[DATA_JOB, TRAINING], conditions=[cond("Preparing")])
+
+    after = lifecycle.prepared(before, TRAINING, "Completed", "", suspended, AT)
+
+    assert after.phase == expected
+    assert conditions(after)["Preparing"] == ("False", "PrepareJobCompleted")
+    assert conditions(after)["Prepared"] == ("True", "Completed")
+    assert after.children == [DATA_JOB, TRAINING], "the training child is listed once, last"
+
+
+# --- the training child ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("true", "phase"),
+    [
+        ((), None),
+        (("Created",), "Pending"),
+        (("Created", "Running"), "Running"),
+        (("Created", "Restarting"), "Running"),
+        (("Created", "Running", "Succeeded"), "Succeeded"),
+        (("Created", "Running", "Failed"), "Failed"),
+        (("Succeeded", "Failed"), "Succeeded"),
+        (("Suspended",), None),
+    ],
+)
+def test_child_phase(true: tuple[str, ...], phase: Phase | None) -> None:
+    found = [cond(type_) for type_ in true] + [cond("Running", status=False)] * ("Running" not in true)
+    assert lifecycle.child_phase(found) == phase
+
+
+@pytest.mark.parametrize(
+    ("phase", "child", "suspended", "expected"),
+    [
+        ("Pending", ("Created",), False, "Pending"),
+        ("Pending", ("Created", "Running"), False, "Running"),
+        ("Running", ("Created", "Restarting"), False, "Running"),
+        ("Running", ("Created", "Running", "Succeeded"), False, "Succeeded"),
+        ("Running", ("Created", "Running", "Failed"), False, "Failed"),
+        ("Suspended", ("Created", "Running"), True, "Suspended"),
+        ("Suspended", ("Created", "Running", "Succeeded"), True, "Succeeded"),
+        ("Suspended", (), True, "Suspended"),
+        ("Succeeded", ("Failed",), False, "Succeeded"),
+        ("Failed", ("Running",), False, "Failed"),
+    ],
+)
+def test_follow_child(phase: Phase, child: tuple[str, ...], suspended: bool, expected: Phase) -> None:
+    before = JobStatus(phase=phase)
+
+    after = lifecycle.follow_child(before, [cond(type_) for type_ in child], suspended, AT)
+
+    assert after.phase == expected
+    if phase in lifecycle.TERMINAL_PHASES:
+        assert after == before, "a finished job no longer moves"
+    else:
+        assert set(conditions(after)) == set(child), "the child's conditions are mirrored"
+        assert after.completion_time == (AT if expected in lifecycle.TERMINAL_PHASES else None)
+
+
+def test_child_conditions_mirror_kubeflows_types_only() -> None:
+    status = {
+        "conditions": [
+            {
+                "type": "Running",
+                "status": "True",
+                "reason": "Up",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            },
+            {"type": "Restarting", "status": "maybe", "lastTransitionTime": "yesterday"},
+            {"type": "JobQueued", "status": "True"},
+            "garbage",
+            {"type": "Failed", "status": "False", "message": "x" * 5000},
+        ]
+    }
+
+    found = lifecycle.child_conditions(status, AT)
+
+    assert [(c.type, c.status, c.reason, c.last_transition_time) for c in found] == [
+        ("Running", "True", "Up", T0),
+        ("Restarting", "Unknown", "Restarting", AT),
+        ("Failed", "False", "Failed", AT),
+    ]
+    assert len(found[-1].message) == lifecycle.MESSAGE_LIMIT
+
+
+# --- the user: suspend, and changes to the spec ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("phase", "suspended", "has_training", "expected", "condition"),
+    [
+        ("Running", True, True, "Suspended", ("True", "SuspendedByUser")),
+        ("Preparing", True, False, "Suspended", ("True", "SuspendedByUser")),
+        ("Suspended", False, True, "Pending", ("False", "ResumedByUser")),
+        ("Suspended", False, False, "Preparing", ("False", "ResumedByUser")),
+        ("Succeeded", True, True, "Succeeded", None),
+        ("Failed", False, True, "Failed", None),
+    ],
+)
+def test_suspension(
+    phase: Phase, suspended: bool, has_training: bool, expected: Phase, condition: tuple[str, str] | None
+) -> None:
+    after = lifecycle.suspension(JobStatus(phase=phase), suspended, has_training, AT)
+
+    assert after.phase == expected
+    assert conditions(after).get("Suspended") == condition
+
+
+@pytest.mark.parametrize(
+    ("earlier", "refused", "condition"),
+    [
+        ((), (), None),
+        ((), ("spec.model",), ("True", "UnsafeChange", "why: spec.model")),
+        ((), ("spec.image", "spec.model"), ("True", "UnsafeChange", "why: spec.image, spec.model")),
+        (("SpecChangeRefused",), (), ("False", "ChangeApplied", "the latest spec change was applied")),
+        (("SpecChangeRefused",), ("spec.seed",), ("True", "UnsafeChange", "why: spec.seed")),
+    ],
+)
+def test_spec_change(
+    earlier: tuple[str, ...], refused: tuple[str, ...], condition: tuple[str, str, str] | None
+) -> None:
+    before = JobStatus(phase="Running", conditions=[cond(type_) for type_ in earlier], observed_generation=1)
+
+    after = lifecycle.spec_change(before, list(refused), "why", 2, AT)
+
+    found = {c.type: (c.status, c.reason, c.message) for c in after.conditions}
+    assert found.get("SpecChangeRefused") == condition
+    assert after.observed_generation == 2
+    assert after.phase == "Running", "a spec change alone does not move the phase"
+
+
+# --- failures, conditions and Events ---------------------------------------------------------------
+
+
+def test_failed_records_the_completion_time_once() -> None:
+    first = lifecycle.failed(JobStatus(phase="Running"), "InvalidSpec", "spec.model: bad", AT)
+    again = lifecycle.failed(first, "RenderFailed", "later", AT + timedelta(hours=1))
+
+    assert (first.phase, first.completion_time) == ("Failed", AT)
+    assert conditions(first)["Failed"] == ("True", "InvalidSpec")
+    assert (again.completion_time, conditions(again)["Failed"]) == (AT, ("True", "RenderFailed"))
+
+
+def test_an_unchanged_condition_keeps_its_transition_time() -> None:
+    status = lifecycle.with_condition(JobStatus(), cond("Running", at=T0))
+
+    same = lifecycle.with_condition(status, cond("Running", at=AT))
+    changed = lifecycle.with_condition(status, cond("Running", status=False, at=AT))
+
+    assert same.conditions[0].last_transition_time == T0
+    assert [(c.status, c.last_transition_time) for c in changed.conditions] == [("False", AT)]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "failure", "event"),
+    [
+        ("Pending", "Pending", None, None),
+        (None, None, None, None),
+        (None, "Pending", None, ("Normal", "Pending", "New -> Pending")),
+        ("Pending", "Running", None, ("Normal", "Running", "Pending -> Running")),
+        ("Running", "Failed", ("BackoffLimitExceeded", "pod crashed"),
+         ("Warning", "BackoffLimitExceeded", "Running -> Failed: pod crashed")),
+        ("Running", "Failed", None, ("Warning", "Failed", "Running -> Failed")),
+        ("Suspended", "Succeeded", None, ("Normal", "Succeeded", "Suspended -> Succeeded")),
+    ],
+)  # fmt: skip
+def test_transition(
+    old: Phase | None, new: Phase | None, failure: tuple[str, str] | None, event: tuple[Any, str, str] | None
+) -> None:
+    found = [cond("Failed", reason=failure[0], message=failure[1])] if failure else []
+
+    transition = lifecycle.transition(JobStatus(phase=old), JobStatus(phase=new, conditions=found))
+
+    assert transition == (lifecycle.Transition(*event) if event else None)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "patch"),
+    [
+        ({}, {}, {}),
+        ({"phase": "Pending"}, {"phase": "Running"}, {"phase": "Running"}),
+        ({"phase": "Pending", "configMap": "c"}, {"phase": "Pending"}, {"configMap": None}),
+        # The trainer's progress is never the operator's to write, nor to delete.
+        ({"phase": "Running"}, {"phase": "Running", "progress": {"phase": 1, "step": 1, "totalSteps": 2,
+                                                                 "updateTime": "2026-01-01T00:00:00Z"}}, {}),
+    ],
+)  # fmt: skip
+def test_status_patch(before: dict[str, Any], after: dict[str, Any], patch: dict[str, Any]) -> None:
+    assert lifecycle.status_patch(JobStatus.model_validate(before), JobStatus.model_validate(after)) == patch
+
+
+@pytest.mark.parametrize(
+    ("obj", "phase"),
+    [
+        ({}, None),
+        ({"status": None}, None),
+        ({"status": {"phase": "Running"}}, "Running"),
+        ({"status": {"phase": "Exploded"}}, None),
+        ({"status": {"conditions": "not a list"}}, None),
+    ],
+)
+def test_a_status_the_operator_did_not_write_reads_as_empty(obj: dict[str, Any], phase: Phase | None) -> None:
+    assert lifecycle.of(obj).phase == phase
+
+
+@pytest.mark.parametrize(("length", "kept"), [(0, 0), (1024, 1024), (1025, 1024), (5000, 1024)])
+def test_short(length: int, kept: int) -> None:
+    message = lifecycle.short("x" * length)
+    assert len(message) == kept
+    assert message.endswith("...") == (length > lifecycle.MESSAGE_LIMIT)
