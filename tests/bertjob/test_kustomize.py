@@ -13,6 +13,14 @@ import yaml
 
 from bertjob.launchers import mpijob
 from bertjob.render import kustomize_build
+from bertjob_api.contract import (
+    DATA_VOLUME,
+    JOB_CONFIG_VOLUME,
+    NAME_ENV,
+    NAMESPACE_ENV,
+    SHM_VOLUME,
+    TMP_VOLUME,
+)
 from bertjob_api.spec import parse_job
 from bertjob_testing.jobs import REPO
 from tests.k8s_schema import assert_valid
@@ -73,9 +81,14 @@ def test_every_combination_builds_by_hand(
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
         }
-        assert [volume["name"] for volume in pod["volumes"]] == ["job-config", "data", "dshm", "tmp"]
+        assert [volume["name"] for volume in pod["volumes"]] == [
+            JOB_CONFIG_VOLUME,
+            DATA_VOLUME,
+            SHM_VOLUME,
+            TMP_VOLUME,
+        ]
         env = {var["name"] for var in container["env"]}
-        assert {"BERTJOB_NAME", "BERTJOB_NAMESPACE"} <= env
+        assert {NAME_ENV, NAMESPACE_ENV} <= env
         kubernetes_validate.validate(
             {
                 "apiVersion": "v1",
@@ -126,5 +139,6 @@ def test_the_kustomize_by_hand_example_builds(mpijob_schema: dict[str, Any]) -> 
         for container in replica["template"]["spec"]["containers"]
     }
     assert images == {job.spec.image}, "the pods must run the image the job file names"
-    config_volume = mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["volumes"][0]
+    volumes = mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["volumes"]
+    [config_volume] = [volume for volume in volumes if volume["name"] == JOB_CONFIG_VOLUME]
     assert config_volume["configMap"]["name"] == kinds["ConfigMap"]["metadata"]["name"]
