@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from bertjob_api.defaults import with_defaults
 from bertjob_api.spec import JobSpec, SourceSpec, parse_spec
 from bertpretrain.data import corpus
 from bertpretrain.data.packing import PACKED_DTYPES, attention_mask
-from bertpretrain.data.prepare import PreparedData, available_cpus, prepare
+from bertpretrain.data.prepare import PreparedData, prepare
 from bertpretrain.data.shards import DYNAMIC_DTYPES, SHARD_DTYPES, read_shard
 
 PHASE_128 = {"maxSeqLength": 128, "maxPredictionsPerSeq": 20, "globalBatchSize": 8, "learningRate": 1e-3,
@@ -266,13 +265,3 @@ def test_sentences_longer_than_the_sequence_are_truncated(tmp_path: Path, vocab_
     ).phase_dirs[0]
     rows = np.concatenate([read_shard(p)["input_mask"] for p in sorted(directory.glob("shard_*.hdf5"))])
     assert rows.sum(axis=1).max() == 128
-
-
-@pytest.mark.parametrize(
-    ("cpu_max", "quota"), [("400000 100000\n", 4), ("50000 100000\n", 1), ("max 100000\n", None), ("", None)]
-)
-def test_workers_default_to_the_cgroup_quota(tmp_path: Path, cpu_max: str, quota: int | None) -> None:
-    (tmp_path / "cpu.max").write_text(cpu_max)
-    affinity = len(os.sched_getaffinity(0))
-    assert available_cpus(tmp_path / "cpu.max") == (min(quota, affinity) if quota else affinity)
-    assert available_cpus(tmp_path / "missing") == affinity

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from bertpretrain.runtime.devices import (
-    cgroup_cpu_limit,
     cpu_threads,
     numa_binding,
     numa_nodes,
@@ -55,19 +54,6 @@ def test_numa_binding(allowed: set[int], local_rank: int, local_world_size: int,
 
 def test_single_node_is_not_bound() -> None:
     assert numa_binding({0, 1}, [{0, 1}], 0, 1) == {0, 1}
-
-
-def test_cgroup_cpu_limit(tmp_path: Path) -> None:
-    assert cgroup_cpu_limit(tmp_path) is None
-    (tmp_path / "cpu.max").write_text("max 100000\n")
-    assert cgroup_cpu_limit(tmp_path) is None
-    (tmp_path / "cpu.max").write_text("250000 100000\n")
-    assert cgroup_cpu_limit(tmp_path) == 2.5
-    v1 = tmp_path / "v1"
-    (v1 / "cpu").mkdir(parents=True)
-    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("800000")
-    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000")
-    assert cgroup_cpu_limit(v1) == 8.0
 
 
 def test_cpu_threads() -> None:

@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 
 from bertjob_api.spec import Accelerator
+from bertpretrain.common.cpus import cgroup_cpu_limit
 from bertpretrain.runtime.world import World
 
-CGROUP = Path("/sys/fs/cgroup")
 NUMA_NODES = Path("/sys/devices/system/node")
 
 
@@ -101,7 +101,7 @@ def _xeon_cpu(world: World) -> Device:
     cpus = numa_binding(allowed, numa_nodes(NUMA_NODES), world.local_rank, world.local_world_size)
     if cpus != allowed:
         os.sched_setaffinity(0, cpus)
-    threads = cpu_threads(cpus, cgroup_cpu_limit(CGROUP), world.local_world_size, os.environ)
+    threads = cpu_threads(cpus, cgroup_cpu_limit(), world.local_world_size, os.environ)
     torch.set_num_threads(threads)
     placement = f"{threads} thread{'s' if threads > 1 else ''} on {len(cpus)} cores"
     if cpus != allowed:
@@ -142,22 +142,6 @@ def numa_binding(
         return allowed
     mine = nodes[local_rank] & allowed
     return mine or allowed
-
-
-def cgroup_cpu_limit(root: Path) -> float | None:
-    """The container's CPU limit in cores from cgroup v2 ``cpu.max`` (or v1 ``cpu.cfs_quota_us``
-    over ``cpu.cfs_period_us``) under ``root``; None when unlimited or unreadable."""
-    try:
-        quota, period = (root / "cpu.max").read_text().split()
-        return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
-        pass
-    try:
-        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
-        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
-    except (OSError, ValueError):
-        return None
-    return None if quota_us <= 0 else quota_us / period_us
 
 
 def cpu_threads(
