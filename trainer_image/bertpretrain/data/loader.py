@@ -36,6 +36,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from bertjob_api.spec import PhaseSpec
 from bertpretrain.common.batch import Batch
+from bertpretrain.common.labels import IGNORE_INDEX
 from bertpretrain.data.masking import mask_tokens
 from bertpretrain.data.packing import PACKED_DTYPES, packed_shapes
 from bertpretrain.data.shards import (
@@ -46,7 +47,6 @@ from bertpretrain.data.shards import (
     shard_shapes,
 )
 from bertpretrain.data.vocab import SpecialIds, continuation_table, load_tokenizer
-from bertpretrain.model.bert import IGNORE_INDEX
 
 Arrays = dict[str, np.ndarray]
 

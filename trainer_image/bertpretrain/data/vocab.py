@@ -26,9 +26,12 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+# The file names belong to the contract (the export carries them too); re-exported for this
+# module's callers.
+from bertjob_api.contract import TOKENIZER_FILE as TOKENIZER_FILE
+from bertjob_api.contract import VOCAB_FILE as VOCAB_FILE
+
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-VOCAB_FILE = "vocab.txt"
-TOKENIZER_FILE = "tokenizer.json"
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from bertpretrain.common.labels import IGNORE_INDEX
 from bertpretrain.model.config import PAD_TOKEN_ID, BertConfig
-
-IGNORE_INDEX = -100
 
 
 class BertEmbeddings(nn.Module):
