@@ -45,6 +45,7 @@ from bertpretrain.data.loader import to_batch
 from bertpretrain.model.bert import BertConfig, BertForPreTraining
 from bertpretrain.runtime.engine import Engine
 from bertpretrain.runtime.parallel import join
+from bertpretrain.training.accuracy import step_statistics
 from bertpretrain.training.optimizer import build_optimizer
 from bertpretrain.training.schedule import poly_warmup_schedule
 
@@ -110,7 +111,7 @@ def worker(args: argparse.Namespace) -> int:
     """One rank of a CPU run (started alone, by torchrun or by horovodrun): rank 0 writes its
     rate, the world and the collectives to ``args.worker`` as JSON."""
     parallel = join(args.scale_on)
-    engine = Engine(parallel, "fp32")
+    engine = Engine(parallel, "fp32", step_statistics)
     rate = train_rate(engine, args.preset, args.seq_length, args.micro_batch, args.steps, args.warmup)
     if engine.is_main:
         Path(args.worker).write_text(
@@ -188,7 +189,7 @@ def gpu_rates(args: argparse.Namespace) -> list[tuple[str, float]]:
     settings = GPU_SETTINGS + ((GPU_COMPILED,) if args.gpu_compile else ())
     rates = []
     for label, precision, tf32, compile in settings:
-        engine = Engine(join("nvidia-gpu", tf32=tf32), precision)
+        engine = Engine(join("nvidia-gpu", tf32=tf32), precision, step_statistics)
         rate = train_rate(
             engine, args.gpu_preset, args.seq_length, args.gpu_micro_batch, args.steps, args.warmup, compile
         )

@@ -22,6 +22,7 @@ from bertpretrain.data.loader import to_batch
 from bertpretrain.model.bert import BertConfig, BertForPreTraining
 from bertpretrain.runtime.engine import Engine
 from bertpretrain.runtime.parallel import join
+from bertpretrain.training.accuracy import step_statistics
 from bertpretrain.training.optimizer import build_optimizer
 from bertpretrain.training.schedule import poly_warmup_schedule
 
@@ -49,7 +50,7 @@ def measure(
 ) -> float:
     """Sequences/s over ``steps`` optimizer steps, after two warm-up steps."""
     seq_length, predictions, batch = shape
-    engine = Engine(join(accelerator), precision)
+    engine = Engine(join(accelerator), precision, step_statistics)
     model = engine.prepare(BertForPreTraining(BertConfig.from_dims(MODEL_PRESETS[preset], VOCAB_SIZE)))
     optimizer = build_optimizer(model, OptimizerSpec(), lr=1e-3)
     engine.attach(optimizer, poly_warmup_schedule(optimizer, steps + 2, 0.1), clip_grad_norm=None)

@@ -70,6 +70,8 @@ TRAINER_MODULE: Final = "bertpretrain"
 LAUNCH_MODULE: Final = "bertpretrain.launch"
 PREPARE_COMMAND: Final = "prepare"
 RUN_COMMAND: Final = "run"
+# The whole job in one process, then a fill-mask demonstration: what `bertjob run job.yaml` starts.
+LOCAL_COMMAND: Final = "local"
 
 # Set by the operator in every trainer pod, so that the trainer can report its progress.
 NAME_ENV: Final = "BERTJOB_NAME"

@@ -308,7 +308,7 @@ def check(spec: JobSpec, source: str = "<spec>", training: bool = True, cluster:
 
 
 # What a spec is checked for, by who runs it (see checked).
-Purpose = Literal["cluster", "training", "data"]
+Purpose = Literal["cluster", "training", "no-training"]
 
 
 def checked(spec: JobSpec, source: str = "<spec>", purpose: Purpose = "training") -> JobSpec:
@@ -321,13 +321,14 @@ def checked(spec: JobSpec, source: str = "<spec>", purpose: Purpose = "training"
     - ``"training"``: the whole job in this process group (``python -m bertpretrain run`` in a pod
       the operator has already checked as a cluster job, and ``bertjob run`` on a machine where
       the paths are the user's own, relative ones included): :func:`problems`.
-    - ``"data"``: the data stage alone (``python -m bertpretrain prepare``): :func:`problems`
-      without those that only training has (evaluation needs held-out shards).
+    - ``"no-training"``: a stage that does not train (``python -m bertpretrain prepare`` and
+      ``export``): :func:`problems` without those that only training has (evaluation needs
+      held-out shards).
 
     Raises:
         SpecError: listing every problem found.
     """
-    return check(with_defaults(spec), source, training=purpose != "data", cluster=purpose == "cluster")
+    return check(with_defaults(spec), source, training=purpose != "no-training", cluster=purpose == "cluster")
 
 
 def cluster_job(job: BertPretrainJob, source: str = "<job>") -> BertPretrainJob:

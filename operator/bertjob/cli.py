@@ -5,18 +5,24 @@
     bertjob run job.yaml        run the whole job here, without a cluster
 
 The file is read as kubectl reads it (:mod:`bertjob_api.jobfile`), so what passes here is what the
-cluster receives. Exit codes: 0 success, 2 an invalid job file, 1 any other failure.
+cluster receives. ``run`` starts the trainer's entry point (``python -m bertpretrain local``) as a
+process of its own, without importing the trainer: the operator's package never imports the
+trainer's. Exit codes: 0 success, 2 an invalid job file, 1 any other failure (``run``: the
+trainer's own exit code, see :func:`bertpretrain.run.main`).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import subprocess
 import sys
 from collections.abc import Sequence
 
+from bertjob_api.contract import LOCAL_COMMAND, TRAINER_MODULE
 from bertjob_api.jobfile import dump_all, load_job
 from bertjob_api.spec import BertPretrainJob, SpecError
-from bertjob_api.validation import cluster_job
+from bertjob_api.validation import checked, cluster_job
 
 
 def _validate(job: BertPretrainJob, source: str) -> int:
@@ -39,12 +45,18 @@ def _render(job: BertPretrainJob, source: str) -> int:
 
 
 def _run(job: BertPretrainJob, source: str) -> int:
-    try:
-        from bertpretrain.run import run_local
-    except ImportError as error:
-        print(f"bertjob run needs the trainer (pip install '.[trainer]'): {error}", file=sys.stderr)
+    if importlib.util.find_spec(TRAINER_MODULE) is None:
+        print(
+            f"bertjob run needs the trainer (pip install '.[trainer]'): No module named {TRAINER_MODULE!r}",
+            file=sys.stderr,
+        )
         return 1
-    return run_local(job, source)
+    # Checked here as the trainer will check it, so that an invalid file exits 2 (SpecError, in
+    # main) before a trainer, and torch, starts.
+    checked(job.spec, source, "training")
+    # The same interpreter, so the same environment; the trainer prints to this process's stdout.
+    command = [sys.executable, "-m", TRAINER_MODULE, LOCAL_COMMAND, "--config", source]
+    return subprocess.run(command, check=False).returncode
 
 
 COMMANDS = {"validate": _validate, "render": _render, "run": _run}

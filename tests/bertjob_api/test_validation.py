@@ -177,7 +177,7 @@ def test_cluster_checks_are_only_made_when_asked():
         check(spec, cluster=True)
 
 
-# (a change to valid_job, the field each purpose refuses it for: cluster, training, data)
+# (a change to valid_job, the field each purpose refuses it for: cluster, training, no-training)
 PURPOSES = [
     ({}, None, None, None),
     ({"spec.data.shards": "shards"}, "spec.data.shards", None, None),
@@ -186,13 +186,13 @@ PURPOSES = [
 ]
 
 
-@pytest.mark.parametrize(("changes", "cluster", "training", "data"), PURPOSES)
-def test_each_purpose_has_its_checks(changes, cluster, training, data):
+@pytest.mark.parametrize(("changes", "cluster", "training", "no_training"), PURPOSES)
+def test_each_purpose_has_its_checks(changes, cluster, training, no_training):
     document = valid_job()
     for field, value in changes.items():
         document = with_value(document, field, value)
     spec = parse_job(document).spec
-    for purpose, refused in {"cluster": cluster, "training": training, "data": data}.items():
+    for purpose, refused in {"cluster": cluster, "training": training, "no-training": no_training}.items():
         if refused is None:
             assert checked(spec, "job.yaml", purpose) == with_defaults(spec)
             continue

@@ -19,9 +19,11 @@ from safetensors.torch import load_file
 
 import bertpretrain.run
 from bertjob.cli import main as bertjob_main
+from bertjob_api.plan import Plan
 from bertjob_testing.jobs import small_training_job, with_value
 from bertpretrain.common.files import DISK_FULL_EXIT_CODE, DiskFullError
 from bertpretrain.data.loader import ShardError
+from bertpretrain.data.prepare import PreparedData
 from bertpretrain.run import main as bertpretrain_main
 from bertpretrain.training.phase import DivergenceError
 from bertpretrain.training.preemption import Preempted
@@ -38,12 +40,14 @@ def _mlm_losses(output: str, phase: int) -> list[float]:
     ids=["static", "dynamic-whole-word-heldout", "packed"],
 )
 def test_bertjob_run_trains_exports_and_fills_masks(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], data: dict[str, Any]
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], data: dict[str, Any]
 ) -> None:
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(small_training_job(tmp_path, processes=1, **data)))
-    assert bertjob_main(["run", str(job_file)]) == 0
-    output = capsys.readouterr().out
+    assert bertjob_main(["run", str(job_file)]) == 0  # the trainer in a process of its own
+    output = capfd.readouterr().out
+    assert output.startswith("bertjob: running BertPretrainJob 'demo'"), output[:500]
+    assert output.splitlines()[1].startswith("bertpretrain: plan: world size 1; bert-tiny: 1 layers"), output
     if "heldoutFraction" in data:
         assert re.search(r"phase 2/2 step 4/4 held-out: mlm_acc 0\.\d{4}", output), output
     losses = _mlm_losses(output, 1)
@@ -110,20 +114,78 @@ def test_export_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
         ),
     ],
 )
+@pytest.mark.parametrize("command", ["run", "local"])
 def test_run_exit_codes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-    error: Exception, code: int, message: str,
+    error: Exception, code: int, message: str, command: str,
 ) -> None:  # fmt: skip
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(small_training_job(tmp_path, processes=1)))
 
-    def fail(_spec: Any, *_finishing: Any) -> None:
+    def fail(_plan: Any, *_finishing: Any) -> None:
         raise error
 
     monkeypatch.setattr(bertpretrain.run, "run_job", fail)
-    assert bertpretrain_main(["run", "--config", str(job_file)]) == code
+    assert bertpretrain_main([command, "--config", str(job_file)]) == code
     captured = capsys.readouterr()
     assert message in captured.err + captured.out
+
+
+def _torchrun(world_size: int) -> dict[str, str]:
+    size = str(world_size)
+    return {
+        "TORCHELASTIC_RUN_ID": "t",
+        "RANK": "0",
+        "WORLD_SIZE": size,
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": size,
+    }
+
+
+# (spec.topology's processes, the world the launcher started: None alone, the first line rank 0 prints)
+PLANS = [
+    (1, None, "plan: world size 1; bert-tiny: 1 layers, hidden 128, 2 heads; phase 1: seq 64, "
+     "global batch 16 = 1 x 4 x 4 accumulation, 30 steps; phase 2: seq 128, "
+     "global batch 8 = 1 x 8 x 1 accumulation, 4 steps; "),
+    # Elastic, or by hand: the plan is for the world that runs; the micro-batches stay the spec's.
+    (4, 2, "plan: world size 2; bert-tiny: 1 layers, hidden 128, 2 heads; phase 1: seq 64, "
+     "global batch 16 = 2 x 4 x 2 accumulation, 30 steps; phase 2: seq 128, "
+     "global batch 8 = 2 x 2 x 2 accumulation, 4 steps; "),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("processes", "world", "first"), PLANS)
+def test_the_plan_is_made_for_the_world_that_runs_and_printed_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    processes: int, world: int | None, first: str,
+) -> None:  # fmt: skip
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(small_training_job(tmp_path, processes=processes)))
+    for name, value in _torchrun(world).items() if world else ():
+        monkeypatch.setenv(name, value)
+    plans: list[Plan] = []
+    monkeypatch.setattr(bertpretrain.run, "run_job", lambda plan, *_: plans.append(plan) or _done(plan))
+    assert bertpretrain_main(["run", "--config", str(job_file)]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith(f"bertpretrain: {first}")
+    [plan] = plans
+    assert plan.world_size == (world or 1)
+
+
+def test_a_world_the_batch_does_not_split_over_is_refused_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(small_training_job(tmp_path, processes=2)))
+    for name, value in _torchrun(4).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(bertpretrain.run, "run_job", lambda *_: pytest.fail("run_job called"))
+    assert bertpretrain_main(["run", "--config", str(job_file)]) == 1
+    # Phase 2's micro-batch is 8 // 2, for the topology's 2 processes.
+    assert "globalBatchSize 8 is not divisible by world size 4 x microBatchSize 4" in capsys.readouterr().err
+
+
+def _done(plan: Plan) -> Any:
+    return bertpretrain.run.JobOutputs(PreparedData(plan.paths.shards, 0, []), [], plan.paths.export, 0.0)
 
 
 @pytest.mark.slow

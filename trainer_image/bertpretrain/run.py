@@ -3,9 +3,12 @@
 This is what every rank of the trainer container runs (``torchrun --module bertpretrain run
 --config FILE`` in a PyTorchJob, ``mpirun ... python -m bertpretrain run --config FILE`` in an
 MPIJob; :mod:`bertpretrain.runtime.world` tells which) and what ``bertjob run job.yaml`` runs on a
-laptop. Phase 2 starts from phase 1's final checkpoint with a fresh optimizer and schedule, as
-NVIDIA's ``run_pretraining.py --phase2`` does; both phases run in the same child job (see
-docs/design.md).
+laptop (``python -m bertpretrain local --config FILE``, which it starts as a process of its own).
+Phase 2 starts from phase 1's final checkpoint with a fresh optimizer and schedule, as NVIDIA's
+``run_pretraining.py --phase2`` does; both phases run in the same child job (see docs/design.md).
+
+The spec and the world size detected are resolved once into a plan (:class:`bertjob_api.plan.Plan`:
+batch split, model dimensions, paths), printed first, which the training loop reads.
 
 Before any work, every output directory of the job is tried for writing (naming the field of a
 bad one), and rank 0 removes the temporaries that killed writers left in the checkpoint
@@ -23,9 +26,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bertjob_api.defaults import resolve_model, with_defaults
+from bertjob_api.contract import LOCAL_COMMAND, PREPARE_COMMAND, RUN_COMMAND
+from bertjob_api.plan import Plan
 from bertjob_api.spec import BertPretrainJob, JobSpec, SpecError, load_job
-from bertjob_api.validation import check
+from bertjob_api.validation import Purpose, checked
 from bertpretrain.common.files import (
     DISK_FULL_EXIT_CODE,
     DiskFullError,
@@ -40,7 +44,7 @@ from bertpretrain.model.huggingface import clean_staging, fill_mask
 from bertpretrain.runtime.parallel import DataParallel, join
 from bertpretrain.runtime.world import detect_world
 from bertpretrain.training.checkpoint import clean_temporaries, export_hf, latest, phase_dir
-from bertpretrain.training.phase import DivergenceError, train_phase
+from bertpretrain.training.phase import DivergenceError, Phase
 from bertpretrain.training.preemption import Preempted, StopSignals
 
 # A sentence whose answer the standard library's documentation teaches well.
@@ -57,8 +61,9 @@ class JobOutputs:
     seconds: float
 
 
-def run_job(spec: JobSpec, finishing: StopSignals | None = None) -> JobOutputs:
-    """Run every stage of a job whose spec has passed ``with_defaults`` and ``check``.
+def run_job(plan: Plan, finishing: StopSignals | None = None) -> JobOutputs:
+    """Run every stage of a job as ``plan`` says (a plan of a spec that passed
+    :func:`bertjob_api.validation.checked`, for the world size detected).
 
     ``finishing``: signals to install once this rank's training is done, so that a SIGTERM from
     then on (the pod deleted as the job ends) does not stop the export; the caller restores them.
@@ -73,18 +78,18 @@ def run_job(spec: JobSpec, finishing: StopSignals | None = None) -> JobOutputs:
         RuntimeError: the requested accelerator is not available.
     """
     started = time.perf_counter()
+    spec = plan.spec
     check_outputs(spec)
     with contextlib.closing(join(spec.accelerator, spec.tf32, spec.distributed)) as parallel:
         if parallel.world.rank == 0:
             device = parallel.device
             placement = f", {device.placement}" if device.placement else ""
             print(f"bertpretrain: {parallel.description} on {device.device}{placement}", flush=True)
-            _remove_stale_temporaries(spec)
-        data, checkpoints = parallel.run(lambda: _prepare_and_train(spec, parallel))
+            _remove_stale_temporaries(plan)
+        data, checkpoints = parallel.run(lambda: _prepare_and_train(plan, parallel))
         if finishing is not None:
             finishing.install()
-        assert spec.export.path is not None
-        export_dir = Path(spec.export.path)
+        export_dir = plan.paths.export
         if parallel.world.rank == 0:
             export_hf(checkpoints[-1], data.vocab_dir, export_dir, spec.data.lowercase)
     return JobOutputs(data, checkpoints, export_dir, time.perf_counter() - started)
@@ -114,15 +119,12 @@ def check_outputs(spec: JobSpec) -> None:
         check_writable(field, path, parent=field == "spec.export.path")
 
 
-def _remove_stale_temporaries(spec: JobSpec) -> None:
+def _remove_stale_temporaries(plan: Plan) -> None:
     """Rank 0, at the start: remove what writers killed halfway left (a SIGKILL after the grace
     period, an OOM kill), which would otherwise pile up on the volume."""
-    assert spec.export.path is not None
-    root = Path(spec.checkpoint.path)
-    removed = [
-        path for index in range(len(spec.phases)) for path in clean_temporaries(phase_dir(root, index))
-    ]
-    for path in removed + clean_staging(Path(spec.export.path)):
+    root = plan.paths.checkpoints
+    removed = [path for phase in plan.phases for path in clean_temporaries(phase_dir(root, phase.index))]
+    for path in removed + clean_staging(plan.paths.export):
         print(f"bertpretrain: removed {path}, left by a writer that was stopped", flush=True)
 
 
@@ -134,23 +136,24 @@ def _disk_full_message(error: OSError, spec: JobSpec) -> str:
     return f"{error} (free space: {free})"
 
 
-def _prepare_and_train(spec: JobSpec, parallel: DataParallel) -> tuple[PreparedData, list[Path]]:
+def _prepare_and_train(plan: Plan, parallel: DataParallel) -> tuple[PreparedData, list[Path]]:
     """The data, its check (every phase's shards, before step 1), then each phase; returns the data
     and each phase's final checkpoint. Run again from the start after an elastic reset, it finds
-    the data made and resumes from checkpoints."""
-    data = _prepare_on_rank_zero(spec, parallel)
+    the data made and resumes from checkpoints, with the plan for the world it now has."""
     world = parallel.world
+    if world.world_size != plan.world_size:
+        plan = plan.for_world(world.world_size)
+        if world.rank == 0:
+            print(f"bertpretrain: plan for the new world: {plan.describe()}", flush=True)
+    spec = plan.spec
+    data = _prepare_on_rank_zero(spec, parallel)
     verify_phases(
         spec.phases, data.phase_dirs, data.vocab_size, world.rank, world.world_size, parallel.gather_object
     )
     checkpoints: list[Path] = []
-    for index in range(len(spec.phases)):
+    for phase in plan.phases:
         init_from = checkpoints[-1] if checkpoints else None
-        checkpoints.append(
-            train_phase(
-                spec, index, data.phase_dirs[index], data.vocab_size, init_from, data.vocab_dir, parallel
-            )
-        )
+        checkpoints.append(Phase(plan, phase.index, data, parallel, init_from).train())
     return data, checkpoints
 
 
@@ -165,8 +168,8 @@ def _prepare_on_rank_zero(spec: JobSpec, parallel: DataParallel) -> PreparedData
     return result
 
 
-def _describe(job: BertPretrainJob, spec: JobSpec) -> str:
-    dims = resolve_model(spec.model)
+def _describe(job: BertPretrainJob, plan: Plan) -> str:
+    spec, dims = plan.spec, plan.model
     phases = ", ".join(
         f"phase {i + 1}: seq {p.max_seq_length} x {p.steps} steps of {p.global_batch_size}"
         for i, p in enumerate(spec.phases)
@@ -178,14 +181,18 @@ def _describe(job: BertPretrainJob, spec: JobSpec) -> str:
     )
 
 
-def run_local(job: BertPretrainJob, source: str) -> int:
-    """``bertjob run``: the whole job on this machine, then a fill-mask demonstration.
-
-    Returns the process exit code (0). Raises what :func:`run_job` raises.
-    """
-    spec = check(with_defaults(job.spec), source)
-    print(f"bertjob: running {_describe(job, spec)}", flush=True)
-    outputs = run_job(spec)
+def _local(job: BertPretrainJob, spec: JobSpec) -> int:
+    """``local`` (what ``bertjob run`` starts): the whole job on this machine, then a fill-mask
+    demonstration. Returns the exit code: 0, or 128 + the signal number when a signal stopped
+    training after a checkpoint (run it again to resume); raises what else :func:`run_job` raises."""
+    plan = Plan.resolve(spec, detect_world().world_size)
+    print(f"bertjob: running {_describe(job, plan)}", flush=True)
+    print(f"bertpretrain: plan: {plan.describe()}", flush=True)
+    try:
+        outputs = run_job(plan)
+    except Preempted as stop:
+        print(f"bertjob: {stop}; exit {stop.exit_code}", flush=True)
+        return stop.exit_code
     print("\nOutputs:")
     print(f"  vocabulary       {outputs.data.vocab_dir}")
     for index, directory in enumerate(outputs.data.phase_dirs):
@@ -225,13 +232,16 @@ def _export(spec: JobSpec, checkpoint: str | None, out: str | None) -> int:
 
 def _train(job: BertPretrainJob, spec: JobSpec) -> int:
     world = detect_world()
-    print(f"bertpretrain: {world.describe()}", flush=True)
+    plan = Plan.resolve(spec, world.world_size)
     is_main = world.rank == 0
     if is_main:
-        print(f"bertpretrain: {_describe(job, spec)}", flush=True)
+        print(f"bertpretrain: plan: {plan.describe()}", flush=True)
+    print(f"bertpretrain: {world.describe()}", flush=True)
+    if is_main:
+        print(f"bertpretrain: {_describe(job, plan)}", flush=True)
     finishing = StopSignals()
     try:
-        done = run_job(spec, finishing)
+        done = run_job(plan, finishing)
         if is_main:
             print(f"bertpretrain: exported {done.export_dir} in {done.seconds:.0f} s", flush=True)
         if finishing.received is not None:
@@ -246,11 +256,22 @@ def _train(job: BertPretrainJob, spec: JobSpec) -> int:
         finishing.restore()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m bertpretrain run|prepare|export --config FILE``: the trainer container's entry point.
+# What each command checks the spec for (bertjob_api.validation.checked).
+_PURPOSES: dict[str, Purpose] = {
+    RUN_COMMAND: "training",
+    LOCAL_COMMAND: "training",
+    PREPARE_COMMAND: "no-training",
+    "export": "no-training",
+}
 
-    ``run``: the whole job; every rank started by torchrun, mpirun or horovodrun runs this, and
-    first prints which launcher started it and its rank. ``prepare``: the data stage
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m bertpretrain run|local|prepare|export --config FILE``: the trainer's entry point.
+
+    ``run``: the whole job; every rank started by torchrun, mpirun or horovodrun runs this; rank 0
+    first prints the plan, then every rank which launcher started it and its rank. ``local``: the
+    whole job in this process, then a fill-mask demonstration with the export (what ``bertjob
+    run`` starts). ``prepare``: the data stage
     alone (vocabulary and shards), in this process and its workers. ``export``: a checkpoint
     (``--checkpoint``, default the newest) to Hugging Face format (``--out``, default
     ``spec.export.path``).
@@ -265,23 +286,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     Job's ``podFailurePolicy`` fails only on 1 and 2.
     """
     parser = argparse.ArgumentParser(prog="bertpretrain", description="Run a BertPretrainJob's trainer.")
-    parser.add_argument("command", choices=["run", "prepare", "export"])
+    parser.add_argument("command", choices=list(_PURPOSES))
     parser.add_argument("--config", required=True, help="the job file, mounted from its ConfigMap")
     parser.add_argument("--checkpoint", help="export: this checkpoint file (default: the newest)")
     parser.add_argument("--out", help="export: this directory (default: spec.export.path)")
     args = parser.parse_args(argv)
     try:
         job = load_job(args.config)
-        spec = check(with_defaults(job.spec), args.config, training=args.command == "run")
+        spec = checked(job.spec, args.config, _PURPOSES[args.command])
     except SpecError as error:
         print(error, file=sys.stderr)
         return 2
     try:
-        if args.command == "prepare":
+        if args.command == PREPARE_COMMAND:
             prepare(spec)
             return 0
         if args.command == "export":
             return _export(spec, args.checkpoint, args.out)
+        if args.command == LOCAL_COMMAND:
+            return _local(job, spec)
         return _train(job, spec)
     except OSError as error:
         if is_disk_full(error):  # a volume can be grown, or files removed: retryable

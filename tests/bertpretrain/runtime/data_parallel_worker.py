@@ -23,6 +23,7 @@ from bertpretrain.model.bert import BertForPreTraining
 from bertpretrain.model.config import BertConfig
 from bertpretrain.runtime.engine import Engine
 from bertpretrain.runtime.parallel import join
+from bertpretrain.training.accuracy import step_statistics
 from bertpretrain.training.optimizer import build_optimizer
 from bertpretrain.training.schedule import poly_warmup_schedule
 
@@ -50,7 +51,7 @@ def main(out: Path, accumulation_steps: int, steps: int, size: int, compression:
     parallel = join("xeon-cpu", spec=DistributedSpec.model_validate({"gradientCompression": compression}))
     world = parallel.world
     (out / f"world{world.rank}.txt").write_text(f"{world.describe()}; {parallel.description}")
-    engine = Engine(parallel, "fp32")
+    engine = Engine(parallel, "fp32", step_statistics)
     torch.manual_seed(world.rank)  # different initial weights: broadcast_state must align them
     config = BertConfig(
         vocab_size=VOCAB_SIZE,

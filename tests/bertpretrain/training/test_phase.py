@@ -12,12 +12,14 @@ from typing import Any
 import pytest
 import torch
 
-import bertpretrain.runtime.engine
+import bertpretrain.training.accuracy
 import bertpretrain.training.phase
+from bertjob_api.plan import Plan
 from bertjob_api.spec import JobSpec
+from bertpretrain.data.prepare import PreparedData
 from bertpretrain.runtime.engine import Engine
 from bertpretrain.training.checkpoint import CheckpointError, read_checkpoint
-from bertpretrain.training.phase import DivergenceError, train_phase
+from bertpretrain.training.phase import DivergenceError, Phase
 from bertpretrain.training.preemption import Preempted
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -45,6 +47,15 @@ def progress(output: str, pattern: re.Pattern[str] = LINE) -> list[re.Match[str]
     matches = [pattern.match(line) for line in lines]
     assert all(matches), lines
     return [match for match in matches if match]
+
+
+def train_phase(
+    spec: JobSpec, index: int, shard_dir: Path, vocab_size: int, init_from: Path | None = None
+) -> Path:
+    """Phase ``index`` of ``spec``'s plan (for its topology) on the shards in ``shard_dir``, in a
+    process group of its own."""
+    data = PreparedData(shard_dir.parent / "vocab", vocab_size, [shard_dir] * len(spec.phases))
+    return Phase(Plan.resolve(spec), index, data, init_from=init_from).train()
 
 
 def log_records(spec: JobSpec) -> list[dict[str, Any]]:
@@ -226,7 +237,7 @@ def test_sigterm_saves_and_stops(
 
 def nan_loss_at(monkeypatch: pytest.MonkeyPatch, micro_batch: int) -> None:
     """Make the loss of the ``micro_batch``-th micro-batch (from 1) NaN, as an overflow would."""
-    loss = bertpretrain.runtime.engine.pretraining_loss
+    loss = bertpretrain.training.accuracy.pretraining_loss
     calls = []
 
     def sometimes_nan(*tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -234,7 +245,7 @@ def nan_loss_at(monkeypatch: pytest.MonkeyPatch, micro_batch: int) -> None:
         losses = loss(*tensors)
         return tuple(value * float("nan") for value in losses) if len(calls) == micro_batch else losses  # type: ignore[return-value]
 
-    monkeypatch.setattr(bertpretrain.runtime.engine, "pretraining_loss", sometimes_nan)
+    monkeypatch.setattr(bertpretrain.training.accuracy, "pretraining_loss", sometimes_nan)
 
 
 def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(

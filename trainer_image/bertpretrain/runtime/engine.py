@@ -3,7 +3,9 @@ see them (in the manner of gpauloski/llm-pytorch's ``engine``).
 
 The device and the data parallelism (alone, DDP under torchrun, Horovod under mpirun or
 horovodrun) come from :func:`bertpretrain.runtime.parallel.join`; gradients are averaged over ranks once
-per optimizer step, on the last micro-batch of each gradient accumulation.
+per optimizer step, on the last micro-batch of each gradient accumulation. What is minimised, and
+what is counted besides, is the training loop's: it passes the engine a :data:`Statistics`
+function, so that the runtime depends on neither the model's loss nor the training metrics.
 """
 
 from __future__ import annotations
@@ -16,15 +18,19 @@ from torch import nn
 
 from bertjob_api.spec import Precision
 from bertpretrain.common.batch import Batch
-from bertpretrain.model.bert import pretraining_loss
 from bertpretrain.runtime.parallel import DataParallel
-from bertpretrain.training.accuracy import prediction_counts
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _NATIVE_INSTRUCTIONS = {"bf16": "AVX512-BF16 or AMX-BF16", "fp16": "AVX512-FP16 or AMX-FP16"}
 # Batch entries of packed rows, passed to the model by name.
 _PACKED_INPUTS = ("position_ids", "next_sentence_positions")
-STEP_STATS = ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_total", "nsp_correct", "nsp_total")
+
+# The model's outputs for a batch: the masked-LM logits and the next-sentence logits.
+Outputs = tuple[torch.Tensor, torch.Tensor]
+# A micro-batch's statistics from the batch and the model's outputs: a 1-D tensor whose element 0 is
+# the loss to minimise (a mean over the micro-batch, differentiable), the rest whatever the caller
+# counts. The engine weights element 0 for accumulation and back-propagates it.
+Statistics = Callable[[Batch, Outputs], torch.Tensor]
 
 
 def _cpu_has_native(precision: Precision) -> bool:
@@ -38,12 +44,14 @@ class Engine:
 
     ``parallel``: this rank's device and data parallelism, from :func:`bertpretrain.runtime.parallel.join`.
     ``precision``: ``bf16`` or ``fp16`` autocast over fp32 parameters (fp16 with a gradient
-    scaler), or ``fp32``. Call :meth:`prepare` with the model, :meth:`wrap_optimizer` on its
+    scaler), or ``fp32``. ``statistics``: what each micro-batch yields, its element 0 the loss
+    (see :data:`Statistics`). Call :meth:`prepare` with the model, :meth:`wrap_optimizer` on its
     optimizer before building the schedule, then :meth:`attach` both.
     """
 
-    def __init__(self, parallel: DataParallel, precision: Precision):
+    def __init__(self, parallel: DataParallel, precision: Precision, statistics: Statistics):
         self.parallel = parallel
+        self.statistics = statistics
         self.world = parallel.world
         self.hardware = parallel.device
         self.device = parallel.device.device
@@ -86,9 +94,7 @@ class Engine:
         self.module = model.to(self.device)
         self.wrapped = self.parallel.wrap_model(self.module)
         # Wrap first, then compile: TorchDynamo splits the graph at DDP's buckets (torch docs).
-        self.forward_module: Callable[..., tuple[torch.Tensor, torch.Tensor]] = (
-            torch.compile(self.wrapped) if compile else self.wrapped
-        )
+        self.forward_module: Callable[..., Outputs] = torch.compile(self.wrapped) if compile else self.wrapped
         return self.module
 
     def wrap_optimizer(
@@ -118,38 +124,31 @@ class Engine:
     def _autocast(self) -> torch.autocast:
         return torch.autocast(self.device.type, self.autocast_dtype, enabled=self.autocast_dtype is not None)
 
-    def _forward(
-        self, model: Callable[..., tuple[torch.Tensor, torch.Tensor]], batch: Batch
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _statistics(self, model: Callable[..., Outputs], batch: Batch) -> torch.Tensor:
+        """The model's forward pass on ``batch`` under autocast, then :attr:`statistics` of its
+        outputs outside autocast (the statistics function computes in the outputs' dtypes)."""
         with self._autocast():
-            return model(
+            outputs = model(
                 batch["input_ids"],
                 batch["token_type_ids"],
                 batch["attention_mask"],
                 batch["masked_lm_positions"],
                 **{name: batch[name] for name in _PACKED_INPUTS if name in batch},
             )
-
-    def _stats(self, batch: Batch, logits: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """``[7]`` fp32: the three losses of ``pretraining_loss`` and ``prediction_counts``."""
-        mlm_logits, nsp_logits = logits
-        targets = (batch["masked_lm_labels"], batch["next_sentence_labels"])
-        losses = pretraining_loss(mlm_logits, targets[0], nsp_logits, targets[1])
-        counts = prediction_counts(mlm_logits.detach(), targets[0], nsp_logits.detach(), targets[1])
-        return torch.cat([torch.stack(losses), counts])
+        return self.statistics(batch, outputs)
 
     def forward_backward(self, batch: Batch, accumulation_steps: int) -> torch.Tensor:
         """Forward and backward on one micro-batch, its loss weighted ``1 / accumulation_steps``.
 
         ``batch`` as :func:`bertpretrain.data.loader.to_batch` makes it. Returns this micro-batch's
-        statistics on this rank, fp32 ``[7]`` named by ``STEP_STATS``: the unweighted total,
-        MLM and NSP losses (nats) and the counts of :func:`bertpretrain.training.accuracy.prediction_counts`.
+        statistics on this rank, as :attr:`statistics` gives them (element 0 the unweighted loss),
+        detached.
         """
         self._micro_batches += 1
         sync = self._micro_batches % accumulation_steps == 0
         batch = {name: tensor.to(self.device, non_blocking=True) for name, tensor in batch.items()}
         with self.parallel.accumulate(self.wrapped, sync):
-            stats = self._stats(batch, self._forward(self.forward_module, batch))
+            stats = self._statistics(self.forward_module, batch)
             self.scaler.scale(stats[0] / accumulation_steps).backward()
         self.hardware.mark_step()
         return stats.detach()
@@ -159,7 +158,7 @@ class Engine:
         """Statistics of one held-out batch as :meth:`forward_backward` gives them, without
         gradients, on the unwrapped model (no collective). Call with the model in eval mode."""
         batch = {name: tensor.to(self.device, non_blocking=True) for name, tensor in batch.items()}
-        return self._stats(batch, self._forward(self.module, batch))
+        return self._statistics(self.module, batch)
 
     def optimizer_step(self) -> tuple[float, bool]:
         """Unscale and clip the gradients, step the optimizer and the schedule, zero the gradients.
@@ -199,10 +198,6 @@ class Engine:
     def gather(self, value: object) -> list[object]:
         """``value`` of every rank, in rank order (a collective: every rank calls it)."""
         return self.parallel.gather_object(value)
-
-    def mean_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
-        """The element-wise mean of ``values`` over all ranks (a collective: every rank calls it)."""
-        return self.sum_over_ranks(values) / self.world_size
 
     def barrier(self) -> None:
         """Wait for every rank (no-op for one process)."""

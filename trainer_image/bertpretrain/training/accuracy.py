@@ -1,18 +1,25 @@
-"""Masked-LM and next-sentence-prediction accuracy, counted so that sums over ranks stay exact.
+"""What a training or evaluation step measures: the losses, and masked-LM and next-sentence-
+prediction accuracy counted so that sums over ranks stay exact.
 
 Masked-LM accuracy (the share of masked positions whose most probable token is the original one)
 is MLPerf's quality target for BERT pretraining; NSP accuracy is the share of sentence pairs
 classified right. Counting hits and totals, rather than averaging ratios, makes the figure of a
-whole evaluation independent of how it was split into batches and ranks.
+whole evaluation independent of how it was split into batches and ranks. :class:`StepStatistics`
+names the figures of one micro-batch (or a sum of them), which travel as one tensor through the
+engine and the single all-reduce of each step.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields
+from typing import ClassVar
 
 import torch
 
-from bertpretrain.model.bert import IGNORE_INDEX
+from bertpretrain.common.batch import Batch
+from bertpretrain.common.labels import IGNORE_INDEX
+from bertpretrain.model.bert import pretraining_loss
 
 COUNTS = ("mlm_correct", "mlm_total", "nsp_correct", "nsp_total")
 
@@ -59,3 +66,72 @@ class Accuracy:
             nsp_correct / nsp_total if nsp_total else float("nan"),
             round(nsp_total),
         )
+
+
+@dataclass(frozen=True)
+class StepStatistics:
+    """A micro-batch's losses and accuracy counts, or a sum of them over micro-batches and ranks;
+    each a 0-d fp32 tensor (on the device they were computed on).
+
+    ``loss`` = ``mlm_loss`` + ``nsp_loss``, means in nats per prediction (a sum of means, once
+    summed); the counts as :func:`prediction_counts` gives them. They travel as one ``[7]`` tensor
+    (:meth:`to_tensor`, in field order), so that a step needs one all-reduce for all of them.
+    """
+
+    loss: torch.Tensor
+    mlm_loss: torch.Tensor
+    nsp_loss: torch.Tensor
+    mlm_correct: torch.Tensor
+    mlm_total: torch.Tensor
+    nsp_correct: torch.Tensor
+    nsp_total: torch.Tensor
+
+    SIZE: ClassVar[int] = 7  # fields, the length of to_tensor()
+
+    @classmethod
+    def of_batch(cls, batch: Batch, outputs: tuple[torch.Tensor, torch.Tensor]) -> StepStatistics:
+        """The statistics of one micro-batch from the model's ``(mlm_logits, nsp_logits)``: the
+        losses of :func:`bertpretrain.model.bert.pretraining_loss` (differentiable) and the counts
+        of :func:`prediction_counts`. ``batch`` as :func:`bertpretrain.data.loader.to_batch`
+        makes it."""
+        mlm_logits, nsp_logits = outputs
+        targets = (batch["masked_lm_labels"], batch["next_sentence_labels"])
+        losses = pretraining_loss(mlm_logits, targets[0], nsp_logits, targets[1])
+        counts = prediction_counts(mlm_logits.detach(), targets[0], nsp_logits.detach(), targets[1])
+        return cls(*losses, *counts.unbind())
+
+    @classmethod
+    def from_tensor(cls, values: torch.Tensor) -> StepStatistics:
+        """From fp32 ``[7]`` as :meth:`to_tensor` makes it (or a sum of such)."""
+        return cls(*values.unbind())
+
+    def to_tensor(self) -> torch.Tensor:
+        """fp32 ``[7]``, the fields in order (element 0 the loss, as the engine needs it)."""
+        # Not dataclasses.astuple, which deep-copies (and cannot copy a tensor inside a graph).
+        return torch.stack([getattr(self, field.name) for field in fields(self)])
+
+    def finite(self) -> bool:
+        """Whether the three losses are finite."""
+        return bool(torch.isfinite(torch.stack([self.loss, self.mlm_loss, self.nsp_loss])).all())
+
+    def mean_losses(self, micro_batches: int) -> tuple[float, float, float]:
+        """``(loss, mlm_loss, nsp_loss)`` divided by ``micro_batches`` (in fp32, as summed): the
+        means of a sum over that many micro-batches; NaN for none."""
+        if not micro_batches:
+            return math.nan, math.nan, math.nan
+        loss, mlm, nsp = (torch.stack([self.loss, self.mlm_loss, self.nsp_loss]) / micro_batches).tolist()
+        return loss, mlm, nsp
+
+    def counts(self) -> torch.Tensor:
+        """fp32 ``[4]``: the counts, as :func:`prediction_counts` gives them."""
+        return torch.stack([self.mlm_correct, self.mlm_total, self.nsp_correct, self.nsp_total])
+
+    def accuracy(self) -> Accuracy:
+        """Masked-LM and NSP accuracy from the counts."""
+        return Accuracy.from_counts(self.counts())
+
+
+def step_statistics(batch: Batch, outputs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """:meth:`StepStatistics.of_batch` as one tensor: the engine's statistics function
+    (:data:`bertpretrain.runtime.engine.Statistics`), element 0 the loss it minimises."""
+    return StepStatistics.of_batch(batch, outputs).to_tensor()

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from bertpretrain.runtime.engine import Batch, Engine
-from bertpretrain.training.accuracy import Accuracy
+from bertpretrain.common.batch import Batch
+from bertpretrain.runtime.engine import Engine
+from bertpretrain.training.accuracy import Accuracy, StepStatistics
 
 
 @dataclass(frozen=True)
@@ -54,22 +55,25 @@ def evaluate(engine: Engine, batches: Iterable[Batch]) -> Evaluation:
     started = time.perf_counter()
     model = engine.module
     model.eval()
-    # [MLM loss x masked positions, NSP loss x pairs, hits and totals of prediction_counts]
+    # [MLM loss x masked positions, NSP loss x pairs, then StepStatistics.counts()], summed over
+    # batches here and over ranks in one all-reduce.
     sums = torch.zeros(6, device=engine.device)
     try:
         for batch in batches:
-            stats = engine.evaluate(batch)
+            stats = StepStatistics.from_tensor(engine.evaluate(batch))
+            totals = torch.stack([stats.mlm_total, stats.nsp_total])
+            losses = torch.stack([stats.mlm_loss, stats.nsp_loss])
             # A batch without masked positions has a NaN mean loss that weighs nothing.
-            weighted = torch.where(stats[[4, 6]] > 0, stats[[1, 2]] * stats[[4, 6]], 0.0)
-            sums += torch.cat([weighted, stats[3:]])
+            weighted = torch.where(totals > 0, losses * totals, 0.0)
+            sums += torch.cat([weighted, stats.counts()])
     finally:
         model.train()
-    sums = engine.sum_over_ranks(sums).cpu()
-    accuracy = Accuracy.from_counts(sums[2:])
-    mlm_total, nsp_total = float(sums[3]), float(sums[5])
+    mlm_loss_sum, nsp_loss_sum, *counts = engine.sum_over_ranks(sums).cpu().unbind()
+    accuracy = Accuracy.from_counts(torch.stack(counts))
+    mlm_total, nsp_total = float(counts[1]), float(counts[3])
     return Evaluation(
         accuracy,
-        float(sums[0]) / mlm_total if mlm_total else float("nan"),
-        float(sums[1]) / nsp_total if nsp_total else float("nan"),
+        float(mlm_loss_sum) / mlm_total if mlm_total else float("nan"),
+        float(nsp_loss_sum) / nsp_total if nsp_total else float("nan"),
         time.perf_counter() - started,
     )

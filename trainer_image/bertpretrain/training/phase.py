@@ -1,4 +1,4 @@
-"""One pretraining phase: build everything from the job spec, run the optimizer steps, checkpoint.
+"""One pretraining phase: build everything from the job's plan, run the optimizer steps, checkpoint.
 
 NVIDIA's two-phase recipe (DeepLearningExamples BERT, after You et al. 2020): phase 1 trains
 at sequence length 128, phase 2 continues from phase 1's final weights at 512 with a fresh
@@ -7,15 +7,17 @@ newest one that can be read (model, optimizer, schedule, gradient scaler, data p
 rank's RNG states) instead, and then computes exactly what the uninterrupted run would have
 computed; if the evaluation due at that step was not recorded as made, it makes it first.
 
-Each optimizer step: ``accumulation_steps`` forward/backward passes, one optimizer step, the
-statistics summed over ranks; then, as due, a progress line, a checkpoint, an evaluation on the
+A :class:`Phase` is built from the plan (:class:`bertjob_api.plan.Plan`, which holds the batch
+split for the world that runs), the phase's index, the prepared data and the process group. Each
+optimizer step: ``accumulation_steps`` forward/backward passes, one optimizer step, the
+statistics (:class:`bertpretrain.training.accuracy.StepStatistics`) summed over ranks in one
+all-reduce; then, as due, a progress line, a checkpoint, an evaluation on the
 held-out shards; and a stop if a rank got SIGTERM (:mod:`bertpretrain.training.preemption`).
 """
 
 from __future__ import annotations
 
 import datetime
-import math
 import signal
 import time
 from dataclasses import dataclass
@@ -25,11 +27,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from bertjob_api.defaults import gradient_accumulation_steps, micro_batch_size, resolve_model
+from bertjob_api.plan import PhasePlan, Plan
 from bertjob_api.spec import JobSpec, PhaseSpec
+from bertpretrain.common.batch import Batch
 from bertpretrain.data.loader import (
     HELDOUT_PATTERN,
-    Batch,
     DynamicMasking,
     PretrainingBatches,
     Shard,
@@ -37,12 +39,13 @@ from bertpretrain.data.loader import (
     find_shards,
     heldout_batches,
 )
+from bertpretrain.data.prepare import PreparedData
 from bertpretrain.model.bert import BertForPreTraining, count_parameters
 from bertpretrain.model.config import BertConfig
 from bertpretrain.model.huggingface import load_hf_weights
 from bertpretrain.runtime.engine import Engine
 from bertpretrain.runtime.parallel import DataParallel, join
-from bertpretrain.training.accuracy import Accuracy
+from bertpretrain.training.accuracy import StepStatistics, step_statistics
 from bertpretrain.training.checkpoint import (
     Resumable,
     ResumePoint,
@@ -73,32 +76,129 @@ class DivergenceError(RuntimeError):
     """The training loss became NaN or infinite."""
 
 
+@dataclass(frozen=True)
+class Phase:
+    """Phase ``index`` (0-based) of ``plan``, on ``data`` (the vocabulary and each phase's shards),
+    in ``parallel`` (the job's device and data parallelism; default:
+    :func:`bertpretrain.runtime.parallel.join` for this phase alone); :meth:`train` runs it.
+
+    The model starts from ``init_from``'s weights (phase 1's final checkpoint, for phase 2), else
+    from ``spec.model.initFrom`` (a Hugging Face model), else from random initialisation, unless a
+    checkpoint of this phase exists, which is resumed. ``plan`` must be for the world size that
+    ``parallel`` joins (:meth:`bertjob_api.plan.Plan.for_world`).
+    """
+
+    plan: Plan
+    index: int
+    data: PreparedData
+    parallel: DataParallel | None = None
+    init_from: Path | None = None
+
+    @property
+    def spec(self) -> JobSpec:
+        """The job's spec, with its defaults."""
+        return self.plan.spec
+
+    @property
+    def phase(self) -> PhasePlan:
+        """This phase's batch split, length and steps."""
+        return self.plan.phases[self.index]
+
+    @property
+    def written(self) -> PhaseSpec:
+        """This phase as the spec writes it (learning rate, warm-up)."""
+        return self.spec.phases[self.index]
+
+    @property
+    def name(self) -> str:
+        """``phase <n>/<phases>``, as the progress lines begin."""
+        return f"phase {self.phase.number}/{len(self.plan.phases)}"
+
+    @property
+    def root(self) -> Path:
+        """The checkpoint directory of the job (each phase's in ``phase<n>`` below it)."""
+        return self.plan.paths.checkpoints
+
+    @property
+    def shard_dir(self) -> Path:
+        """This phase's shards."""
+        return self.data.phase_dirs[self.index]
+
+    def train(self) -> Path:
+        """Train the phase; every rank calls this. Each reads its own part of the shards; rank 0
+        prints progress to stdout, writes the log and the checkpoints, which must be on storage all
+        ranks share. Held-out shards (``heldout_*.hdf5`` beside the training shards) are evaluated
+        every ``evaluation.everySteps`` steps and at the end.
+
+        Returns:
+            The phase's final checkpoint, ``<checkpoint.path>/phase<n>/step_<steps:06d>.pt``.
+
+        Raises:
+            DivergenceError: the loss became NaN or infinite (a RuntimeError); the newest
+                checkpoint on disk is from before.
+            Preempted: SIGTERM arrived; a checkpoint of the last step was written.
+            bertpretrain.data.loader.ShardError, bertpretrain.training.checkpoint.CheckpointError:
+                bad input files.
+            ValueError: the plan is for another world size than ``parallel``'s.
+            RuntimeError: an accelerator that is missing or not supported.
+        """
+        spec = self.spec
+        parallel = self.parallel or join(spec.accelerator, spec.tf32, spec.distributed)
+        log = None
+        try:
+            if parallel.world.world_size != self.plan.world_size:
+                raise ValueError(
+                    f"{self.name}: the plan is for world size {self.plan.world_size}, but "
+                    f"{parallel.world.world_size} processes train"
+                )
+            engine = Engine(parallel, spec.precision, step_statistics)
+            directory = self.plan.paths.logs if engine.is_main else None
+            status = StatusReporter.from_environment(self.phase.steps) if directory else None
+            log = TrainingLog(directory, spec.logging.tensorboard, status)
+            run = _build(self, engine, log)
+            with StopSignals() as stop:
+                _train(run, stop)
+            engine.barrier()
+            return checkpoint_path(self.root, self.index, self.phase.steps)
+        finally:
+            if log is not None:
+                log.close()
+            if self.parallel is None:
+                parallel.close()
+
+
 @dataclass
-class _Phase:
+class _Run:
     """What the loop of one phase needs, built by :func:`_build`."""
 
-    spec: JobSpec
-    index: int
+    of: Phase
     engine: Engine
     model: BertForPreTraining
     loader: DataLoader[Batch]
     heldout: list[Shard]
     masking: DynamicMasking | None
-    accumulation_steps: int
     start_step: int
     log: TrainingLog
 
     @property
-    def phase(self) -> PhaseSpec:
-        return self.spec.phases[self.index]
+    def spec(self) -> JobSpec:
+        return self.of.spec
+
+    @property
+    def phase(self) -> PhasePlan:
+        return self.of.phase
+
+    @property
+    def index(self) -> int:
+        return self.of.index
 
     @property
     def name(self) -> str:
-        return f"phase {self.index + 1}/{len(self.spec.phases)}"
+        return self.of.name
 
     @property
     def root(self) -> Path:
-        return Path(self.spec.checkpoint.path)
+        return self.of.root
 
     @property
     def batches(self) -> PretrainingBatches:
@@ -106,90 +206,28 @@ class _Phase:
         return self.loader.dataset
 
 
-def train_phase(
-    spec: JobSpec,
-    phase_index: int,
-    shard_dir: Path,
-    vocab_size: int,
-    init_from: Path | None = None,
-    vocab_dir: Path | None = None,
-    parallel: DataParallel | None = None,
-) -> Path:
-    """Train phase ``phase_index`` (0-based) of ``spec`` on the shards in ``shard_dir``.
-
-    ``spec`` must have been through :func:`bertjob_api.defaults.with_defaults`. The model starts
-    from ``init_from``'s weights (phase 1's final checkpoint, for phase 2), else from
-    ``spec.model.initFrom`` (a Hugging Face model), else from random initialisation, unless a
-    checkpoint of this phase exists, which is resumed. ``vocab_dir`` (the vocabulary the shards
-    were made with) is needed for dynamic masking. ``parallel``: the job's device and data
-    parallelism (default: :func:`bertpretrain.runtime.parallel.join` for this call alone). Every rank
-    calls this; each reads its own part of the shards; rank 0 prints progress
-    to stdout, writes the log and the checkpoints, which must be on storage all ranks share.
-    Held-out shards (``heldout_*.hdf5`` beside the training shards) are evaluated every
-    ``evaluation.everySteps`` steps and at the end.
-
-    Returns:
-        The phase's final checkpoint, ``<checkpoint.path>/phase<n>/step_<steps:06d>.pt``.
-
-    Raises:
-        DivergenceError: the loss became NaN or infinite (a RuntimeError); the newest checkpoint
-            on disk is from before.
-        Preempted: SIGTERM arrived; a checkpoint of the last step was written.
-        bertpretrain.data.loader.ShardError, bertpretrain.training.checkpoint.CheckpointError: bad
-            input files.
-        RuntimeError: an accelerator that is missing or not supported.
-    """
-    owned = parallel is None
-    parallel = parallel or join(spec.accelerator, spec.tf32, spec.distributed)
-    engine = Engine(parallel, spec.precision)
-    log = None
-    try:
-        directory = Path(spec.logging.path) if engine.is_main and spec.logging.path else None
-        status = StatusReporter.from_environment(spec.phases[phase_index].steps) if directory else None
-        log = TrainingLog(directory, spec.logging.tensorboard, status)
-        run = _build(spec, phase_index, shard_dir, vocab_size, init_from, vocab_dir, engine, log)
-        with StopSignals() as stop:
-            _train(run, stop)
-        engine.barrier()
-        return checkpoint_path(run.root, phase_index, run.phase.steps)
-    finally:
-        if log is not None:
-            log.close()
-        if owned:
-            parallel.close()
-
-
 def _seed(*parts: int) -> int:
     return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
 
 
-def _build(
-    spec: JobSpec,
-    index: int,
-    shard_dir: Path,
-    vocab_size: int,
-    init_from: Path | None,
-    vocab_dir: Path | None,
-    engine: Engine,
-    log: TrainingLog,
-) -> _Phase:
-    phase = spec.phases[index]
+def _build(of: Phase, engine: Engine, log: TrainingLog) -> _Run:
+    spec, index, phase, written = of.spec, of.index, of.phase, of.written
+    vocab_size, shard_dir = of.data.vocab_size, of.shard_dir
     torch.manual_seed(_seed(spec.seed, index))
-    model = BertForPreTraining(BertConfig.from_dims(resolve_model(spec.model), vocab_size))
+    model = BertForPreTraining(BertConfig.from_dims(of.plan.model, vocab_size))
     if spec.activation_checkpointing:
         model.set_activation_checkpointing(True)
-    resume = _resumable(spec, index, engine)
-    origin = _initialise(spec, model, resume.path if resume else None, init_from, engine)
+    resume = _resumable(of, engine)
+    origin = _initialise(spec, model, resume.path if resume else None, of.init_from, engine)
     engine.prepare(model, compile=spec.compile)
     # Dropout differs between ranks; the initial weights above do not.
     torch.manual_seed(_seed(spec.seed, index, engine.rank + 1))
 
-    accumulation_steps = gradient_accumulation_steps(phase, engine.world_size)
     optimizer = engine.wrap_optimizer(
-        build_optimizer(model, spec.optimizer, phase.learning_rate), accumulation_steps
+        build_optimizer(model, spec.optimizer, written.learning_rate), phase.accumulation_steps
     )
     scheduler = build_schedule(
-        optimizer, spec.optimizer.schedule, phase.steps, phase.warmup_proportion, spec.optimizer.poly_power
+        optimizer, spec.optimizer.schedule, phase.steps, written.warmup_proportion, spec.optimizer.poly_power
     )
     engine.attach(
         optimizer, scheduler, None if spec.optimizer.name == "lamb" else spec.optimizer.max_grad_norm
@@ -201,8 +239,8 @@ def _build(
         )
     engine.broadcast_state()
 
-    micro_batch = micro_batch_size(phase, engine.world_size)
-    masking = _dynamic_masking(spec, vocab_dir)
+    micro_batch = phase.micro_batch_size
+    masking = _dynamic_masking(spec, of.data.vocab_dir)
     loader = build_loader(
         shard_dir,
         phase.max_seq_length,
@@ -222,18 +260,18 @@ def _build(
         if any(shard_dir.glob(HELDOUT_PATTERN))
         else []
     )
-    run = _Phase(spec, index, engine, model, loader, heldout, masking, accumulation_steps, start.step, log)
+    run = _Run(of, engine, model, loader, heldout, masking, start.step, log)
     _announce(run, origin)
     return run
 
 
-def _resumable(spec: JobSpec, index: int, engine: Engine) -> Resumable | None:
-    """The checkpoint phase ``index`` resumes from, the same on every rank (collective): rank 0
-    picks the newest that can be read and says which newer ones it skipped and why; the others
-    read the one it picked."""
+def _resumable(of: Phase, engine: Engine) -> Resumable | None:
+    """The checkpoint the phase resumes from, the same on every rank (collective): rank 0 picks the
+    newest that can be read and says which newer ones it skipped and why; the others read the one
+    it picked."""
     found = None
     if engine.is_main:
-        found = newest_resumable(phase_dir(Path(spec.checkpoint.path), index))
+        found = newest_resumable(phase_dir(of.root, of.index))
         if found is not None:
             for reason in found.skipped:
                 print(f"{reason}; skipped, resuming from {found.path.name}", flush=True)
@@ -272,7 +310,7 @@ def _dynamic_masking(spec: JobSpec, vocab_dir: Path | None) -> DynamicMasking | 
     return DynamicMasking.from_vocab(vocab_dir, data.masked_lm_prob, data.whole_word_mask)
 
 
-def _announce(run: _Phase, origin: str) -> None:
+def _announce(run: _Run, origin: str) -> None:
     phase, spec, engine = run.phase, run.spec, run.engine
     description = {
         "phase": run.index + 1,
@@ -280,11 +318,11 @@ def _announce(run: _Phase, origin: str) -> None:
         "parameters": count_parameters(run.model),
         "steps": phase.steps,
         "global_batch_size": phase.global_batch_size,
-        "micro_batch_size": micro_batch_size(phase, engine.world_size),
-        "gradient_accumulation_steps": run.accumulation_steps,
+        "micro_batch_size": phase.micro_batch_size,
+        "gradient_accumulation_steps": phase.accumulation_steps,
         "world_size": engine.world_size,
         "max_seq_length": phase.max_seq_length,
-        "learning_rate": phase.learning_rate,
+        "learning_rate": run.of.written.learning_rate,
         "optimizer": spec.optimizer.name,
         "schedule": spec.optimizer.schedule,
         "precision": spec.precision,
@@ -301,25 +339,26 @@ def _announce(run: _Phase, origin: str) -> None:
     print(
         f"{run.name}: {spec.model.preset} ({description['parameters']:,} parameters), "
         f"{phase.steps} steps x {phase.global_batch_size} {rows} of {phase.max_seq_length} tokens "
-        f"(micro-batch {description['micro_batch_size']} x {run.accumulation_steps} accumulation steps x "
+        f"(micro-batch {phase.micro_batch_size} x {phase.accumulation_steps} accumulation steps x "
         f"world size {engine.world_size}), {engine.device} {spec.precision} {spec.optimizer.name}; "
         f"from {origin} at step {run.start_step}",
         flush=True,
     )
 
 
-def _train(run: _Phase, stop: StopSignals) -> None:
+def _train(run: _Run, stop: StopSignals) -> None:
     phase, engine, spec = run.phase, run.engine, run.spec
     if run.heldout and _evaluation_owed(run):
         _evaluate(run, run.start_step)
     batches = iter(run.loader)
     progress = _Progress(run)
     for step in range(run.start_step + 1, phase.steps + 1):
-        stats = torch.zeros(7, device=engine.device)
-        for _ in range(run.accumulation_steps):
-            stats += engine.forward_backward(next(batches), run.accumulation_steps)
+        stats = torch.zeros(StepStatistics.SIZE, device=engine.device)
+        for _ in range(phase.accumulation_steps):
+            stats += engine.forward_backward(next(batches), phase.accumulation_steps)
         lr, skipped = engine.optimizer_step()
-        progress.record(step, engine.sum_over_ranks(stats).cpu(), lr, skipped)
+        # The step's one all-reduce, of every statistic at once.
+        progress.record(step, StepStatistics.from_tensor(engine.sum_over_ranks(stats).cpu()), lr, skipped)
         stopping = engine.any_rank(stop.received is not None)
         last = step == phase.steps
         if stopping or last or step % spec.checkpoint.every_steps == 0:
@@ -330,12 +369,12 @@ def _train(run: _Phase, stop: StopSignals) -> None:
             _evaluate(run, step)
 
 
-def _evaluation_due(run: _Phase, step: int) -> bool:
+def _evaluation_due(run: _Run, step: int) -> bool:
     every = run.spec.evaluation.every_steps
     return step == run.phase.steps or bool(every and step % every == 0)
 
 
-def _evaluation_owed(run: _Phase) -> bool:
+def _evaluation_owed(run: _Run) -> bool:
     """Whether the evaluation due at the step the phase resumes at was not made: the run before
     was stopped between that step's checkpoint and the end of its evaluation (collective: every
     rank gets rank 0's answer)."""
@@ -344,7 +383,7 @@ def _evaluation_owed(run: _Phase) -> bool:
     return run.engine.any_rank(run.engine.is_main and owed)
 
 
-def _save(run: _Phase, step: int) -> Path:
+def _save(run: _Run, step: int) -> Path:
     """Write the checkpoint of ``step`` on rank 0, with every rank's RNG states (collective)."""
     rng = run.engine.gather(rng_states())
     path = checkpoint_path(run.root, run.index, step)
@@ -358,20 +397,20 @@ def _save(run: _Phase, step: int) -> Path:
             scheduler=run.engine.scheduler,
             scaler=run.engine.scaler,
             keep=run.spec.checkpoint.keep,
-            data_position=run.batches.position(step * run.accumulation_steps).to_dict(),
+            data_position=run.batches.position(step * run.phase.accumulation_steps).to_dict(),
             rng=rng,  # type: ignore[arg-type]
         )
     return path
 
 
-def _evaluate(run: _Phase, step: int) -> Evaluation:
+def _evaluate(run: _Run, step: int) -> Evaluation:
     phase, engine = run.phase, run.engine
     result = evaluate(
         engine,
         heldout_batches(
             run.heldout,
             run.model.config.vocab_size,
-            micro_batch_size(phase, engine.world_size),
+            phase.micro_batch_size,
             engine.rank,
             engine.world_size,
             seed=_seed(run.spec.seed, run.index, 1),
@@ -401,40 +440,40 @@ class _Progress:
     all ranks (packed ones one by one) per second of wall-clock time over those steps.
     """
 
-    def __init__(self, run: _Phase):
+    def __init__(self, run: _Run):
         self.run = run
         self.consecutive_skips = 0
         self._reset()
 
     def _reset(self) -> None:
-        self.sums = torch.zeros(7)
+        self.sums = torch.zeros(StepStatistics.SIZE)
         self.steps = 0
         self.skipped = 0
         self.start = time.perf_counter()
 
-    def record(self, step: int, stats: torch.Tensor, lr: float, skipped: bool) -> None:
+    def record(self, step: int, stats: StepStatistics, lr: float, skipped: bool) -> None:
         """Take the statistics of one optimizer step, summed over micro-batches and ranks.
 
         Raises:
             DivergenceError: a non-finite loss that the fp16 gradient scaler did not skip, or
                 ``MAX_CONSECUTIVE_SKIPS`` skipped steps in a row.
         """
-        finite = bool(torch.isfinite(stats[:3]).all())
+        finite = stats.finite()
         self.consecutive_skips = self.consecutive_skips + 1 if skipped else 0
         if (not finite and not skipped) or self.consecutive_skips >= MAX_CONSECUTIVE_SKIPS:
             self._diverged(step, stats, skipped)
         if skipped:
             self.skipped += 1
         if finite:
-            self.sums += stats
+            self.sums += stats.to_tensor()
             self.steps += 1
         if step % self.run.spec.logging.every_steps == 0 or step == self.run.phase.steps:
             self._emit(step, lr)
             self._reset()
 
-    def _diverged(self, step: int, stats: torch.Tensor, skipped: bool) -> None:
+    def _diverged(self, step: int, stats: StepStatistics, skipped: bool) -> None:
         run = self.run
-        losses = (stats[:3] / (run.accumulation_steps * run.engine.world_size)).tolist()
+        losses = stats.mean_losses(run.phase.accumulation_steps * run.engine.world_size)
         newest = latest(phase_dir(run.root, run.index))
         kept = (
             f"the last good checkpoint is {newest}" if newest else "no checkpoint of this phase was written"
@@ -451,11 +490,10 @@ class _Progress:
         run, phase = self.run, self.run.phase
         elapsed = time.perf_counter() - self.start
         # NaN when every step since the last line was skipped.
-        micro_batches = self.steps * run.accumulation_steps * run.engine.world_size
-        loss, mlm, nsp = (
-            self.sums[:3] / micro_batches if self.steps else torch.full((3,), math.nan)
-        ).tolist()
-        accuracy = Accuracy.from_counts(self.sums[3:])
+        micro_batches = self.steps * run.phase.accumulation_steps * run.engine.world_size
+        total = StepStatistics.from_tensor(self.sums)
+        loss, mlm, nsp = total.mean_losses(micro_batches)
+        accuracy = total.accuracy()
         steps_done = self.steps + self.skipped
         rate = accuracy.sequences / elapsed
         values = {"loss": loss, "mlm_loss": mlm, "nsp_loss": nsp, "mlm_accuracy": accuracy.mlm}
