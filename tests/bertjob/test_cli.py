@@ -1,3 +1,4 @@
+import importlib.util
 import resource
 import subprocess
 import sys
@@ -5,6 +6,7 @@ import sys
 import pytest
 import yaml
 
+import bertjob.cli
 from bertjob.cli import main
 from bertjob_testing.jobs import EXAMPLES, valid_job, with_value
 
@@ -149,3 +151,52 @@ def test_render_quotes_strings_kubectl_would_read_as_another_type(tmp_path, caps
     rendered = capsys.readouterr().out
     for value in ("y", "1e3", "0o17"):
         assert f"value: '{value}'" in rendered
+
+
+def test_run_starts_the_trainer_as_a_process_and_returns_its_exit_code(tmp_path, monkeypatch):
+    started = []
+
+    def trainer(command, check):
+        started.append(command)
+        return subprocess.CompletedProcess(command, 143)
+
+    monkeypatch.setattr(bertjob.cli.subprocess, "run", trainer)
+    path = _write(tmp_path, valid_job())
+    assert main(["run", str(path)]) == 143
+    assert started == [[sys.executable, "-m", "bertpretrain", "local", "--config", str(path)]]
+
+
+def test_run_refuses_an_invalid_job_before_starting_the_trainer(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bertjob.cli.subprocess, "run", lambda *_, **__: pytest.fail("trainer started"))
+    document = with_value(valid_job(), "spec.topology.processesPerNode", 3)
+    assert main(["run", str(_write(tmp_path, document))]) == 2
+    assert "spec.phases[0].globalBatchSize: 64 is not divisible by world size 3" in capsys.readouterr().err
+
+
+def test_run_needs_the_trainer(tmp_path, monkeypatch, capsys):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        bertjob.cli.importlib.util, "find_spec", lambda name: None if name == "bertpretrain" else real(name)
+    )
+    monkeypatch.setattr(bertjob.cli.subprocess, "run", lambda *_, **__: pytest.fail("trainer started"))
+    assert main(["run", str(_write(tmp_path, valid_job()))]) == 1
+    assert capsys.readouterr().err == (
+        "bertjob run needs the trainer (pip install '.[trainer]'): No module named 'bertpretrain'\n"
+    )
+
+
+RUN_WITHOUT_A_TRAINER = """
+import subprocess, sys
+import bertjob.cli
+subprocess.run = lambda command, check: subprocess.CompletedProcess(command, 0)
+assert bertjob.cli.main(["run", sys.argv[1]]) == 0
+print(sorted(name for name in sys.modules if name.startswith(("bertpretrain", "torch"))))
+"""
+
+
+def test_run_imports_no_trainer_code(tmp_path):
+    path = _write(tmp_path, valid_job())
+    result = subprocess.run(
+        [sys.executable, "-c", RUN_WITHOUT_A_TRAINER, str(path)], capture_output=True, text=True, check=False
+    )
+    assert (result.returncode, result.stdout) == (0, "[]\n"), result.stderr
