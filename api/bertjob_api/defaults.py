@@ -3,7 +3,8 @@
 Fixed defaults sit on the fields in :mod:`bertjob_api.spec`; this module fills what can only be
 known from the rest of the job (a phase's micro-batch from the world size, the export path from
 the checkpoint path, a model's dimensions from its preset) and computes what is derived, so that
-no value is ever asked for twice (world size, gradient accumulation steps).
+no value is ever asked for twice (world size, gradient accumulation steps). The trainer reads the
+derived values once, through :class:`bertjob_api.plan.Plan`.
 """
 
 from __future__ import annotations

@@ -398,3 +398,11 @@ def test_an_evaluation_due_when_sigterm_stopped_the_run_is_made_on_resume(
     monkeypatch.undo()
     train_phase(spec, 0, shard_dir, vocab_size)
     assert [int(line[3]) for line in progress(capsys.readouterr().out, EVAL_LINE)] == [3, 6]
+
+
+def test_a_plan_for_another_world_is_refused(make_spec, make_phase, shard_dir: Path, vocab_size: int) -> None:
+    spec = make_spec([make_phase(globalBatchSize=16, microBatchSize=4)])
+    data = PreparedData(shard_dir.parent / "vocab", vocab_size, [shard_dir])
+    with pytest.raises(ValueError, match="the plan is for world size 2, but 1 processes train"):
+        Phase(Plan.resolve(spec, 2), 0, data).train()
+    assert not list(Path(spec.checkpoint.path).rglob("*.pt"))
