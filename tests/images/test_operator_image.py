@@ -67,7 +67,7 @@ def test_the_operator_image_turns_a_job_into_a_pytorchjob_and_follows_it(
             [
                 "sh",
                 "-c",
-                f"id -u; touch /tmp/probe && ! touch /var/tmp/probe && python -c {ONLY_ITS_PACKAGES}",
+                f"id -u; touch /tmp/probe && ! touch /var/tmp/probe && {ONLY_ITS_PACKAGES}",
             ],
             mounts=volumes,
             user=user,
