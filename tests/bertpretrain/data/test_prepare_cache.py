@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from tests.bertpretrain.data.test_prepare import make_spec, modified_times
 
 from bertjob_api.spec import SourceSpec
 from bertjob_testing.jobs import valid_job, with_value
@@ -24,6 +23,7 @@ from bertpretrain.data import corpus
 from bertpretrain.data.prepare import prepare
 from bertpretrain.data.shards import read_shard
 from bertpretrain.run import main as bertpretrain_main
+from tests.bertpretrain.data.test_prepare import make_spec, modified_times
 
 UNK = 1
 
