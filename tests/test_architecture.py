@@ -232,3 +232,11 @@ def test_the_api_package_imports_without_operator_or_trainer_libraries() -> None
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("module", sorted(_module_files()))
+def test_every_module_says_first_what_it_is_for(module: str) -> None:
+    source = _module_files()[module].read_text(encoding="utf-8")
+    docstring = ast.get_docstring(ast.parse(source))
+    assert docstring, f"{module} has no module docstring saying what it is for"
+    assert len(docstring.splitlines()[0]) > 20, f"{module}: its docstring's first line is not a sentence"

@@ -1,3 +1,5 @@
+"""``python -m bertjob``: the ``bertjob`` CLI (:mod:`bertjob.cli`)."""
+
 import sys
 
 from bertjob.cli import main

@@ -1,3 +1,5 @@
+"""``python -m bertpretrain``: the trainer's entry point (:mod:`bertpretrain.run`)."""
+
 import sys
 
 from bertpretrain.run import main
