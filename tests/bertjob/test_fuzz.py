@@ -1,7 +1,7 @@
 """Property-based fuzzing of job documents (issue 15), with hypothesis.
 
-Each example starts from a job that works (tests/jobs.py's valid_job() made into each launcher and
-topology, and the examples/ jobs) and mutates it a few times: hostile text in a string field or a
+Each example starts from a job that works (bertjob_testing.jobs.valid_job() made into each launcher
+and topology, and the examples/ jobs) and mutates it a few times: hostile text in a string field or a
 name (YAML, JSON and shell metacharacters, newlines, ``{{ }}``, Unicode, NUL, lone surrogates,
 very long strings), values of the wrong type, numbers out of range (int32 and int64 bounds, NaN,
 infinity), Kubernetes objects passed through to the pods with a mutation deep inside, nesting

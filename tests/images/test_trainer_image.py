@@ -1,6 +1,6 @@
 """The Xeon trainer image running the rendered Kubeflow pods' own commands, as the image's user.
 
-tests/bertpretrain/test_kubeflow_pods.py runs the same commands from the source tree; here they run
+tests/bertpretrain/runtime/test_kubeflow_pods.py runs the same commands from the source tree; here they run
 inside the built image (``buildah run``: the image's user, PATH and environment, the host's
 network), with the environment the Kubeflow operators give the pods (:mod:`kubeflow_env`) and a
 host directory at each of the pod's volume mounts: the job file at /etc/bertjob/job.yaml

@@ -81,7 +81,7 @@ def elastic_env(processes: str) -> list[dict[str, str]]:
     docstring), and ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, without which the ranks that torchrun
     restarts after a failure read the previous attempt's keys from the rendezvous store that the
     agents share with them and hang in their first collective (pytorch/pytorch#135712; seen
-    with torch 2.13 in tests/bertpretrain/test_kubeflow_pods.py)."""
+    with torch 2.13 in tests/bertpretrain/runtime/test_kubeflow_pods.py)."""
     return [
         {"name": "PET_NPROC_PER_NODE", "value": processes},
         {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},

@@ -1,4 +1,4 @@
-"""One rank of the data-parallel equivalence test (tests/bertpretrain/test_data_parallel.py),
+"""One rank of the data-parallel equivalence test (tests/bertpretrain/runtime/test_data_parallel.py),
 run alone, under torchrun, horovodrun or mpirun: whichever started it, the engine joins that
 world (:func:`bertpretrain.runtime.parallel.join`).
 
