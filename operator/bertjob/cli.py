@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -55,8 +56,24 @@ def _run(job: BertPretrainJob, source: str) -> int:
     # main) before a trainer, and torch, starts.
     checked(job.spec, source, "training")
     # The same interpreter, so the same environment; the trainer prints to this process's stdout.
-    command = [sys.executable, "-m", TRAINER_MODULE, LOCAL_COMMAND, "--config", source]
-    return subprocess.run(command, check=False).returncode
+    return run_trainer([sys.executable, "-m", TRAINER_MODULE, LOCAL_COMMAND, "--config", source])
+
+
+def run_trainer(command: Sequence[str]) -> int:
+    """Run ``command`` (the trainer) to its end and return its exit code, passing on a SIGTERM
+    sent to this process, so that the trainer checkpoints and exits 143 as it does in a pod
+    rather than running on without a parent. Ctrl-C reaches the trainer by itself (one process
+    group), and this process waits for it to stop."""
+    with subprocess.Popen(command) as process:
+        previous = signal.signal(signal.SIGTERM, lambda signum, _frame: process.send_signal(signum))
+        try:
+            while True:
+                try:
+                    return process.wait()
+                except KeyboardInterrupt:
+                    continue
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
 
 COMMANDS = {"validate": _validate, "render": _render, "run": _run}

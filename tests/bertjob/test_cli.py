@@ -1,5 +1,8 @@
+"""The ``bertjob`` CLI: validate, render and run a job file, with the exit codes and messages users see."""
+
 import importlib.util
 import resource
+import signal
 import subprocess
 import sys
 
@@ -156,18 +159,18 @@ def test_render_quotes_strings_kubectl_would_read_as_another_type(tmp_path, caps
 def test_run_starts_the_trainer_as_a_process_and_returns_its_exit_code(tmp_path, monkeypatch):
     started = []
 
-    def trainer(command, check):
+    def trainer(command):
         started.append(command)
-        return subprocess.CompletedProcess(command, 143)
+        return 143
 
-    monkeypatch.setattr(bertjob.cli.subprocess, "run", trainer)
+    monkeypatch.setattr(bertjob.cli, "run_trainer", trainer)
     path = _write(tmp_path, valid_job())
     assert main(["run", str(path)]) == 143
     assert started == [[sys.executable, "-m", "bertpretrain", "local", "--config", str(path)]]
 
 
 def test_run_refuses_an_invalid_job_before_starting_the_trainer(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(bertjob.cli.subprocess, "run", lambda *_, **__: pytest.fail("trainer started"))
+    monkeypatch.setattr(bertjob.cli, "run_trainer", lambda *_: pytest.fail("trainer started"))
     document = with_value(valid_job(), "spec.topology.processesPerNode", 3)
     assert main(["run", str(_write(tmp_path, document))]) == 2
     assert "spec.phases[0].globalBatchSize: 64 is not divisible by world size 3" in capsys.readouterr().err
@@ -178,7 +181,7 @@ def test_run_needs_the_trainer(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(
         bertjob.cli.importlib.util, "find_spec", lambda name: None if name == "bertpretrain" else real(name)
     )
-    monkeypatch.setattr(bertjob.cli.subprocess, "run", lambda *_, **__: pytest.fail("trainer started"))
+    monkeypatch.setattr(bertjob.cli, "run_trainer", lambda *_: pytest.fail("trainer started"))
     assert main(["run", str(_write(tmp_path, valid_job()))]) == 1
     assert capsys.readouterr().err == (
         "bertjob run needs the trainer (pip install '.[trainer]'): No module named 'bertpretrain'\n"
@@ -188,7 +191,7 @@ def test_run_needs_the_trainer(tmp_path, monkeypatch, capsys):
 RUN_WITHOUT_A_TRAINER = """
 import subprocess, sys
 import bertjob.cli
-subprocess.run = lambda command, check: subprocess.CompletedProcess(command, 0)
+bertjob.cli.run_trainer = lambda command: 0
 assert bertjob.cli.main(["run", sys.argv[1]]) == 0
 print(sorted(name for name in sys.modules if name.startswith(("bertpretrain", "torch"))))
 """
@@ -200,3 +203,29 @@ def test_run_imports_no_trainer_code(tmp_path):
         [sys.executable, "-c", RUN_WITHOUT_A_TRAINER, str(path)], capture_output=True, text=True, check=False
     )
     assert (result.returncode, result.stdout) == (0, "[]\n"), result.stderr
+
+
+# A trainer that says it is ready, then exits as the trainer does on SIGTERM.
+TRAINER_ON_SIGTERM = """
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: (print("checkpoint", flush=True), sys.exit(143)))
+print("ready", flush=True)
+time.sleep(60)
+sys.exit(0)
+"""
+
+
+def test_run_passes_sigterm_on_to_the_trainer_and_returns_its_exit_code():
+    program = "import sys; from bertjob.cli import run_trainer; sys.exit(run_trainer(sys.argv[1:]))"
+    cli = subprocess.Popen(
+        [sys.executable, "-c", program, sys.executable, "-c", TRAINER_ON_SIGTERM],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert cli.stdout is not None and cli.stdout.readline() == "ready\n"
+        cli.send_signal(signal.SIGTERM)
+        assert cli.wait(timeout=30) == 143
+        assert cli.stdout.read() == "checkpoint\n"
+    finally:
+        cli.kill()
