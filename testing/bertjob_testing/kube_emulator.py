@@ -33,6 +33,7 @@ import kmock
 import pytest
 import yaml
 from kmock._internal import parsing
+from kmock._internal.k8s import KubernetesObjectNotFoundError
 from kubernetes.client import ApiClient, CustomObjectsApi
 from kubernetes.config import new_client_from_config
 
@@ -44,10 +45,6 @@ WAIT_S = 30
 UPSTREAM_CRDS = Path(__file__).resolve().parents[3] / "shared" / "upstream-crds"
 KUBEFLOW_CRD_FILES = {"pytorchjob": "kubeflow.org_pytorchjobs.yaml", "mpijob": "kubeflow.org_mpijobs.yaml"}
 OPERATOR_TOKEN = "operator-token"
-# kmock keeps every request for assertions, and matches each new request to its reactions by
-# scanning them all, so a long session slows quadratically. The tests assert on ApiServer.calls
-# instead; the emulator keeps this many recent requests, plenty for those still being matched.
-KEPT_REQUESTS = 64
 T = TypeVar("T")
 
 # Built-in kinds the operator touches: (group/version/plural, kind, namespaced).
@@ -126,7 +123,22 @@ class ApiServer(kmock.KubernetesEmulator):
     calls: list[Call] = attrs.field(factory=list, init=False)
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
-        del self._requests[:-KEPT_REQUESTS]
+        # kmock keeps every request for assertions, and finds a request's reaction by testing, for
+        # each reaction in turn, whether the request is among the requests that the reaction's
+        # filter lets through: the criteria run on every request kept, for every reaction. The
+        # tests assert on ApiServer.calls instead, so only the requests being served are kept
+        # (open watches, and the few at hand), this one first, where each reaction looks first.
+        if self._requests and self._requests[-1] is request:
+            self._requests.insert(0, self._requests.pop())
+        try:
+            return await self._served(request)
+        finally:
+            for index, kept in enumerate(self._requests):
+                if kept is request:
+                    del self._requests[index]
+                    break
+
+    async def _served(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         if request.resource is not None:
             self._record(request)
         if request.resource is not None and isinstance(request.data, dict):
@@ -172,11 +184,40 @@ class ApiServer(kmock.KubernetesEmulator):
             )
         )
 
-    def _stored(self, request: kmock.Request) -> dict[str, Any] | None:
-        key = (request.resource, request.namespace, request.name)
-        if request.name is None or key not in self.objects or self.objects[key].deleted:
+    def _live(self, request: kmock.Request, name: str | None = None) -> Any:
+        """The live object (kmock's ``Object``) that ``request`` names (or, with ``name`` given,
+        the object of that name in its namespace); None if there is none, or it was deleted."""
+        key: Any = (request.resource, request.namespace, name or request.name)
+        if key[2] is None or key not in self.objects or self.objects[key].deleted:
             return None
-        return dict(self.objects[key].raw)
+        return self.objects[key]
+
+    def _stored(self, request: kmock.Request) -> dict[str, Any] | None:
+        obj = self._live(request)
+        return None if obj is None else dict(obj.raw)
+
+    # kmock answers a read, create or update by testing every stored object of every kind against
+    # the request, which grows with the store; these find the one object by its key, which is
+    # where kmock's own create and update (in _handle) store it.
+    async def _serve_fetch(self, request: kmock.Request) -> Any:
+        obj = self._live(request)
+        if obj is None:
+            raise KubernetesObjectNotFoundError()
+        return obj.raw
+
+    async def _serve_create(self, request: kmock.Request) -> Any:
+        meta = request.data.get("metadata", {})
+        key: Any = (
+            request.resource,
+            request.namespace or meta.get("namespace"),
+            request.name or meta.get("name"),
+        )
+        return self.objects[key].raw
+
+    async def _serve_update(self, request: kmock.Request) -> Any:
+        # A patch that just released the object's last finalizer answers its last state.
+        key: Any = (request.resource, request.namespace, request.name)
+        return self.objects[key].last.raw
 
     async def _collect_garbage(self, uid: str) -> None:
         async with self._lock:
