@@ -17,11 +17,18 @@ Each round runs each side in turn (before, after, before, after, ...). A side is
 - the time from the first create until every job's children exist and its status is Pending;
 - each job's reconcile latency (its create to its status Pending with its PyTorchJob present),
   p50, p95 and max;
-- the operator's peak resident memory (VmHWM of the kopf process).
+- the operator's peak resident memory (VmHWM of the kopf process);
+- the CPU time of the operator, and of this process (the emulator and the client);
+- the operator's requests per job, in all and by verb and resource (a handler that ran twice for
+  one job shows as a 409 create followed by a GET of the child); these and the CPU times are taken
+  once the operator has made no request for 2 s, after the last job is Pending.
 
 kmock's emulator and ``kopf run -m bertjob.handlers`` start as in the end-to-end tests
-(:func:`bertjob_testing.kube_emulator.running_cluster`), a fresh cluster per side and round. The
-client, the emulator and the operator share the machine, so the figures move with its load.
+(:func:`bertjob_testing.kube_emulator.running_cluster`), a fresh cluster per side and round;
+``--logs DIR`` keeps each operator's log there. The emulator serves from a thread of this process,
+so it shares one interpreter (and its lock) with the client creating the jobs and with the poller
+that times them; the operator is a process of its own. All of them share the machine, so the
+figures move with its load.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import contextlib
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -47,6 +55,8 @@ from bertjob_testing.jobs import valid_job, with_value
 from bertjob_testing.kube_emulator import cluster_crds, running_cluster
 
 TIMEOUT_S = 600
+# Seconds without a request from the operator after which it counts as done with the jobs.
+QUIET_S = 2.0
 # Renders the job given as JSON in argv[1] argv[2] times with whichever bertjob PYTHONPATH finds
 # first (the one warm-up render left out); prints the seconds of each as a JSON list.
 RENDER_TIMER = """
@@ -131,8 +141,9 @@ def render_seconds(side: Side, renders: int) -> list[float]:
     return [float(seconds) for seconds in json.loads(result.stdout)]
 
 
-def load(side: Side, jobs: int) -> dict[str, float]:
-    """Create ``jobs`` jobs against a fresh emulator running ``side``'s operator; the figures."""
+def load(side: Side, jobs: int, log: Path | None = None) -> dict[str, float]:
+    """Create ``jobs`` jobs against a fresh emulator running ``side``'s operator; the figures.
+    With ``log``, the operator's log is copied there."""
     names = [f"load-{index:04d}" for index in range(jobs)]
     created: dict[str, float] = {}
     done: dict[str, float] = {}
@@ -173,6 +184,13 @@ def load(side: Side, jobs: int) -> dict[str, float]:
             raise SystemExit(
                 f"{side.name}: only {len(done)} of {len(names)} jobs reconciled in {TIMEOUT_S} s"
             )
+        # The work that follows Pending (posting the Events, kopf's own patches) is the operator's
+        # too: requests and CPU are counted once it has gone quiet.
+        quiet_since, seen = time.perf_counter(), len(cluster.server.calls)
+        while time.perf_counter() - quiet_since < QUIET_S and time.perf_counter() - started < TIMEOUT_S:
+            time.sleep(0.1)
+            if len(cluster.server.calls) != seen:
+                quiet_since, seen = time.perf_counter(), len(cluster.server.calls)
         rss = peak_rss_mb(cluster.operator.pid)
         operator_cpu = cpu_seconds(cluster.operator.pid) - operator_cpu
         now_cpu = resource.getrusage(resource.RUSAGE_SELF)
@@ -182,6 +200,10 @@ def load(side: Side, jobs: int) -> dict[str, float]:
             for call in cluster.server.calls[calls_before:]
             if not call.watch
         )
+        if log is not None:
+            cluster.stop()  # its log is complete once it has stopped
+            log.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(cluster.log, log)
     latencies = sorted(done[name] - created[name] for name in names)
     quantiles = statistics.quantiles(latencies, n=100)
     return {
@@ -216,6 +238,7 @@ def main() -> None:
     parser.add_argument("--renders", type=int, default=200, help="renders timed per side and round")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--before", type=Path, help="a checkout of the older commit, run as 'before'")
+    parser.add_argument("--logs", type=Path, help="a folder to keep the operators' logs in")
     args = parser.parse_args()
     sides = [Side("after", {})]
     if args.before is not None:
@@ -229,7 +252,8 @@ def main() -> None:
     for round_ in range(1, args.rounds + 1):
         for side in sides:
             render_ms = statistics.median(render_seconds(side, args.renders)) * 1000
-            run: dict[str, Any] = {"render_ms": render_ms, **load(side, args.jobs)}
+            log = args.logs / f"operator-{side.name}-{round_}.log" if args.logs else None
+            run: dict[str, Any] = {"render_ms": render_ms, **load(side, args.jobs, log)}
             side.runs.append(run)
             print(f"round {round_} " + line(side.name, run, args.jobs), flush=True)
             requests = ", ".join(

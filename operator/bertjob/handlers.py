@@ -90,8 +90,12 @@ def jobs_seen(**_: Any) -> int:
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def count_job(body: kopf.Body, type: str | None, **_: Any) -> None:
-    """Keep ``bertjob_jobs{phase}`` up to date."""
+async def count_job(body: kopf.Body, type: str | None, **_: Any) -> None:
+    """Keep ``bertjob_jobs{phase}`` up to date.
+
+    Every event of every job passes here: it runs on kopf's event loop, not in a thread of its
+    pool, because it does no I/O and the hop to a thread and back would cost more than the work.
+    """
     namespace, name = str(body.metadata.namespace), str(body.metadata.name)
     if type == "DELETED":
         metrics.JOBS.gone(namespace, name)

@@ -22,7 +22,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -126,17 +126,20 @@ class ApiServer(kmock.KubernetesEmulator):
         # kmock keeps every request for assertions, and finds a request's reaction by testing, for
         # each reaction in turn, whether the request is among the requests that the reaction's
         # filter lets through: the criteria run on every request kept, for every reaction. The
-        # tests assert on ApiServer.calls instead, so only the requests being served are kept
-        # (open watches, and the few at hand), this one first, where each reaction looks first.
+        # tests assert on ApiServer.calls instead, so only the requests not yet answered are kept
+        # (a watch until its stream starts), this one first, where each reaction looks first.
         if self._requests and self._requests[-1] is request:
             self._requests.insert(0, self._requests.pop())
         try:
             return await self._served(request)
         finally:
-            for index, kept in enumerate(self._requests):
-                if kept is request:
-                    del self._requests[index]
-                    break
+            self._forget(request)
+
+    def _forget(self, request: kmock.Request) -> None:
+        for index, kept in enumerate(self._requests):
+            if kept is request:
+                del self._requests[index]
+                return
 
     async def _served(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         if request.resource is not None:
@@ -195,6 +198,12 @@ class ApiServer(kmock.KubernetesEmulator):
     def _stored(self, request: kmock.Request) -> dict[str, Any] | None:
         obj = self._live(request)
         return None if obj is None else dict(obj.raw)
+
+    async def _serve_watch(self, request: kmock.Request) -> AsyncIterator[Any]:
+        # Its reaction is found: an open watch need not be kept among the requests being matched.
+        self._forget(request)
+        async for item in super()._serve_watch(request):
+            yield item
 
     # kmock answers a read, create or update by testing every stored object of every kind against
     # the request, which grows with the store; these find the one object by its key, which is
