@@ -14,6 +14,7 @@ written into the status with the change they report and posted from there (:func
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import time
@@ -103,8 +104,24 @@ async def count_job(body: kopf.Body, type: str | None, **_: Any) -> None:
         metrics.JOBS.seen(namespace, name, lifecycle.of(body).phase)
 
 
+# (namespace, Event name) of the Events this process posted and removed from their job's status,
+# the most recent ANNOUNCED_KEPT: a watch event that the job's status sends before that removal
+# reaches the operator still lists them, and is not answered by posting and removing them again.
+ANNOUNCED: collections.OrderedDict[tuple[str, str], None] = collections.OrderedDict()
+ANNOUNCED_KEPT = 4096
+ANNOUNCED_LOCK = threading.Lock()
+
+
+def _unannounced(body: Mapping[str, Any]) -> list[str]:
+    """Names in the job's ``status.pendingEvents`` that this process has not posted and removed."""
+    namespace = str(body["metadata"]["namespace"])
+    pending = (body.get("status") or {}).get("pendingEvents") or {}
+    with ANNOUNCED_LOCK:
+        return sorted(name for name in pending if (namespace, name) not in ANNOUNCED)
+
+
 def _has_pending_events(body: kopf.Body, type: str | None, **_: Any) -> bool:
-    return type != "DELETED" and bool((body.get("status") or {}).get("pendingEvents"))
+    return type != "DELETED" and bool(_unannounced(body))
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL, when=_has_pending_events)
@@ -113,7 +130,8 @@ def announce(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     name, then remove them from the status. Every status write that records an Event, and every
     start of the operator (which lists the jobs), passes here, so an Event is posted even when the
     operator died between the status patch and the Event; an Event posted before, by an operator
-    that died before removing it, exists already under its name and is not posted twice.
+    that died before removing it, exists already under its name and is not posted twice. Events
+    that this process has posted and removed already are left out (:data:`ANNOUNCED`).
 
     Raises:
         ApiException: the API server refused an Event or the status patch; what is left is posted
@@ -121,10 +139,18 @@ def announce(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """
     pending = lifecycle.of(body).pending_events
     posted: dict[str, None] = {}
-    for name in sorted(pending):
-        post_event(memo.api, body, name, pending[name])
-        posted[name] = None
+    for name in _unannounced(body):
+        if name in pending:
+            post_event(memo.api, body, name, pending[name])
+            posted[name] = None
+    if not posted:
+        return
     patch_status(memo.api, body, {"pendingEvents": posted})
+    namespace = str(body.metadata.namespace)
+    with ANNOUNCED_LOCK:
+        ANNOUNCED.update(dict.fromkeys((namespace, name) for name in posted))
+        while len(ANNOUNCED) > ANNOUNCED_KEPT:
+            ANNOUNCED.popitem(last=False)
 
 
 @kopf.on.create(GROUP, VERSION, PLURAL)
