@@ -75,7 +75,12 @@ def kustomize_dir() -> Path:
     configured = os.environ.get(KUSTOMIZE_DIR_ENV)
     if configured:
         return Path(configured)
-    return Path(__file__).resolve().parents[2] / "kustomize"
+    return _REPOSITORY_KUSTOMIZE
+
+
+# Resolved once: resolving a path reads each of its directories (it took as long as the rest of
+# building a job's child).
+_REPOSITORY_KUSTOMIZE = Path(__file__).resolve().parents[2] / "kustomize"
 
 
 def config_map_name(job_name: str) -> str:
@@ -258,7 +263,14 @@ def build(root: Path, overlay: str, launcher_component: str, accelerator: str) -
         RenderError: a directory has no kustomization, kustomize is missing or failed, or it
             built other than one object.
     """
-    return dict(json.loads(cached_build(root.resolve(), overlay, launcher_component, accelerator)))
+    return dict(json.loads(cached_build(_resolved(root), overlay, launcher_component, accelerator)))
+
+
+@functools.lru_cache(maxsize=64)
+def _resolved(root: Path) -> Path:
+    """``root.resolve()``, once per process and path (a tree moved under the path is read by the
+    next process, as :func:`cached_build` reads a changed tree)."""
+    return root.resolve()
 
 
 @functools.cache

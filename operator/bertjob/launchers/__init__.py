@@ -97,6 +97,8 @@ _TEMPLATES = jinja2.Environment(
     undefined=jinja2.StrictUndefined,
     autoescape=False,
     keep_trailing_newline=True,
+    # The package's templates do not change while it runs: no stat of the file per render.
+    auto_reload=False,
 )
 _TEMPLATES.filters["whole"] = whole
 
