@@ -1,3 +1,5 @@
+"""The typed spec tree: parsing a BertPretrainJob, its field checks and messages, and the round trip to a document."""
+
 import pytest
 
 from bertjob_api.spec import SpecError, load_job, parse_job, parse_spec, to_document
