@@ -1,4 +1,5 @@
-"""Defaults that depend on other fields (micro-batch, export and log paths, shard count) and the model presets' dimensions."""
+"""Defaults that depend on other fields (micro-batch, export and log paths, shard count) and
+the model presets' dimensions."""
 
 import pytest
 

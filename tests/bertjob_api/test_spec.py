@@ -1,4 +1,5 @@
-"""The typed spec tree: parsing a BertPretrainJob, its field checks and messages, and the round trip to a document."""
+"""The typed spec tree: parsing a BertPretrainJob, its field checks and messages, and the round
+trip to a document."""
 
 import pytest
 

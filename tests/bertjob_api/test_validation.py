@@ -1,4 +1,5 @@
-"""Checks across fields (batch split, phases, volumes and paths, pass-through objects), by purpose: cluster, training, no-training."""
+"""Checks across fields (batch split, phases, volumes and paths, pass-through objects), by
+purpose: cluster, training, no-training."""
 
 from decimal import Decimal
 
