@@ -399,6 +399,17 @@ def _problems(error: SpecError) -> str:
     return "; ".join(f"{path}: {problem}" for path, problem in error.problems)
 
 
+def _has_conditions(body: kopf.Body, **_: Any) -> bool:
+    """Whether :func:`mirror_child` has anything to mirror from a training job: without, it returns
+    at once, and the filter spares kopf the hop to a thread and back (a created child's first event)."""
+    return lifecycle.has_child_conditions(body.get("status") or {})
+
+
+def _has_outcome(body: kopf.Body, **_: Any) -> bool:
+    """Whether :func:`prepare_finished` has an outcome to act on (it returns at once without)."""
+    return lifecycle.prepare_outcome(body.get("status") or {}) is not None
+
+
 # One watcher per launcher's child kind, and one for the data Jobs, for the objects we label.
 for _launcher in launchers.LAUNCHERS.values():
     kopf.on.event(
@@ -407,5 +418,8 @@ for _launcher in launchers.LAUNCHERS.values():
         _launcher.child.plural,
         id=f"mirror-{_launcher.child.plural}",
         labels={NAME_LABEL: "bertjob"},
+        when=_has_conditions,
     )(mirror_child)
-kopf.on.event("batch", "v1", "jobs", id="prepare-jobs", labels={NAME_LABEL: "bertjob"})(prepare_finished)
+kopf.on.event("batch", "v1", "jobs", id="prepare-jobs", labels={NAME_LABEL: "bertjob"}, when=_has_outcome)(
+    prepare_finished
+)

@@ -207,6 +207,15 @@ def child_conditions(child_status: Mapping[str, Any], at: datetime) -> list[Cond
     return found
 
 
+def has_child_conditions(child_status: Mapping[str, Any]) -> bool:
+    """Whether :func:`child_conditions` finds any condition in ``child_status``, without building
+    them (a filter run on kopf's event loop for every event of every training job)."""
+    return any(
+        isinstance(item, Mapping) and item.get("type") in MIRRORED
+        for item in child_status.get("conditions") or []
+    )
+
+
 def child_phase(conditions: Sequence[Condition]) -> Phase | None:
     """The phase a training child's conditions put the job in: an outcome wins over Running
     (Restarting counts as Running), Running over Created; None before Kubeflow has written any."""
