@@ -49,7 +49,7 @@ generate: $(STAMP) $(HELM)
 	$(BIN)/python -m bertjob_api.passthrough
 
 lint: $(STAMP)
-	$(BIN)/ruff check api operator trainer_image tests benchmarks
+	$(BIN)/ruff check api operator trainer_image testing tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/mypy --strict -p bertjob_api
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 from kubernetes.client import CustomObjectsApi
-from tests.bertjob.test_handlers_e2e import CHILD_RESOURCES, LAUNCHERS, children_of
 
 from bertjob_api.spec import GROUP, PLURAL, VERSION
 from bertjob_testing.jobs import valid_job, with_value
 from bertjob_testing.kube_emulator import Cluster
+from tests.bertjob.test_handlers_e2e import CHILD_RESOURCES, LAUNCHERS, children_of
 from tests.kubeflow_env import kubeflow_condition
 
 PYTORCHJOBS = CHILD_RESOURCES["pytorchjob"]
