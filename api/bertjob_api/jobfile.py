@@ -19,6 +19,7 @@ are refused in bounded time and memory: at most :data:`MAX_BYTES`, nesting at mo
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable, Iterator
@@ -417,8 +418,21 @@ class _CDumper(yaml.CSafeDumper):
     text both emitters write alike (:func:`_emitted_alike`)."""
 
     def resolve(self, kind: type[Node], value: Any, implicit: tuple[bool, bool]) -> str:
+        if kind is ScalarNode and isinstance(value, str):
+            return _scalar_tag(value, implicit)
         tag = str(super().resolve(kind, value, implicit))  # type: ignore[no-untyped-call,unused-ignore]
         return _go_tag(tag, kind, value, implicit)
+
+
+_RESOLVER = yaml.resolver.Resolver()
+
+
+@functools.lru_cache(maxsize=4096)
+def _scalar_tag(value: str, implicit: tuple[bool, bool]) -> str:
+    """:class:`_Dumper`'s tag for a scalar, which depends on its text alone: remembered, as the
+    same texts come back in every job's document (each is resolved twice, by regular expressions)."""
+    tag = str(_RESOLVER.resolve(ScalarNode, value, implicit))  # type: ignore[no-untyped-call,unused-ignore]
+    return _go_tag(tag, ScalarNode, value, implicit)
 
 
 # libyaml's emitter writes what PyYAML's does for these documents only (a differential comparison of
