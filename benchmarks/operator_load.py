@@ -7,8 +7,9 @@ this checkout's operator and, with ``--before``, an older checkout's, in one run
 
 Each round runs each side in turn (before, after, before, after, ...). A side is an operator:
 ``after`` is this checkout's ``bertjob``; ``before`` is the ``bertjob`` package of the checkout
-``DIR``, run with ``PYTHONPATH=DIR/operator`` (so that its package is imported instead of ours) and
-``BERTJOB_KUSTOMIZE_DIR=DIR/kustomize``. For each side and round it prints:
+``DIR``, run with ``PYTHONPATH=DIR/operator`` (and ``DIR/api`` where it has that folder, so that its
+packages are imported instead of ours) and ``BERTJOB_KUSTOMIZE_DIR=DIR/kustomize``. For each side
+and round it prints:
 
 - render: the median time of :func:`bertjob.render.render` for one job over ``--renders`` renders
   of the same job after one to warm up (for ``after`` timed in this process; for ``before`` in a
@@ -243,7 +244,9 @@ def main() -> None:
     sides = [Side("after", {})]
     if args.before is not None:
         before = args.before.resolve()
-        env = {"PYTHONPATH": str(before / "operator"), "BERTJOB_KUSTOMIZE_DIR": str(before / "kustomize")}
+        # Its own job API package too, where it has one: else ours (installed) would stand in for it.
+        packages = [str(before / part) for part in ("operator", "api") if (before / part).is_dir()]
+        env = {"PYTHONPATH": os.pathsep.join(packages), "BERTJOB_KUSTOMIZE_DIR": str(before / "kustomize")}
         sides.insert(0, Side("before", env))
     print(
         f"{args.jobs} jobs, {args.renders} renders, {args.rounds} rounds, sides in turn: "
