@@ -13,19 +13,10 @@ import pytest
 from kubernetes.client import CustomObjectsApi
 
 from bertjob_api.spec import GROUP, PLURAL, VERSION
-from bertjob_testing.jobs import valid_job, with_value
 from bertjob_testing.kube_emulator import Cluster
-from tests.bertjob.test_handlers_e2e import CHILD_RESOURCES, LAUNCHERS, children_of
+from tests.bertjob.e2e import CHILD_RESOURCES, LAUNCHERS, PYTORCHJOBS, children_of
+from tests.bertjob.e2e import named_job as _job
 from tests.kubeflow_env import kubeflow_condition
-
-PYTORCHJOBS = CHILD_RESOURCES["pytorchjob"]
-
-
-def _job(name: str, launcher: str = "pytorchjob", **fields: Any) -> dict[str, Any]:
-    document = with_value(with_value(valid_job(), "metadata.name", name), "spec.launcher", launcher)
-    for dotted, value in fields.items():
-        document = with_value(document, dotted.replace("__", "."), value)
-    return document
 
 
 def _running(cluster: Cluster, name: str, resource: str = PYTORCHJOBS) -> None:

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from bertjob_testing.kube_emulator import WAIT_S, Cluster, cluster_crds, running_cluster
+from tests.bertjob.e2e import PYTORCHJOBS
+from tests.bertjob.e2e import named_job as _job
 from tests.bertjob.faulty_operator import FAULT_ENV, FAULT_EXIT
-from tests.bertjob.test_e2e_lifecycle import PYTORCHJOBS, _job
 from tests.kubeflow_env import kubeflow_condition
 
 HERE = Path(__file__).resolve().parent

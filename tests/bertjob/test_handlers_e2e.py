@@ -15,39 +15,13 @@ import yaml
 from kubernetes.client import CoreV1Api, CustomObjectsApi, V1ConfigMap
 
 from bertjob.children import ForeignObjectError, create_children
-from bertjob.render import JOB_LABEL, render
+from bertjob.render import render
 from bertjob_api.spec import parse_job
 from bertjob_testing.jobs import valid_job, with_value
 from bertjob_testing.kube_emulator import Cluster, answers
+from tests.bertjob.e2e import CHILD_RESOURCES, LAUNCHERS, children_of
 from tests.k8s_schema import assert_valid
 from tests.kubeflow_env import kubeflow_condition
-
-LAUNCHERS = ["pytorchjob", "mpijob"]
-CHILD_RESOURCES = {"pytorchjob": "kubeflow.org/v1/pytorchjobs", "mpijob": "kubeflow.org/v2beta1/mpijobs"}
-# Resources a job's children may be of.
-OWNED = (
-    "v1/configmaps",
-    "v1/serviceaccounts",
-    "rbac.authorization.k8s.io/v1/roles",
-    "rbac.authorization.k8s.io/v1/rolebindings",
-    "batch/v1/jobs",
-    *CHILD_RESOURCES.values(),
-)
-
-
-def children_of(cluster: Cluster, name: str) -> dict[str, list[dict[str, Any]]]:
-    """Every object labelled as ``name``'s, by resource."""
-    return {
-        resource: found
-        for resource in OWNED
-        if (
-            found := [
-                obj
-                for obj in cluster.stored(resource, "default")
-                if (obj["metadata"].get("labels") or {}).get(JOB_LABEL) == name
-            ]
-        )
-    }
 
 
 def _named(document: dict[str, Any], name: str, launcher: str = "pytorchjob") -> dict[str, Any]:

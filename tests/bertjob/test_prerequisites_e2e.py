@@ -18,7 +18,7 @@ from kubernetes.client import CustomObjectsApi
 from bertjob import prerequisites
 from bertjob_api.crd import crd
 from bertjob_testing.kube_emulator import Cluster, answers, cluster_crds, running_cluster, serve
-from tests.bertjob.test_e2e_lifecycle import _job
+from tests.bertjob.e2e import named_job as _job
 
 RETRY_S = 1
 MISSING = f"the {prerequisites.OWN_CRD} CRD is not installed"

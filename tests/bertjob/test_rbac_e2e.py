@@ -30,8 +30,8 @@ from bertjob.render import JOB_LABEL, render
 from bertjob_api.spec import parse_job
 from bertjob_testing.jobs import REPO
 from bertjob_testing.kube_emulator import Call, Cluster, cluster_crds, running_cluster
-from tests.bertjob.test_e2e_lifecycle import _job
-from tests.bertjob.test_handlers_e2e import CHILD_RESOURCES
+from tests.bertjob.e2e import CHILD_RESOURCES
+from tests.bertjob.e2e import named_job as _job
 from tests.helm_chart import CHART, helm_or_skip
 from tests.kubeflow_env import kubeflow_condition
 
