@@ -21,6 +21,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -263,7 +264,15 @@ def build(root: Path, overlay: str, launcher_component: str, accelerator: str) -
         RenderError: a directory has no kustomization, kustomize is missing or failed, or it
             built other than one object.
     """
-    return dict(json.loads(cached_build(_resolved(root), overlay, launcher_component, accelerator)))
+    with _BUILDING:
+        text = cached_build(_resolved(root), overlay, launcher_component, accelerator)
+    return dict(json.loads(text))
+
+
+# One build at a time: the operator's worker threads that render their first jobs at once would
+# otherwise each run kustomize for the same combination (functools.cache does not wait for a call
+# under way); once built, holding it is one cache lookup.
+_BUILDING = threading.Lock()
 
 
 @functools.lru_cache(maxsize=64)
