@@ -413,7 +413,12 @@ class _Dumper(yaml.SafeDumper):
         return _go_tag(tag, kind, value, implicit)
 
 
-class _CDumper(yaml.CSafeDumper):
+# PyYAML's wheels carry libyaml; a PyYAML built without it has no CSafeDumper, and then every
+# document goes through the Python emitter.
+_HAS_LIBYAML = hasattr(yaml, "CSafeDumper")
+
+
+class _CDumper(yaml.CSafeDumper if _HAS_LIBYAML else yaml.SafeDumper):  # type: ignore[misc]
     """:class:`_Dumper` with libyaml's emitter (four times faster); used only for documents whose
     text both emitters write alike (:func:`_emitted_alike`)."""
 
@@ -471,7 +476,7 @@ def _emitted_alike(document: Any) -> bool:
 
 def dump(document: Any) -> str:
     """``document`` as YAML that PyYAML and go-yaml (kubectl) both read back as ``document``."""
-    dumper = _CDumper if _emitted_alike(document) else _Dumper
+    dumper = _CDumper if _HAS_LIBYAML and _emitted_alike(document) else _Dumper
     return yaml.dump(document, Dumper=dumper, sort_keys=False)
 
 
