@@ -18,7 +18,7 @@ import collections
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 import kopf
@@ -112,16 +112,15 @@ ANNOUNCED_KEPT = 4096
 ANNOUNCED_LOCK = threading.Lock()
 
 
-def _unannounced(body: Mapping[str, Any]) -> list[str]:
-    """Names in the job's ``status.pendingEvents`` that this process has not posted and removed."""
-    namespace = str(body["metadata"]["namespace"])
-    pending = (body.get("status") or {}).get("pendingEvents") or {}
+def _unannounced(namespace: str, names: Iterable[str]) -> list[str]:
+    """Those of ``names`` (a job's pending Events) that this process has not posted and removed."""
     with ANNOUNCED_LOCK:
-        return sorted(name for name in pending if (namespace, name) not in ANNOUNCED)
+        return sorted(name for name in names if (namespace, name) not in ANNOUNCED)
 
 
 def _has_pending_events(body: kopf.Body, type: str | None, **_: Any) -> bool:
-    return type != "DELETED" and bool(_unannounced(body))
+    pending = (body.get("status") or {}).get("pendingEvents") or {}
+    return type != "DELETED" and bool(_unannounced(str(body.metadata.namespace), pending))
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL, when=_has_pending_events)
@@ -138,15 +137,14 @@ def announce(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
             the next time the job changes, or when the operator starts again.
     """
     pending = lifecycle.of(body).pending_events
+    namespace = str(body.metadata.namespace)
     posted: dict[str, None] = {}
-    for name in _unannounced(body):
-        if name in pending:
-            post_event(memo.api, body, name, pending[name])
-            posted[name] = None
+    for name in _unannounced(namespace, pending):
+        post_event(memo.api, body, name, pending[name])
+        posted[name] = None
     if not posted:
         return
     patch_status(memo.api, body, {"pendingEvents": posted})
-    namespace = str(body.metadata.namespace)
     with ANNOUNCED_LOCK:
         ANNOUNCED.update(dict.fromkeys((namespace, name) for name in posted))
         while len(ANNOUNCED) > ANNOUNCED_KEPT:
