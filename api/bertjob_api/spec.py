@@ -322,6 +322,24 @@ class OptimizerSpec(_Spec):
         "steps) ** polyPower) or linear (to 0 from the end of warm-up, Hugging Face's default).",
     )
     poly_power: float = Field(0.5, gt=0, description="Exponent of the poly schedule's decay.")
+    lr_scaling: Literal["none", "linear", "sqrt"] = Field(
+        "none",
+        description="Scale each phase's learningRate by (globalBatchSize / referenceGlobalBatchSize) "
+        "(linear, Goyal et al. 2017) or its square root (sqrt, as Intel Model Zoo scales by the MPI "
+        "process count); none uses learningRate as written.",
+    )
+    reference_global_batch_size: Int64 | None = Field(
+        None,
+        ge=1,
+        description="The global batch size the phases' learningRate was tuned for; needed by lrScaling "
+        "linear and sqrt.",
+    )
+
+    @model_validator(mode="after")
+    def _scaling_has_reference(self) -> OptimizerSpec:
+        if self.lr_scaling != "none" and self.reference_global_batch_size is None:
+            raise ValueError(f"lrScaling {self.lr_scaling} needs referenceGlobalBatchSize")
+        return self
 
 
 class CheckpointSpec(_Spec):
@@ -336,6 +354,11 @@ class ExportSpec(_Spec):
     """The final model in Hugging Face format."""
 
     path: str | None = Field(None, min_length=1, description="Default: <checkpoint.path>/hf.")
+    nvidia: bool = Field(
+        False,
+        description="Also write NVIDIA DeepLearningExamples' format (ckpt_<step>.pt with its parameter "
+        "names, bert_config.json, vocab.txt) in <export.path>/nvidia, for NVIDIA's fine-tuning scripts.",
+    )
 
 
 class EvaluationSpec(_Spec):
@@ -362,6 +385,12 @@ class LoggingSpec(_Spec):
         "<checkpoint.path>/logs.",
     )
     tensorboard: bool = Field(True, description="Write TensorBoard scalars beside the JSON-lines log.")
+    format: Literal["jsonl", "dllogger"] = Field(
+        "jsonl",
+        description="The log file's format: jsonl (one JSON object per line, train.jsonl) or dllogger "
+        "(NVIDIA DLLogger's DLLL lines with its field names, dllogger.json, as NVIDIA's and Habana's "
+        "BERT scripts write).",
+    )
 
 
 class ResourcesSpec(_Spec):
@@ -501,6 +530,24 @@ class MpiSpec(_Spec):
     )
 
 
+class DeepSpeedSpec(_Spec):
+    """DeepSpeed as the data-parallel engine, under either launcher (torchrun or mpirun)."""
+
+    zero_stage: Int32 = Field(
+        1,
+        ge=0,
+        le=3,
+        description="ZeRO stage: 0 none, 1 optimizer states, 2 and gradients, 3 and parameters "
+        "sharded over the ranks.",
+    )
+    config: KubernetesObject = Field(
+        default_factory=dict,
+        description="More DeepSpeed config keys (e.g. zero_optimization.overlap_comm, "
+        "communication_data_type), merged into the one the job makes; a key the job sets itself "
+        "(batch sizes, precision, optimizer, clipping, ZeRO stage) is refused where it disagrees.",
+    )
+
+
 class DistributedSpec(_Spec):
     """How the ranks exchange gradients: DDP under pytorchjob, Horovod under mpijob.
 
@@ -519,6 +566,11 @@ class DistributedSpec(_Spec):
         ge=10,
         description="How long a collective waits for a missing rank before the job fails (the "
         "process-group timeout).",
+    )
+    deepspeed: DeepSpeedSpec | None = Field(
+        None,
+        description="Train with DeepSpeed (ZeRO) instead of DDP or Horovod. Default: DDP under "
+        "pytorchjob, Horovod under mpijob.",
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 from typing import Any, Literal
 
-from bertjob_api import kubenames, passthrough
+from bertjob_api import deepspeed, kubenames, passthrough
 from bertjob_api.contract import RESERVED_VOLUMES
 from bertjob_api.defaults import batch_split_problem, resolve_model, volumes, with_defaults
 from bertjob_api.spec import BertPretrainJob, JobSpec, SpecError
@@ -76,6 +76,41 @@ def problems(spec: JobSpec, training: bool = True) -> list[tuple[str, str]]:
     return found + _distributed_problems(spec)
 
 
+def _deepspeed_problems(spec: JobSpec) -> list[tuple[str, str]]:
+    """What DeepSpeed cannot run with: the other engines' gradient compression (DeepSpeed has its own,
+    ``communication_data_type``), elastic worlds (a ZeRO checkpoint is sharded for one world size),
+    horovodrun (DeepSpeed joins over torch.distributed, not Horovod), and user config keys that
+    contradict the job (:func:`bertjob_api.deepspeed.conflicts`)."""
+    if spec.distributed.deepspeed is None:
+        return []
+    found: list[tuple[str, str]] = []
+    if spec.distributed.gradient_compression != "none":
+        found.append(
+            (
+                "spec.distributed.gradientCompression",
+                "is for DDP and Horovod; with DeepSpeed set communication_data_type in "
+                "spec.distributed.deepspeed.config instead",
+            )
+        )
+    if spec.elastic is not None:
+        found.append(
+            (
+                "spec.elastic",
+                "DeepSpeed's ZeRO checkpoints are sharded for one world size; elastic training runs "
+                "with DDP or Horovod only",
+            )
+        )
+    if spec.launcher == "mpijob" and spec.mpi.command == "horovodrun":
+        found.append(
+            (
+                "spec.mpi.command",
+                "DeepSpeed runs under mpirun (it joins through torch.distributed), not horovodrun",
+            )
+        )
+    found += deepspeed.conflicts(spec)
+    return found
+
+
 def _distributed_problems(spec: JobSpec) -> list[tuple[str, str]]:
     """What the launcher cannot run: a compression Horovod lacks, an elastic range that leaves out
     the starting node count, elastic MPI without horovodrun or on one node."""
@@ -88,6 +123,7 @@ def _distributed_problems(spec: JobSpec) -> list[tuple[str, str]]:
                 "(use fp16 or none, or launcher pytorchjob)",
             )
         )
+    found += _deepspeed_problems(spec)
     elastic = spec.elastic
     if elastic is None:
         return found
