@@ -6,10 +6,18 @@ value from it instead of recomputing it. The world size may differ from ``spec.t
 elastic job runs on as many nodes as it has, and ``bertjob run`` in one process. The micro-batch
 then stays what the spec (or its default for ``spec.topology``) says, and the gradient accumulation
 steps absorb the difference, so that the global batch, and with it the optimisation, is the same.
+
+Each phase's learning rate is also resolved here, once: ``spec.optimizer.lrScaling`` ``linear``
+multiplies the phase's ``learningRate`` by (``globalBatchSize`` / ``referenceGlobalBatchSize``)
+(Goyal et al. 2017, "Accurate, Large Minibatch SGD"), ``sqrt`` by its square root (Krizhevsky
+2014, "One weird trick"; Intel's Model Zoo BERT scales by the square root of its MPI process
+count), ``none`` leaves it as written. The scale is of the global batch, not of the world size:
+an elastic job that runs on fewer processes keeps its global batch, so keeps its learning rate.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +28,7 @@ from bertjob_api.defaults import (
     resolve_model,
     with_defaults,
 )
-from bertjob_api.spec import JobSpec
+from bertjob_api.spec import JobSpec, OptimizerSpec
 
 
 @dataclass(frozen=True)
@@ -38,11 +46,34 @@ class PhasePlan:
     micro_batch_size: int  # sequences per process per forward/backward pass
     accumulation_steps: int  # forward/backward passes per optimizer step on each process
     steps: int  # optimizer steps
+    written_learning_rate: float  # the phase's learningRate as the spec writes it
+    lr_scale: float  # what spec.optimizer.lrScaling multiplies it by (1 with none)
+    learning_rate: float  # the peak learning rate used: written_learning_rate x lr_scale
 
     @property
     def number(self) -> int:
         """1-based, as logs and checkpoint directories name the phase."""
         return self.index + 1
+
+
+def lr_scale(optimizer: OptimizerSpec, global_batch_size: int) -> float:
+    """The factor ``optimizer.lrScaling`` applies to the learning rate of a phase whose global
+    batch is ``global_batch_size`` sequences: 1 (``none``), global / reference (``linear``,
+    Goyal et al. 2017) or its square root (``sqrt``, Krizhevsky 2014).
+
+    Raises:
+        ValueError: ``linear`` or ``sqrt`` without ``referenceGlobalBatchSize`` (the spec's
+            validator refuses this already).
+    """
+    if optimizer.lr_scaling == "none":
+        return 1.0
+    reference = optimizer.reference_global_batch_size
+    if reference is None:
+        raise ValueError(
+            f"optimizer.lrScaling {optimizer.lr_scaling} needs optimizer.referenceGlobalBatchSize"
+        )
+    ratio = global_batch_size / reference
+    return ratio if optimizer.lr_scaling == "linear" else math.sqrt(ratio)
 
 
 @dataclass(frozen=True)
@@ -81,6 +112,7 @@ class Plan:
         world = spec.topology.world_size if world_size is None else world_size
         if world < 1:
             raise ValueError(f"world size {world}: at least one process must train")
+        scales = [lr_scale(spec.optimizer, phase.global_batch_size) for phase in spec.phases]
         phases = tuple(
             PhasePlan(
                 index=index,
@@ -91,8 +123,11 @@ class Plan:
                 micro_batch_size=micro_batch_size(phase, world),
                 accumulation_steps=gradient_accumulation_steps(phase, world),
                 steps=phase.steps,
+                written_learning_rate=phase.learning_rate,
+                lr_scale=scale,
+                learning_rate=phase.learning_rate * scale,
             )
-            for index, phase in enumerate(spec.phases)
+            for (index, phase), scale in zip(enumerate(spec.phases), scales, strict=True)
         )
         # with_defaults sets both; the asserts tell mypy.
         assert spec.logging.path is not None and spec.export.path is not None
@@ -115,20 +150,44 @@ class Plan:
             return self
         return Plan.resolve(self.spec, world_size)
 
+    def learning_rate(self, index: int) -> dict[str, float | int | str | None]:
+        """How phase ``index`` (0-based) got its learning rate, for checkpoints and logs:
+        ``learning_rate`` (used), ``written_learning_rate`` (the spec's), ``lr_scaling``,
+        ``reference_global_batch_size`` (None with ``none``), ``global_batch_size`` and
+        ``lr_scale``."""
+        phase, optimizer = self.phases[index], self.spec.optimizer
+        return {
+            "learning_rate": phase.learning_rate,
+            "written_learning_rate": phase.written_learning_rate,
+            "lr_scaling": optimizer.lr_scaling,
+            "reference_global_batch_size": optimizer.reference_global_batch_size,
+            "global_batch_size": phase.global_batch_size,
+            "lr_scale": phase.lr_scale,
+        }
+
     def describe(self) -> str:
-        """One readable line: the world, the model, each phase's batch split and length, the paths;
-        e.g. ``world size 1; bert-tiny: 2 layers, hidden 128, 2 heads; phase 1: seq 128, global
-        batch 64 = 1 x 16 x 4 accumulation, 600 steps; ...``."""
+        """One readable line: the world, the model, each phase's batch split, length and learning
+        rate, the paths; e.g. ``world size 1; bert-tiny: 2 layers, hidden 128, 2 heads; phase 1:
+        seq 128, global batch 64 = 1 x 16 x 4 accumulation, 600 steps, lr 0.002 = 0.001 x sqrt(64 /
+        16); ...``. A world size other than the topology's says that the global batches, and so the
+        learning rates, are kept."""
         model = self.model
+        world = f"world size {self.world_size}"
+        written = self.spec.topology.world_size
+        if self.world_size != written:
+            world += (
+                f" (the topology's is {written}: each phase keeps its global batch, and so its learning "
+                f"rate; the gradient accumulation steps absorb the difference)"
+            )
         parts = [
-            f"world size {self.world_size}",
+            world,
             f"{self.spec.model.preset}: {model.num_hidden_layers} layers, hidden {model.hidden_size}, "
             f"{model.num_attention_heads} heads",
         ]
         parts += [
             f"phase {phase.number}: seq {phase.max_seq_length}, global batch {phase.global_batch_size} = "
             f"{self.world_size} x {phase.micro_batch_size} x {phase.accumulation_steps} accumulation, "
-            f"{phase.steps} steps"
+            f"{phase.steps} steps, lr {self._describe_lr(phase)}"
             for phase in self.phases
         ]
         paths = self.paths
@@ -137,3 +196,11 @@ class Plan:
             f"export {paths.export}"
         )
         return "; ".join(parts)
+
+    def _describe_lr(self, phase: PhasePlan) -> str:
+        optimizer = self.spec.optimizer
+        if optimizer.lr_scaling == "none":
+            return f"{phase.learning_rate:g}"
+        ratio = f"{phase.global_batch_size} / {optimizer.reference_global_batch_size}"
+        factor = f"sqrt({ratio})" if optimizer.lr_scaling == "sqrt" else ratio
+        return f"{phase.learning_rate:g} = {phase.written_learning_rate:g} x {factor}"

@@ -97,7 +97,9 @@ def test_another_world_makes_another_plan():
     plan = Plan.resolve(_spec({"spec.topology": {"nodes": 4, "processesPerNode": 1}}))
     assert plan.for_world(4) is plan
     smaller = plan.for_world(2)
-    assert smaller.world_size == 2 and smaller.phases[0] == PhasePlan(0, 128, 20, 64, 16, 2, 100)
+    assert smaller.world_size == 2 and smaller.phases[0] == PhasePlan(
+        0, 128, 20, 64, 16, 2, 100, 0.006, 1.0, 0.006
+    )
     assert smaller.paths == plan.paths and smaller.model == plan.model
 
 
@@ -105,8 +107,60 @@ def test_the_plan_reads_in_one_line():
     plan = Plan.resolve(_spec({"spec.phases.0.microBatchSize": 16}))
     assert plan.describe() == (
         "world size 1; bert-tiny: 2 layers, hidden 128, 2 heads; "
-        "phase 1: seq 128, global batch 64 = 1 x 16 x 4 accumulation, 100 steps; "
-        "phase 2: seq 512, global batch 32 = 1 x 32 x 1 accumulation, 20 steps; "
+        "phase 1: seq 128, global batch 64 = 1 x 16 x 4 accumulation, 100 steps, lr 0.006; "
+        "phase 2: seq 512, global batch 32 = 1 x 32 x 1 accumulation, 20 steps, lr 0.004; "
         "shards /data/shards, checkpoints /data/checkpoints, logs /data/checkpoints/logs, "
         "export /data/checkpoints/hf"
+    )
+
+
+# (optimizer changes, each phase's learning rate used); valid_job's phases: global batches 64 and
+# 32, learning rates 0.006 and 0.004. Worked by hand: linear 0.006 x 64/16, 0.004 x 32/16;
+# sqrt 0.006 x sqrt(4), 0.004 x sqrt(2).
+SCALINGS = [
+    ({}, [0.006, 0.004]),
+    ({"lrScaling": "none", "referenceGlobalBatchSize": 16}, [0.006, 0.004]),
+    ({"lrScaling": "linear", "referenceGlobalBatchSize": 16}, [0.024, 0.008]),
+    ({"lrScaling": "sqrt", "referenceGlobalBatchSize": 16}, [0.012, 0.004 * 1.4142135623730951]),
+    ({"lrScaling": "linear", "referenceGlobalBatchSize": 128}, [0.003, 0.001]),
+]
+
+
+@pytest.mark.parametrize(("optimizer", "rates"), SCALINGS)
+def test_the_learning_rate_is_scaled_by_the_global_batch(optimizer, rates):
+    plan = Plan.resolve(checked(_spec({"spec.optimizer": optimizer})))
+    assert [phase.learning_rate for phase in plan.phases] == pytest.approx(rates, rel=1e-12)
+    assert [phase.written_learning_rate for phase in plan.phases] == [0.006, 0.004]
+    record = plan.learning_rate(1)
+    assert record["learning_rate"] == pytest.approx(rates[1], rel=1e-12)
+    assert record["lr_scaling"] == optimizer.get("lrScaling", "none")
+    assert record["global_batch_size"] == 32
+
+
+def test_the_plan_line_shows_the_scaled_learning_rate():
+    optimizer = {"lrScaling": "sqrt", "referenceGlobalBatchSize": 16}
+    line = Plan.resolve(_spec({"spec.optimizer": optimizer})).describe()
+    assert "100 steps, lr 0.012 = 0.006 x sqrt(64 / 16); " in line
+    assert "20 steps, lr 0.00565685 = 0.004 x sqrt(32 / 16); " in line
+    optimizer = {"lrScaling": "linear", "referenceGlobalBatchSize": 128}
+    line = Plan.resolve(_spec({"spec.optimizer": optimizer})).describe()
+    assert "100 steps, lr 0.003 = 0.006 x 64 / 128; " in line
+
+
+def test_an_elastic_world_keeps_the_global_batch_and_learning_rate_and_says_so():
+    optimizer = {"lrScaling": "sqrt", "referenceGlobalBatchSize": 16}
+    plan = Plan.resolve(
+        _spec({"spec.topology": {"nodes": 4, "processesPerNode": 1}, "spec.optimizer": optimizer})
+    )
+    assert "world size 4;" in plan.describe() and "keeps" not in plan.describe()
+    smaller = plan.for_world(2)
+    for before, after in zip(plan.phases, smaller.phases, strict=True):
+        assert (after.global_batch_size, after.learning_rate) == (
+            before.global_batch_size,
+            before.learning_rate,
+        )
+    assert smaller.phases[0].learning_rate == pytest.approx(0.012, rel=1e-12)
+    assert smaller.describe().startswith(
+        "world size 2 (the topology's is 4: each phase keeps its global batch, and so its learning rate; "
+        "the gradient accumulation steps absorb the difference); "
     )

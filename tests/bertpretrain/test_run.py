@@ -145,12 +145,14 @@ def _torchrun(world_size: int) -> dict[str, str]:
 # (spec.topology's processes, the world the launcher started: None alone, the first line rank 0 prints)
 PLANS = [
     (1, None, "plan: world size 1; bert-tiny: 1 layers, hidden 128, 2 heads; phase 1: seq 64, "
-     "global batch 16 = 1 x 4 x 4 accumulation, 30 steps; phase 2: seq 128, "
-     "global batch 8 = 1 x 8 x 1 accumulation, 4 steps; "),
-    # Elastic, or by hand: the plan is for the world that runs; the micro-batches stay the spec's.
-    (4, 2, "plan: world size 2; bert-tiny: 1 layers, hidden 128, 2 heads; phase 1: seq 64, "
-     "global batch 16 = 2 x 4 x 2 accumulation, 30 steps; phase 2: seq 128, "
-     "global batch 8 = 2 x 2 x 2 accumulation, 4 steps; "),
+     "global batch 16 = 1 x 4 x 4 accumulation, 30 steps, lr 0.01; phase 2: seq 128, "
+     "global batch 8 = 1 x 8 x 1 accumulation, 4 steps, lr 0.004; "),
+    # Elastic, or by hand: the plan is for the world that runs; the micro-batches stay the spec's,
+    # the global batches and learning rates too, and the line says so.
+    (4, 2, "plan: world size 2 (the topology's is 4: each phase keeps its global batch, and so its "
+     "learning rate; the gradient accumulation steps absorb the difference); bert-tiny: 1 layers, "
+     "hidden 128, 2 heads; phase 1: seq 64, global batch 16 = 2 x 4 x 2 accumulation, 30 steps, "
+     "lr 0.01; phase 2: seq 128, global batch 8 = 2 x 2 x 2 accumulation, 4 steps, lr 0.004; "),
 ]  # fmt: skip
 
 
