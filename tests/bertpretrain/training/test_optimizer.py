@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import threading
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from torch import nn
 from bertjob_api.spec import OptimizerSpec
 from bertpretrain.model.bert import BertForPreTraining
 from bertpretrain.model.config import BertConfig
-from bertpretrain.training.optimizer import Lamb, build_optimizer, param_groups
+from bertpretrain.training.optimizer import FlatShard, Lamb, build_optimizer, param_groups
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -260,3 +261,107 @@ def test_lamb_rebuilt_from_its_groups_steps_the_same() -> None:
 def test_lamb_rejects_bad_hyperparameters() -> None:
     with pytest.raises(ValueError, match="betas"):
         Lamb([nn.Parameter(torch.ones(1))], betas=(0.9, 1.0))
+
+
+# The tensors of groups_of's two groups.
+GROUP_INDICES = [[0, 1], [2, 3]]
+
+
+def _flat_partitions(
+    group: list[torch.Tensor], ranks: int, padding: int
+) -> tuple[list[torch.Tensor], list[FlatShard]]:
+    """The group's tensors end to end, ``padding`` zeros after, cut into ``ranks`` equal
+    partitions as ZeRO-1/2 cuts them: each partition and its layout, rank by rank."""
+    flat = torch.cat([p.detach().reshape(-1) for p in group] + [torch.zeros(padding)])
+    ids = torch.cat(
+        [torch.full((p.numel(),), i) for i, p in enumerate(group)] + [torch.full((padding,), len(group))]
+    )
+    size = flat.numel() // ranks
+    assert size * ranks == flat.numel()
+    return (
+        [flat[r * size : (r + 1) * size].clone() for r in range(ranks)],
+        [FlatShard(ids[r * size : (r + 1) * size], len(group)) for r in range(ranks)],
+    )
+
+
+class ThreadAllReduce:
+    """An all-reduce (sum) among ``ranks`` threads, as torch.distributed's over ranks."""
+
+    def __init__(self, ranks: int):
+        self.barrier = threading.Barrier(ranks)
+        self.values: dict[int, torch.Tensor] = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, rank: int, value: torch.Tensor) -> torch.Tensor:
+        with self.lock:
+            self.values[rank] = value.clone()
+        self.barrier.wait()
+        total = sum(self.values[r] for r in sorted(self.values))
+        self.barrier.wait()
+        assert isinstance(total, torch.Tensor)
+        return total
+
+
+@pytest.mark.parametrize("grad_scale", [0.01, 100.0], ids=["unclipped", "clipped"])
+@pytest.mark.parametrize("use_nvlamb", [False, True])
+def test_sharded_lamb_equals_whole_lamb(grad_scale: float, use_nvlamb: bool) -> None:
+    """3 ranks, each holding one flat partition per group (tensors cut mid-way, padding at the
+    end), step to the same parameters as LAMB on whole tensors: the global clipping norm and the
+    per-tensor trust ratios are over whole tensors."""
+    ranks, steps, hyper = 3, 3, {"lr": 0.05, "max_grad_norm": 1.0, "use_nvlamb": use_nvlamb}
+    whole = make_params(0)
+    reference = Lamb(groups_of(whole), **hyper)
+    generator = torch.Generator().manual_seed(5)
+    grads = [[torch.randn(p.shape, generator=generator) * grad_scale for p in whole] for _ in range(steps)]
+    for step in grads:
+        for p, grad in zip(whole, step, strict=True):
+            p.grad = grad.clone()
+        reference.step()
+
+    start = make_params(0)
+    groups = [[start[i] for i in indices] for indices in GROUP_INDICES]
+    paddings = [(-sum(p.numel() for p in g)) % ranks + ranks for g in groups]  # a partition or more
+    laid_out = [_flat_partitions(g, ranks, pad) for g, pad in zip(groups, paddings, strict=True)]
+    all_reduce = ThreadAllReduce(ranks)
+    partitions: list[list[torch.Tensor]] = [[] for _ in range(ranks)]
+    errors: list[BaseException] = []
+
+    def rank_steps(rank: int) -> None:
+        try:
+            params = [nn.Parameter(laid_out[g][0][rank]) for g in range(2)]
+            optimizer = Lamb(
+                [{"params": [params[0]], "weight_decay": 0.01}, {"params": [params[1]], "weight_decay": 0.0}],
+                **hyper,
+            )
+            optimizer.shard([laid_out[g][1][rank] for g in range(2)], lambda t: all_reduce(rank, t))
+            for step in grads:
+                for g, indices in enumerate(GROUP_INDICES):
+                    grad_flat, _ = _flat_partitions([step[i] for i in indices], ranks, paddings[g])
+                    params[g].grad = grad_flat[rank]
+                optimizer.step()
+            partitions[rank] = [p.detach() for p in params]
+        except BaseException as error:
+            errors.append(error)
+            all_reduce.barrier.abort()
+
+    threads = [threading.Thread(target=rank_steps, args=(r,)) for r in range(ranks)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    for g, group in enumerate(groups):
+        flat = torch.cat([partitions[r][g] for r in range(ranks)])
+        expected, _ = _flat_partitions([whole[i] for i in GROUP_INDICES[g]], 1, paddings[g])
+        torch.testing.assert_close(flat, expected[0], atol=1e-6, rtol=1e-5)
+        assert not torch.equal(flat, _flat_partitions(group, 1, paddings[g])[0][0])  # it moved
+
+
+def test_shard_refuses_a_group_that_is_not_one_flat_partition() -> None:
+    params = make_params(0)
+    optimizer = Lamb(groups_of(params))
+    layout = FlatShard(torch.zeros(10, dtype=torch.long), 1)
+    with pytest.raises(ValueError, match="parameter group 0: expected one flat partition of 10 elements"):
+        optimizer.shard([layout, layout], lambda t: t)
+    with pytest.raises(ValueError, match="1 shard layouts for 2 parameter groups"):
+        optimizer.shard([layout], lambda t: t)

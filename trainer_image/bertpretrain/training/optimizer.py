@@ -9,11 +9,19 @@ decoupled weight decay is added to it, and each tensor's step is scaled by its t
 (biases, LayerNorm) take the plain Adam step; ``use_nvlamb=True`` gives them the trust ratio too.
 ``bias_correction=False`` uses the raw moments, as ``FusedLAMB(bias_correction=False)`` does;
 when on, the bias correction is inside the update whose norm the trust ratio divides by.
+
+Sharded (DeepSpeed ZeRO-1/2, :mod:`bertpretrain.runtime.parallel.deepspeed`), each rank's optimizer
+holds one flat partition per group of the group's parameters laid end to end, which cuts tensors
+anywhere. LAMB stays LAMB there (:meth:`Lamb.shard`): every norm it takes (the global gradient norm,
+each tensor's ``||p||`` and ``||update||``) is computed from this rank's partial sums of squares,
+tensor by tensor (:class:`FlatShard` says which element belongs to which tensor), summed over the
+ranks in one all-reduce per group, so the clipping and trust ratios are those of whole tensors.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,6 +48,35 @@ def param_groups(model: nn.Module, weight_decay: float) -> ParamGroups:
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+
+
+@dataclass(frozen=True)
+class FlatShard:
+    """Which whole tensor each element of one flat partition belongs to.
+
+    ``tensor_ids``: int64, shape ``[partition numel]``, on the partition's device; element ``j``
+    of the partition is part of tensor ``tensor_ids[j]`` (0 to ``tensors - 1``, the same numbering
+    on every rank), or ``tensors`` where it is padding. ``tensors``: how many tensors the group's
+    flat buffer holds over all ranks.
+    """
+
+    tensor_ids: torch.Tensor
+    tensors: int
+
+    def sums_of_squares(self, values: torch.Tensor) -> torch.Tensor:
+        """fp32 ``[tensors]``: for each whole tensor, the sum of squares of its elements in
+        ``values`` (this partition's, shape ``[partition numel]``); padding left out."""
+        sums = torch.zeros(self.tensors + 1, dtype=torch.float32, device=values.device)
+        sums.index_add_(0, self.tensor_ids, values.float().square())
+        return sums[: self.tensors]
+
+    def spread(self, per_tensor: torch.Tensor) -> torch.Tensor:
+        """``per_tensor`` (``[tensors]``) laid over the partition: ``[partition numel]``, padding 1."""
+        return torch.cat([per_tensor, per_tensor.new_ones(1)])[self.tensor_ids]
+
+
+AllReduce = Callable[[torch.Tensor], torch.Tensor]
+"""The element-wise sum of a tensor over the ranks that share the optimizer (a collective)."""
 
 
 class Lamb(torch.optim.Optimizer):
@@ -93,6 +130,29 @@ class Lamb(torch.optim.Optimizer):
             "bias_correction": bias_correction,
         }
         super().__init__(params, defaults)
+        self._shards: list[FlatShard] | None = None
+        self._all_reduce: AllReduce | None = None
+
+    def shard(self, shards: list[FlatShard], all_reduce: AllReduce) -> None:
+        """Say that each group now holds one flat partition of its tensors, laid out as
+        ``shards[group]`` says, the other partitions on the other ranks; the norms are then summed
+        over the ranks with ``all_reduce`` (every rank must step together).
+
+        Raises:
+            ValueError: not one shard per group, or a group that is not one flat tensor of the
+                shard's length.
+        """
+        if len(shards) != len(self.param_groups):
+            raise ValueError(f"{len(shards)} shard layouts for {len(self.param_groups)} parameter groups")
+        for index, (group, layout) in enumerate(zip(self.param_groups, shards, strict=True)):
+            params = group["params"]
+            if len(params) != 1 or params[0].dim() != 1 or params[0].numel() != layout.tensor_ids.numel():
+                shapes = [tuple(p.shape) for p in params]
+                raise ValueError(
+                    f"parameter group {index}: expected one flat partition of "
+                    f"{layout.tensor_ids.numel()} elements, got tensors of shapes {shapes}"
+                )
+        self._shards, self._all_reduce = shards, all_reduce
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
@@ -105,13 +165,34 @@ class Lamb(torch.optim.Optimizer):
         if not grads:
             return loss
         # Clip by dividing (not multiplying by a clamped factor) to round exactly as FusedLAMB.
-        global_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-        clip_divisor = torch.clamp(global_norm / self.param_groups[0]["max_grad_norm"], min=1.0)
-        for group in self.param_groups:
-            self._update_group(group, clip_divisor)
+        clip_divisor = torch.clamp(self._global_norm(grads) / self.param_groups[0]["max_grad_norm"], min=1.0)
+        for index, group in enumerate(self.param_groups):
+            self._update_group(group, clip_divisor, None if self._shards is None else self._shards[index])
         return loss
 
-    def _update_group(self, group: dict[str, Any], clip_divisor: torch.Tensor) -> None:
+    def _global_norm(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        if self._shards is None:
+            return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        assert self._all_reduce is not None
+        squares = torch.stack(
+            [layout.sums_of_squares(g).sum() for layout, g in zip(self._shards, grads, strict=True)]
+        )
+        return self._all_reduce(squares.sum()).sqrt()
+
+    def _norms(
+        self, layout: FlatShard | None, params: list[torch.Tensor], updates: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each whole tensor's ``||p||`` and ``||update||``, ``[tensors]`` each."""
+        if layout is None:
+            return torch.stack(torch._foreach_norm(params)), torch.stack(torch._foreach_norm(updates))
+        assert self._all_reduce is not None
+        squares = torch.stack([layout.sums_of_squares(params[0]), layout.sums_of_squares(updates[0])])
+        param_norms, update_norms = self._all_reduce(squares).sqrt().unbind()
+        return param_norms, update_norms
+
+    def _update_group(
+        self, group: dict[str, Any], clip_divisor: torch.Tensor, layout: FlatShard | None
+    ) -> None:
         params = [p for p in group["params"] if p.grad is not None]
         if not params:
             return
@@ -147,14 +228,16 @@ class Lamb(torch.optim.Optimizer):
             torch._foreach_add_(updates, params, alpha=weight_decay)
 
         if weight_decay != 0 or group["use_nvlamb"]:
-            param_norms = torch.stack(torch._foreach_norm(params))
-            update_norms = torch.stack(torch._foreach_norm(updates))
+            param_norms, update_norms = self._norms(layout, params, updates)
             trust_ratios = torch.where(
                 (param_norms > 0) & (update_norms > 0),
                 param_norms / update_norms,
                 torch.ones_like(param_norms),
             )
-            torch._foreach_mul_(updates, list(trust_ratios.unbind()))
+            if layout is None:
+                torch._foreach_mul_(updates, list(trust_ratios.unbind()))
+            else:
+                updates[0].mul_(layout.spread(trust_ratios).to(updates[0].dtype))
         torch._foreach_add_(params, updates, alpha=-group["lr"])
 
 
