@@ -3,7 +3,8 @@
 A checkpoint holds the model's ``state_dict`` under Hugging Face's parameter names, the
 optimizer, schedule and gradient-scaler states, the phase index and optimizer step, the model
 config, the data position (epoch, shard, row and sequences read, see
-``bertpretrain.data.loader.DataPosition``) and the RNG states of every rank, all loadable with
+``bertpretrain.data.loader.DataPosition``), how the learning rate was scaled
+(``bertjob_api.plan.Plan.learning_rate``) and the RNG states of every rank, all loadable with
 ``torch.load(weights_only=True)``. Each is written
 under a temporary name and renamed into place, the directory synced after the rename
 (:func:`bertpretrain.common.files.write_atomically`), so a reader never sees half a file, and only the
@@ -80,11 +81,14 @@ def save_checkpoint(
     keep: int,
     data_position: dict[str, Any] | None = None,
     rng: list[dict[str, Any]] | None = None,
+    learning_rate: dict[str, Any] | None = None,
 ) -> Path:
     """Write the training state after ``step`` optimizer steps; delete all but the newest ``keep``.
 
     ``data_position`` is rank 0's (``DataPosition.to_dict()``); ``rng`` holds every rank's
-    :func:`rng_states` in rank order (default: this process's alone).
+    :func:`rng_states` in rank order (default: this process's alone); ``learning_rate`` says how
+    the phase's learning rate was made (:meth:`bertjob_api.plan.Plan.learning_rate`: the rate used,
+    the spec's, the scaling and its reference batch), stored as ``learning_rate``.
 
     Returns:
         The path written, ``root/phase<n>/step_<step:06d>.pt``.
@@ -100,6 +104,7 @@ def save_checkpoint(
         "config": model.config.to_dict(),
         "data_position": data_position or {},
         "rng": rng if rng is not None else [rng_states()],
+        "learning_rate": learning_rate or {},
     }
     with files.writing(path.parent, files.TEMPORARY):
         files.write_atomically(path, lambda file: torch.save(state, file), _tensor_bytes(state))

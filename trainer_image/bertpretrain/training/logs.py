@@ -1,7 +1,7 @@
-"""The training log: JSON lines in the manner of NVIDIA's DLLogger, and TensorBoard scalars.
+"""The training log: JSON lines in the manner of NVIDIA's DLLogger (or its own), TensorBoard scalars.
 
-``<logging.path>/train.jsonl`` gets one JSON object per line, flushed at once so that a killed
-process leaves only whole lines:
+With ``logging.format: jsonl`` (the default), ``<logging.path>/train.jsonl`` gets one JSON object
+per line, flushed at once so that a killed process leaves only whole lines:
 
     {"timestamp": 1763800000.1, "datetime": "2026-11-22T10:00:00.100000+00:00", "elapsedtime": 12.5,
      "type": "LOG", "step": [1, 200], "data": {"split": "train", "loss": 7.1, ...}}
@@ -14,6 +14,10 @@ last checkpoint of a killed run, then again) is read by its last line. Unlike DL
 TensorBoard (``<logging.path>/tensorboard``) gets each ``LOG`` value as the scalar
 ``phase<n>/<split>/<name>`` at the optimizer step, and in a cluster the job's
 ``status.progress`` gets the training values (:mod:`bertpretrain.training.progress`).
+
+With ``logging.format: dllogger``, ``<logging.path>/dllogger.json`` gets DLLogger's own lines
+instead, with the field names of NVIDIA's and Habana's BERT scripts, and a summary at the end of
+each phase (:mod:`bertpretrain.training.dllogger`); TensorBoard and the status are the same.
 """
 
 from __future__ import annotations
@@ -25,33 +29,48 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
+from bertpretrain.training import dllogger
 from bertpretrain.training.progress import StatusReporter
 
 Split = Literal["train", "eval"]
+Format = Literal["jsonl", "dllogger"]
 LOG_FILE = "train.jsonl"
+LOG_FILES: dict[str, str] = {"jsonl": LOG_FILE, "dllogger": dllogger.DLLOGGER_FILE}
 
 
 class TrainingLog:
-    """Appends to ``directory/train.jsonl``, with ``tensorboard`` writes event files, and with
-    a ``status`` reporter sends the training values to the job's status.
+    """Appends to ``directory/train.jsonl`` (``format`` ``jsonl``) or ``directory/dllogger.json``
+    (``dllogger``), with ``tensorboard`` writes event files, and with a ``status`` reporter sends
+    the training values to the job's status.
 
     A log made with ``directory=None`` (every rank but 0) writes nothing.
 
     Raises:
         OSError: the directory cannot be created or written.
+        ValueError: an unknown ``format``.
     """
 
     def __init__(
-        self, directory: Path | None, tensorboard: bool = True, status: StatusReporter | None = None
+        self,
+        directory: Path | None,
+        tensorboard: bool = True,
+        status: StatusReporter | None = None,
+        format: Format = "jsonl",
     ):
+        if format not in LOG_FILES:
+            raise ValueError(f"logging.format {format!r}: expected one of {', '.join(LOG_FILES)}")
         self.started = time.perf_counter()
         self._file = None
+        self._dllogger: dllogger.DLLoggerFile | None = None
         self._writer: Any = None
         self._status = status
         if directory is None:
             return
         directory.mkdir(parents=True, exist_ok=True)
-        self._file = (directory / LOG_FILE).open("a", encoding="utf-8")
+        if format == "dllogger":
+            self._dllogger = dllogger.DLLoggerFile(directory / dllogger.DLLOGGER_FILE, self.started)
+        else:
+            self._file = (directory / LOG_FILE).open("a", encoding="utf-8")
         if tensorboard:
             # Imported here: it takes about a second, and only rank 0 writes.
             from torch.utils.tensorboard import SummaryWriter
@@ -76,10 +95,19 @@ class TrainingLog:
 
     def parameters(self, data: dict[str, Any]) -> None:
         """Record the job's description (model, batch sizes, precision ...) once per phase."""
+        if self._dllogger is not None:
+            self._dllogger.log("PARAMETER", dllogger.parameter_data(data))
         self._write("PARAMETER", "PARAMETER", data)
 
-    def log(self, phase: int, step: int, split: Split, values: dict[str, float]) -> None:
-        """Record ``values`` of phase ``phase`` (counted from 1) after optimizer step ``step``."""
+    def log(
+        self, phase: int, step: int, split: Split, values: dict[str, float], step_loss: float | None = None
+    ) -> None:
+        """Record ``values`` of phase ``phase`` (counted from 1) after optimizer step ``step``;
+        ``step_loss``, the loss of that step alone, goes to the ``dllogger`` format only (NVIDIA's
+        ``step_loss``)."""
+        if self._dllogger is not None:
+            data = dllogger.train_data(values, step_loss) if split == "train" else dllogger.eval_data(values)
+            self._dllogger.log([phase, step], data)
         self._write("LOG", [phase, step], {"split": split, **values})
         if self._status is not None and split == "train":
             self._status.report(phase, step, values)
@@ -88,8 +116,20 @@ class TrainingLog:
                 if math.isfinite(value):
                     self._writer.add_scalar(f"phase{phase}/{split}/{name}", value, step)
 
+    def summary(self, train_seconds: float, sequences: float, final_loss: float) -> None:
+        """Record the end of a phase: ``sequences`` trained in ``train_seconds`` of optimizer
+        steps, the last loss logged; in the ``dllogger`` format only, as run_pretraining.py's
+        closing line (:func:`bertpretrain.training.dllogger.summary_data`; the ``jsonl`` format
+        has these figures in its lines already)."""
+        if self._dllogger is not None:
+            e2e = time.perf_counter() - self.started
+            self._dllogger.log([], dllogger.summary_data(e2e, train_seconds, sequences, final_loss))
+
     def close(self) -> None:
         """Flush and close the files."""
+        if self._dllogger is not None:
+            self._dllogger.close()
+            self._dllogger = None
         if self._file is not None:
             self._file.close()
             self._file = None

@@ -154,7 +154,7 @@ class Phase:
             engine = Engine(parallel, spec.precision, step_statistics)
             directory = self.plan.paths.logs if engine.is_main else None
             status = StatusReporter.from_environment(self.phase.steps) if directory else None
-            log = TrainingLog(directory, spec.logging.tensorboard, status)
+            log = TrainingLog(directory, spec.logging.tensorboard, status, spec.logging.format)
             run = _build(self, engine, log)
             with StopSignals() as stop:
                 _train(run, stop)
@@ -224,7 +224,7 @@ def _build(of: Phase, engine: Engine, log: TrainingLog) -> _Run:
     torch.manual_seed(_seed(spec.seed, index, engine.rank + 1))
 
     optimizer = engine.wrap_optimizer(
-        build_optimizer(model, spec.optimizer, written.learning_rate), phase.accumulation_steps
+        build_optimizer(model, spec.optimizer, phase.learning_rate), phase.accumulation_steps
     )
     scheduler = build_schedule(
         optimizer, spec.optimizer.schedule, phase.steps, written.warmup_proportion, spec.optimizer.poly_power
@@ -312,7 +312,7 @@ def _dynamic_masking(spec: JobSpec, vocab_dir: Path | None) -> DynamicMasking | 
 
 def _announce(run: _Run, origin: str) -> None:
     phase, spec, engine = run.phase, run.spec, run.engine
-    description = {
+    description: dict[str, object] = {
         "phase": run.index + 1,
         "model": spec.model.preset,
         "parameters": count_parameters(run.model),
@@ -322,7 +322,7 @@ def _announce(run: _Run, origin: str) -> None:
         "gradient_accumulation_steps": phase.accumulation_steps,
         "world_size": engine.world_size,
         "max_seq_length": phase.max_seq_length,
-        "learning_rate": run.of.written.learning_rate,
+        "learning_rate": phase.learning_rate,
         "optimizer": spec.optimizer.name,
         "schedule": spec.optimizer.schedule,
         "precision": spec.precision,
@@ -332,6 +332,8 @@ def _announce(run: _Run, origin: str) -> None:
         "start_step": run.start_step,
         "init_from": origin,
     }
+    if spec.optimizer.lr_scaling != "none":
+        description |= run.of.plan.learning_rate(run.index)
     run.log.parameters(description)
     if not engine.is_main:
         return
@@ -367,6 +369,7 @@ def _train(run: _Run, stop: StopSignals) -> None:
                 raise Preempted(stop.received or signal.SIGTERM, step, saved)
         if run.heldout and _evaluation_due(run, step):
             _evaluate(run, step)
+    progress.summary()
 
 
 def _evaluation_due(run: _Run, step: int) -> bool:
@@ -399,6 +402,7 @@ def _save(run: _Run, step: int) -> Path:
             keep=run.spec.checkpoint.keep,
             data_position=run.batches.position(step * run.phase.accumulation_steps).to_dict(),
             rng=rng,  # type: ignore[arg-type]
+            learning_rate=run.of.plan.learning_rate(run.index),
         )
     return path
 
@@ -443,6 +447,11 @@ class _Progress:
     def __init__(self, run: _Run):
         self.run = run
         self.consecutive_skips = 0
+        # For the phase's summary: since the first step this process trains.
+        self.began = time.perf_counter()
+        self.trained_sequences = 0.0
+        self.last_loss = float("nan")  # the last line's
+        self.step_loss = float("nan")  # the last finite step's alone
         self._reset()
 
     def _reset(self) -> None:
@@ -467,9 +476,17 @@ class _Progress:
         if finite:
             self.sums += stats.to_tensor()
             self.steps += 1
+            self.step_loss = stats.mean_losses(
+                self.run.phase.accumulation_steps * self.run.engine.world_size
+            )[0]
         if step % self.run.spec.logging.every_steps == 0 or step == self.run.phase.steps:
             self._emit(step, lr)
             self._reset()
+
+    def summary(self) -> None:
+        """Log the phase's end: the sequences trained, in how long, and the last loss."""
+        seconds = time.perf_counter() - self.began
+        self.run.log.summary(seconds, self.trained_sequences, self.last_loss)
 
     def _diverged(self, step: int, stats: StepStatistics, skipped: bool) -> None:
         run = self.run
@@ -501,7 +518,9 @@ class _Progress:
         values["sequences"] = float(accuracy.sequences)
         if self.skipped:
             values["skipped_steps"] = float(self.skipped)
-        run.log.log(run.index + 1, step, "train", values)
+        run.log.log(run.index + 1, step, "train", values, step_loss=self.step_loss)
+        self.trained_sequences += accuracy.sequences
+        self.last_loss = loss
         if not run.engine.is_main:
             return
         eta = datetime.timedelta(seconds=round((phase.steps - step) * elapsed / max(steps_done, 1)))
