@@ -43,12 +43,20 @@ from bertpretrain.data.prepare import VOCAB_DIR, PreparedData, prepare
 from bertpretrain.model.huggingface import clean_staging, fill_mask
 from bertpretrain.runtime.parallel import DataParallel, join
 from bertpretrain.runtime.world import detect_world
-from bertpretrain.training.checkpoint import clean_temporaries, export_hf, latest, phase_dir
+from bertpretrain.training.checkpoint import (
+    clean_temporaries,
+    export_hf,
+    export_nvidia,
+    latest,
+    phase_dir,
+)
 from bertpretrain.training.phase import DivergenceError, Phase
 from bertpretrain.training.preemption import Preempted, StopSignals
 
 # A sentence whose answer the standard library's documentation teaches well.
 DEMO_SENTENCE = "the [MASK] statement exits a function and gives a value back to the caller."
+# Where spec.export.nvidia puts NVIDIA's files, below the export (the spec's field says so).
+NVIDIA_EXPORT_DIR = "nvidia"
 
 
 @dataclass(frozen=True)
@@ -91,8 +99,23 @@ def run_job(plan: Plan, finishing: StopSignals | None = None) -> JobOutputs:
             finishing.install()
         export_dir = plan.paths.export
         if parallel.world.rank == 0:
-            export_hf(checkpoints[-1], data.vocab_dir, export_dir, spec.data.lowercase)
+            export(spec, checkpoints[-1], data.vocab_dir, export_dir)
     return JobOutputs(data, checkpoints, export_dir, time.perf_counter() - started)
+
+
+def export(spec: JobSpec, checkpoint: Path, vocab_dir: Path, out_dir: Path) -> None:
+    """Export the model of ``checkpoint`` with the vocabulary of ``vocab_dir`` to ``out_dir`` as a
+    Hugging Face model directory and, with ``spec.export.nvidia``, in NVIDIA DeepLearningExamples'
+    format in ``out_dir/nvidia`` (written after the Hugging Face export, which replaces
+    ``out_dir`` whole).
+
+    Raises:
+        See :func:`bertpretrain.training.checkpoint.export_hf` and
+        :func:`bertpretrain.training.checkpoint.export_nvidia`.
+    """
+    export_hf(checkpoint, vocab_dir, out_dir, spec.data.lowercase)
+    if spec.export.nvidia:
+        export_nvidia(checkpoint, vocab_dir, out_dir / NVIDIA_EXPORT_DIR)
 
 
 def outputs(spec: JobSpec) -> list[tuple[str, Path]]:
@@ -225,7 +248,7 @@ def _export(spec: JobSpec, checkpoint: str | None, out: str | None) -> int:
     if source is None:
         print(f"bertpretrain export: no checkpoint under {spec.checkpoint.path}", file=sys.stderr)
         return 1
-    export_hf(source, Path(spec.data.shards) / VOCAB_DIR, target, spec.data.lowercase)
+    export(spec, source, Path(spec.data.shards) / VOCAB_DIR, target)
     print(f"bertpretrain: exported {source} to {target}", flush=True)
     return 0
 

@@ -25,7 +25,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Container, Mapping
+from collections.abc import Callable, Container, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +93,23 @@ def save_hf(
     }
     if (vocab_dir / TOKENIZER_FILE).is_file():
         contents[TOKENIZER_FILE] = (vocab_dir / TOKENIZER_FILE).read_bytes()
+    return write_directory(out_dir, contents)
+
+
+def write_directory(out_dir: Path, contents: Mapping[str, bytes]) -> Path:
+    """Make ``out_dir`` a directory of exactly the files ``contents`` names (name: bytes), replacing
+    it whole: the files are written and synced in a staging directory beside it
+    (``.<name>.partial-<random>``), which is then renamed to ``out_dir``, and the parent directory
+    synced. Writers to one ``out_dir`` take turns on the lock ``.<name>.lock`` beside it, and each
+    removes the staging directories that killed writers left (see :func:`clean_staging`).
+
+    Returns:
+        ``out_dir``.
+
+    Raises:
+        bertpretrain.common.files.DiskFullError: the files do not fit (naming ``out_dir``, the free
+            space and their size); nothing of them is left.
+    """
     with files.writing(out_dir.parent, _staging_names(out_dir), _lock_name(out_dir)):
         staging = _staging_dir(out_dir)
         try:
@@ -251,10 +268,36 @@ def load_hf_weights(hf_dir: Path, model: BertForPreTraining) -> list[str]:
     if differences:
         raise CheckpointError(f"{hf_dir / CONFIG_FILE}: a model of another shape: {', '.join(differences)}")
     path, weights = _read_weights(hf_dir)
+    return load_weights(path, weights, model, our_name)
+
+
+def load_weights(
+    path: Path,
+    weights: Mapping[str, torch.Tensor],
+    model: BertForPreTraining,
+    rename: Callable[[str, Container[str]], str | None],
+) -> list[str]:
+    """Copy ``weights`` (a state dict read from ``path``, in another model's names) into ``model``.
+
+    ``rename(key, ours)`` is the name in our state dict (whose names are ``ours``) of the file's
+    ``key``, or None for a tensor our model has no use for. Tensors are cast to the model's
+    parameters' dtype and device. A copy of a tied tensor (the MLM decoder's weight or bias) is
+    checked against the tensor it is tied to, not loaded.
+
+    Returns:
+        The names of the model's parameters that ``weights`` has nothing for and that keep their
+        initialisation (the pooler or the heads), in the model's order.
+
+    Raises:
+        CheckpointError: naming ``path``, when a tensor has another shape than the model's (naming
+            the file's key and ours), none of the keys is a parameter's, the embeddings or an
+            encoder layer are incomplete, or a copy of a tied tensor differs from the tensor it is
+            tied to (an untied checkpoint).
+    """
     ours = model.state_dict()
     loaded: dict[str, torch.Tensor] = {}
     for key, tensor in weights.items():
-        name = _our_name(key, ours.keys())
+        name = rename(key, ours.keys())
         if name is None:
             continue
         if tensor.shape != ours[name].shape:
@@ -304,8 +347,10 @@ def _read_weights(hf_dir: Path) -> tuple[Path, dict[str, torch.Tensor]]:
     return path, weights
 
 
-def _our_name(key: str, ours: Container[str]) -> str | None:
-    """The name in our ``state_dict`` (whose names are ``ours``) of a checkpoint's ``key``."""
+def our_name(key: str, ours: Container[str]) -> str | None:
+    """The name in our ``state_dict`` (whose names are ``ours``) of a Hugging Face checkpoint's
+    ``key`` (old ``LayerNorm.gamma``/``beta`` names and ``BertModel``'s names without ``bert.``
+    included); None when it names none of our parameters."""
     for old, new in _OLD_NAMES.items():
         if key.endswith(old):
             key = key.removesuffix(old) + new

@@ -17,8 +17,11 @@ the one before, and the phase repeats the steps in between. ``evaluation.json`` 
 directory records its last held-out evaluation, so that a run stopped after a checkpoint but
 before the evaluation of that step makes it when resumed.
 
-:func:`export_hf` turns a checkpoint into a Hugging Face model directory, whose format is the
-model stage's (:mod:`bertpretrain.model.huggingface`). :class:`CheckpointError` is the model
+:func:`export_hf` turns a checkpoint into a Hugging Face model directory, and :func:`export_nvidia`
+into NVIDIA DeepLearningExamples' files, whose formats are the model stage's
+(:mod:`bertpretrain.model.huggingface`, :mod:`bertpretrain.model.nvidia`).
+:func:`load_initial_weights` tells the formats a job can start from apart (these two and our own
+checkpoints) and refuses anything else, saying what it found. :class:`CheckpointError` is the model
 stage's too (:mod:`bertpretrain.model.config`): a Hugging Face directory that does not fit the
 model raises it as well.
 """
@@ -37,10 +40,21 @@ import torch
 from bertpretrain.common import files
 from bertpretrain.model.bert import BertForPreTraining
 from bertpretrain.model.config import BertConfig, CheckpointError, shape_differences
-from bertpretrain.model.huggingface import save_hf
+from bertpretrain.model.huggingface import CONFIG_FILE as HF_CONFIG_FILE
+from bertpretrain.model.huggingface import load_hf_weights, save_hf
+from bertpretrain.model.nvidia import CONFIG_FILE as NVIDIA_CONFIG_FILE
+from bertpretrain.model.nvidia import (
+    find_nvidia_checkpoint,
+    is_nvidia_state_dict,
+    load_nvidia_weights,
+    save_nvidia,
+)
 
 _NAME = re.compile(r"^step_(\d+)\.pt$")
 EVALUATION_FILE = "evaluation.json"
+_MAGIC_BYTES = 16
+_ZIP_MAGIC = b"PK\x03\x04"
+_PICKLE_PROTO = b"\x80"
 # What resuming reads besides the weights and config.
 _TRAINING_STATE = ("optimizer", "scheduler", "scaler", "step", "data_position", "rng")
 
@@ -222,6 +236,146 @@ def load_model_weights(
     except RuntimeError as error:
         raise CheckpointError(f"{path}: weights do not fit the model: {error}") from None
     return state
+
+
+@dataclass(frozen=True)
+class Initialised:
+    """Where :func:`load_initial_weights` took a model's weights from: ``origin`` describes the
+    file and its format (for the log), ``kept`` names the parameters it had no weights for, which
+    keep their initialisation."""
+
+    origin: str
+    kept: list[str]
+
+
+def load_initial_weights(source: Path, model: BertForPreTraining) -> Initialised:
+    """Load the weights a job starts from (``spec.model.initFrom``) into ``model``, whichever of the
+    formats below ``source`` is in; the format is told by what the files hold, not their names:
+
+    - a training checkpoint of this trainer (a ``.pt`` with ``model`` and ``config``), see
+      :func:`load_model_weights`;
+    - a Hugging Face model directory (one with ``config.json``), see
+      :func:`bertpretrain.model.huggingface.load_hf_weights`;
+    - an NVIDIA DeepLearningExamples checkpoint: a ``.pt`` whose ``model`` entry (or the file
+      itself) is a state dict in NVIDIA's names, with ``bert_config.json`` beside it; or a
+      directory with ``bert_config.json`` and ``ckpt_<step>.pt`` files, the highest step taken
+      (see :mod:`bertpretrain.model.nvidia`).
+
+    Files are read with ``torch.load(weights_only=True)``: a checkpoint that pickles other Python
+    objects than tensors and containers (``run_pretraining.py`` can store its data loader) is
+    refused rather than run.
+
+    Raises:
+        CheckpointError: naming ``source``, when it is none of these formats (saying what it holds:
+            the directory's entries, the file's top-level keys, or why it is no PyTorch file) or
+            its weights do not fit the model (see each format's loader).
+    """
+    if source.is_dir():
+        if (source / HF_CONFIG_FILE).is_file():
+            return Initialised(f"{source} (Hugging Face)", load_hf_weights(source, model))
+        if (source / NVIDIA_CONFIG_FILE).is_file():
+            found = find_nvidia_checkpoint(source)
+            if found is None:
+                raise CheckpointError(
+                    f"{source}: {NVIDIA_CONFIG_FILE} but no ckpt_<step>.pt beside it (NVIDIA "
+                    f"DeepLearningExamples' format); it holds {_listing(source)}"
+                )
+            source = found
+        else:
+            raise CheckpointError(
+                f"{source}: a directory of no format this trainer reads: no {HF_CONFIG_FILE} (Hugging "
+                f"Face) and no {NVIDIA_CONFIG_FILE} with ckpt_<step>.pt (NVIDIA DeepLearningExamples); "
+                f"it holds {_listing(source)}"
+            )
+    state = _load(source)
+    if isinstance(state, dict) and {"model", "config"} <= state.keys():
+        load_model_weights(source, model, state)
+        return Initialised(f"{source} (training checkpoint)", [])
+    weights = state.get("model") if isinstance(state, dict) and "model" in state else state
+    if is_nvidia_state_dict(weights):
+        kept = load_nvidia_weights(source, weights, model, source.parent / NVIDIA_CONFIG_FILE)
+        return Initialised(f"{source} (NVIDIA DeepLearningExamples)", kept)
+    raise CheckpointError(
+        f"{source}: a PyTorch file of no format this trainer reads: {_describe(state)}; expected a "
+        "training checkpoint (model and config), an NVIDIA DeepLearningExamples checkpoint (model: "
+        "a state dict with dense_act layers, bert_config.json beside it) or a Hugging Face directory"
+    )
+
+
+def _load(path: Path) -> Any:
+    """The unpickled contents of ``path``, tensors on the CPU (``torch.load(weights_only=True)``)."""
+    try:
+        with path.open("rb") as file:
+            head = file.read(_MAGIC_BYTES)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no such file or directory") from None
+    except OSError as error:
+        raise CheckpointError(f"{path}: cannot be read ({error})") from None
+    # torch.save writes a zip archive; torch before 1.6 and pickle.dump a pickle (protocol 2+).
+    if not (head.startswith(_ZIP_MAGIC) or head[:1] == _PICKLE_PROTO):
+        raise CheckpointError(
+            f"{path}: not a PyTorch file (neither a zip archive nor a pickle; it begins {head[:16]!r})"
+        )
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        text = str(error)
+        unsafe = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+        if unsafe:
+            # Allow-listing the global, as torch's message advises, would run the file's code.
+            reason = f"it pickles Python objects besides tensors, such as {unsafe[1]}, which are not loaded"
+        else:
+            reason = text.strip().split("\n", 1)[0] or type(error).__name__
+        raise CheckpointError(
+            f"{path}: not a PyTorch file of tensors that can be read safely ({reason})"
+        ) from None
+
+
+def _describe(state: object) -> str:
+    """What an unpickled file holds, in a few words: a dict's first keys (and its ``model``
+    entry's), or the type."""
+    if not isinstance(state, dict):
+        return f"a {type(state).__name__}"
+    keys = _first(state)
+    model = state.get("model")
+    if isinstance(model, dict):
+        return f"keys {keys}, model keys {_first(model)}"
+    return f"keys {keys}"
+
+
+def _first(mapping: dict[Any, Any], count: int = 6) -> str:
+    keys = [repr(key) for key in list(mapping)[:count]]
+    more = f", ... ({len(mapping)} in all)" if len(mapping) > count else ""
+    return f"[{', '.join(keys)}{more}]"
+
+
+def _listing(directory: Path, count: int = 10) -> str:
+    names = sorted(path.name for path in directory.iterdir())
+    if not names:
+        return "nothing"
+    more = f", ... ({len(names)} in all)" if len(names) > count else ""
+    return ", ".join(names[:count]) + more
+
+
+def export_nvidia(checkpoint: Path, vocab_dir: Path, out_dir: Path) -> Path:
+    """Write the model of ``checkpoint`` and the vocabulary of ``vocab_dir`` to ``out_dir`` in NVIDIA
+    DeepLearningExamples' format (:func:`bertpretrain.model.nvidia.save_nvidia`:
+    ``ckpt_<step>.pt`` named by the checkpoint's step in its phase, ``bert_config.json``,
+    ``vocab.txt``).
+
+    Returns:
+        ``out_dir``.
+
+    Raises:
+        CheckpointError: the checkpoint cannot be read.
+        FileNotFoundError: ``vocab_dir`` has no ``vocab.txt``.
+        ValueError: the model cannot be written in NVIDIA's format (see
+            :func:`bertpretrain.model.nvidia.config_to_nvidia`).
+        bertpretrain.common.files.DiskFullError: the export does not fit; nothing of it is left.
+    """
+    state = read_checkpoint(checkpoint)
+    step = int(state.get("step", 0))
+    return save_nvidia(state["model"], BertConfig(**state["config"]), vocab_dir, out_dir, step)
 
 
 def export_hf(checkpoint: Path, vocab_dir: Path, out_dir: Path, lowercase: bool) -> Path:

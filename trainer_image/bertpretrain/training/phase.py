@@ -42,7 +42,6 @@ from bertpretrain.data.loader import (
 from bertpretrain.data.prepare import PreparedData
 from bertpretrain.model.bert import BertForPreTraining, count_parameters
 from bertpretrain.model.config import BertConfig
-from bertpretrain.model.huggingface import load_hf_weights
 from bertpretrain.runtime.engine import Engine
 from bertpretrain.runtime.parallel import DataParallel, join
 from bertpretrain.training.accuracy import StepStatistics, step_statistics
@@ -52,6 +51,7 @@ from bertpretrain.training.checkpoint import (
     checkpoint_path,
     evaluated_step,
     latest,
+    load_initial_weights,
     load_model_weights,
     load_training_state,
     newest_resumable,
@@ -83,9 +83,10 @@ class Phase:
     :func:`bertpretrain.runtime.parallel.join` for this phase alone); :meth:`train` runs it.
 
     The model starts from ``init_from``'s weights (phase 1's final checkpoint, for phase 2), else
-    from ``spec.model.initFrom`` (a Hugging Face model), else from random initialisation, unless a
-    checkpoint of this phase exists, which is resumed. ``plan`` must be for the world size that
-    ``parallel`` joins (:meth:`bertjob_api.plan.Plan.for_world`).
+    from ``spec.model.initFrom`` (a Hugging Face model, an NVIDIA DeepLearningExamples checkpoint or
+    a training checkpoint: :func:`bertpretrain.training.checkpoint.load_initial_weights`), else from
+    random initialisation, unless a checkpoint of this phase exists, which is resumed. ``plan`` must
+    be for the world size that ``parallel`` joins (:meth:`bertjob_api.plan.Plan.for_world`).
     """
 
     plan: Plan
@@ -295,10 +296,10 @@ def _initialise(
     if spec.model.init_from is None:
         return "random initialisation"
     source = Path(spec.model.init_from)
-    initialised = load_hf_weights(source, model)
-    if initialised and engine.is_main:
-        print(f"{source}: no weights for {', '.join(initialised)}; they start from initialisation")
-    return f"{source} (Hugging Face)"
+    initialised = load_initial_weights(source, model)
+    if initialised.kept and engine.is_main:
+        print(f"{source}: no weights for {', '.join(initialised.kept)}; they start from initialisation")
+    return initialised.origin
 
 
 def _dynamic_masking(spec: JobSpec, vocab_dir: Path | None) -> DynamicMasking | None:
