@@ -23,6 +23,7 @@ from bertpretrain.model.bert import BertForPreTraining
 from bertpretrain.model.config import BertConfig, CheckpointError
 from bertpretrain.run import main as bertpretrain_main
 from bertpretrain.training.checkpoint import (
+    export_hf,
     export_nvidia,
     load_initial_weights,
     read_checkpoint,
@@ -162,6 +163,27 @@ def test_gamma_and_beta_from_a_converted_tensorflow_checkpoint(
     assert torch.equal(_logits(target)[0], _logits(source)[0])
 
 
+def test_a_pytorch_pretrained_bert_directory_loads(tiny_config: BertConfig, tmp_path: Path) -> None:
+    """BioBERT's and Google's converted checkpoints: bert_config.json and pytorch_model.bin, a bare
+    state dict in Hugging Face's names with TensorFlow's gamma and beta, no decoder."""
+    source = _model(tiny_config, seed=1)
+    weights = {
+        name.replace("LayerNorm.weight", "LayerNorm.gamma").replace(
+            "LayerNorm.bias", "LayerNorm.beta"
+        ): tensor
+        for name, tensor in source.state_dict().items()
+        if not name.startswith("cls.predictions.decoder.")
+    }
+    directory = tmp_path / "biobert"
+    directory.mkdir()
+    torch.save(weights, directory / "pytorch_model.bin")
+    (directory / "bert_config.json").write_text(json.dumps(_nvidia_config(tiny_config)))
+    target = _model(tiny_config, seed=2)
+    loaded = load_initial_weights(directory, target)
+    assert loaded.origin == f"{directory}/pytorch_model.bin (pytorch-pretrained-BERT, bert_config.json)"
+    assert all(torch.equal(a, b) for a, b in zip(_logits(target), _logits(source), strict=True))
+
+
 def test_export_to_nvidia_and_back(tiny_config: BertConfig, vocab_dir: Path, tmp_path: Path) -> None:
     source = _model(tiny_config, seed=1)
     checkpoint = save_checkpoint(
@@ -197,7 +219,7 @@ def test_export_to_nvidia_and_back(tiny_config: BertConfig, vocab_dir: Path, tmp
 
 
 def test_our_checkpoint_and_a_hugging_face_directory_are_told_apart(
-    tiny_config: BertConfig, tmp_path: Path
+    tiny_config: BertConfig, vocab_dir: Path, tmp_path: Path
 ) -> None:
     source = _model(tiny_config, seed=1)
     optimizer = torch.optim.SGD(source.parameters())
@@ -213,6 +235,10 @@ def test_our_checkpoint_and_a_hugging_face_directory_are_told_apart(
     )
     target = _model(tiny_config, seed=2)
     assert load_initial_weights(checkpoint, target).origin == f"{checkpoint} (training checkpoint)"
+    assert torch.equal(_logits(target)[0], _logits(source)[0])
+    hf = export_hf(checkpoint, vocab_dir, tmp_path / "hf", lowercase=True)
+    target = _model(tiny_config, seed=2)
+    assert load_initial_weights(hf, target).origin == f"{hf} (Hugging Face)"
     assert torch.equal(_logits(target)[0], _logits(source)[0])
 
 
@@ -239,7 +265,15 @@ def _refusal_cases(tmp_path: Path, config: BertConfig) -> dict[str, tuple[Path, 
     narrow = _write_nvidia(
         tmp_path / "narrow", _nvidia_names(model), _nvidia_config(config) | {"hidden_size": 64}
     )
+    bare = tmp_path / "bare" / "pytorch_model.bin"
+    bare.parent.mkdir()
+    torch.save(model.bert.state_dict(), bare)
     return {
+        "no-config": (
+            bare,
+            rf"{bare}: a BERT state dict \(keys \['embeddings.word_embeddings.weight', .*\) "
+            "without bert_config.json beside it",
+        ),
         "other-keys": (other, rf"{other}: a PyTorch file of no format .*: keys \['weights', 'step'\]"),
         "random-file": (
             random_file,
@@ -248,7 +282,8 @@ def _refusal_cases(tmp_path: Path, config: BertConfig) -> dict[str, tuple[Path, 
         "no-bert-config": (lonely, rf"{lonely.parent}/bert_config.json: no such file"),
         "python-objects": (
             pickled,
-            rf"{pickled}: not a PyTorch file .*such as argparse\.Namespace, which are not loaded",
+            rf"{pickled}: not a PyTorch file .*such as argparse\.Namespace, which are not loaded; "
+            "if you trust the file",
         ),
         "other-directory": (empty, rf"{empty}: a directory of no format .*; it holds notes\.txt$"),
         "missing": (tmp_path / "nowhere", rf"{tmp_path}/nowhere: no such file or directory"),
@@ -260,10 +295,11 @@ def _refusal_cases(tmp_path: Path, config: BertConfig) -> dict[str, tuple[Path, 
     }
 
 
-CASES = ["other-keys", "random-file", "no-bert-config", "python-objects", "other-directory", "missing"]
+REFUSALS = ["no-config", "other-keys", "random-file", "no-bert-config", "python-objects"]
+REFUSALS += ["other-directory", "missing", "vocab", "shape"]
 
 
-@pytest.mark.parametrize("case", [*CASES, "vocab", "shape"])
+@pytest.mark.parametrize("case", REFUSALS)
 def test_what_fits_no_format_is_refused_saying_what_was_found(
     tiny_config: BertConfig, tmp_path: Path, case: str
 ) -> None:

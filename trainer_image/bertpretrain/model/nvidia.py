@@ -63,6 +63,9 @@ _VOCAB_ROWS = (
     "cls.predictions.decoder.weight",
     "cls.predictions.bias",
 )
+_EMBEDDINGS = "embeddings.word_embeddings.weight"
+# pytorch-pretrained-BERT's and NVIDIA's from_pretrained weights file, beside bert_config.json.
+LEGACY_WEIGHTS_FILE = "pytorch_model.bin"
 # The fields of NVIDIA's BertConfig that bert_config.json holds.
 _CONFIG_FIELDS = (
     "attention_probs_dropout_prob",
@@ -98,6 +101,17 @@ def is_nvidia_state_dict(weights: object) -> TypeGuard[Mapping[str, torch.Tensor
         and bool(weights)
         and all(isinstance(key, str) and isinstance(value, torch.Tensor) for key, value in weights.items())
         and any(".dense_act." in key for key in weights)
+    )
+
+
+def is_bert_state_dict(weights: object) -> TypeGuard[Mapping[str, torch.Tensor]]:
+    """Whether ``weights`` is a mapping of names to tensors with a BERT's word embeddings
+    (``[module.][bert.]embeddings.word_embeddings.weight``): a state dict in Hugging Face's names,
+    as pytorch-pretrained-BERT saved them beside a ``bert_config.json``, or in NVIDIA's."""
+    return (
+        isinstance(weights, Mapping)
+        and all(isinstance(key, str) and isinstance(value, torch.Tensor) for key, value in weights.items())
+        and any(strip_ddp_prefix(key).endswith(_EMBEDDINGS) for key in weights)
     )
 
 
@@ -194,18 +208,23 @@ def read_nvidia_config(path: Path) -> BertConfig:
 
 def find_nvidia_checkpoint(directory: Path) -> Path | None:
     """The ``ckpt_<step>.pt`` with the highest step in ``directory`` (the one ``run_pretraining.py``
-    resumes from), or None when it has none."""
+    resumes from); else its ``pytorch_model.bin`` (what ``from_pretrained`` reads beside
+    ``bert_config.json``); else None."""
     found = [
         (int(match[1]), path) for path in directory.iterdir() if (match := CHECKPOINT_NAME.match(path.name))
     ]
-    return max(found)[1] if found else None
+    if found:
+        return max(found)[1]
+    legacy = directory / LEGACY_WEIGHTS_FILE
+    return legacy if legacy.is_file() else None
 
 
 def load_nvidia_weights(
     path: Path, weights: Mapping[str, torch.Tensor], model: BertForPreTraining, config_file: Path
 ) -> list[str]:
-    """Copy the NVIDIA state dict ``weights`` (the ``model`` entry of the checkpoint ``path``) into
-    ``model``; ``config_file`` is its ``bert_config.json``.
+    """Copy the NVIDIA state dict ``weights`` (the ``model`` entry of the checkpoint ``path``, or
+    the file itself) into ``model``; ``config_file`` is its ``bert_config.json``. A state dict in
+    Hugging Face's names (pytorch-pretrained-BERT's ``pytorch_model.bin``) loads the same way.
 
     Names may carry ``module.`` prefixes and LayerNorm's ``gamma``/``beta``; the decoder's weight
     may be in the file (it must then equal the word embeddings) or not. Rows of the vocabulary's

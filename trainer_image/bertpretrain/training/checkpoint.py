@@ -45,6 +45,7 @@ from bertpretrain.model.huggingface import load_hf_weights, save_hf
 from bertpretrain.model.nvidia import CONFIG_FILE as NVIDIA_CONFIG_FILE
 from bertpretrain.model.nvidia import (
     find_nvidia_checkpoint,
+    is_bert_state_dict,
     is_nvidia_state_dict,
     load_nvidia_weights,
     save_nvidia,
@@ -259,7 +260,10 @@ def load_initial_weights(source: Path, model: BertForPreTraining) -> Initialised
     - an NVIDIA DeepLearningExamples checkpoint: a ``.pt`` whose ``model`` entry (or the file
       itself) is a state dict in NVIDIA's names, with ``bert_config.json`` beside it; or a
       directory with ``bert_config.json`` and ``ckpt_<step>.pt`` files, the highest step taken
-      (see :mod:`bertpretrain.model.nvidia`).
+      (see :mod:`bertpretrain.model.nvidia`);
+    - the same in Hugging Face's names: pytorch-pretrained-BERT's ``pytorch_model.bin`` (or any
+      ``.pt`` of a BERT state dict) beside a ``bert_config.json``, as BioBERT's and Google's
+      converted checkpoints come.
 
     Files are read with ``torch.load(weights_only=True)``: a checkpoint that pickles other Python
     objects than tensors and containers (``run_pretraining.py`` can store its data loader) is
@@ -277,8 +281,8 @@ def load_initial_weights(source: Path, model: BertForPreTraining) -> Initialised
             found = find_nvidia_checkpoint(source)
             if found is None:
                 raise CheckpointError(
-                    f"{source}: {NVIDIA_CONFIG_FILE} but no ckpt_<step>.pt beside it (NVIDIA "
-                    f"DeepLearningExamples' format); it holds {_listing(source)}"
+                    f"{source}: {NVIDIA_CONFIG_FILE} but neither ckpt_<step>.pt (NVIDIA "
+                    f"DeepLearningExamples) nor pytorch_model.bin beside it; it holds {_listing(source)}"
                 )
             source = found
         else:
@@ -292,13 +296,24 @@ def load_initial_weights(source: Path, model: BertForPreTraining) -> Initialised
         load_model_weights(source, model, state)
         return Initialised(f"{source} (training checkpoint)", [])
     weights = state.get("model") if isinstance(state, dict) and "model" in state else state
+    config_file = source.parent / NVIDIA_CONFIG_FILE
     if is_nvidia_state_dict(weights):
-        kept = load_nvidia_weights(source, weights, model, source.parent / NVIDIA_CONFIG_FILE)
+        kept = load_nvidia_weights(source, weights, model, config_file)
         return Initialised(f"{source} (NVIDIA DeepLearningExamples)", kept)
+    if is_bert_state_dict(weights) and config_file.is_file():
+        # The same format in Hugging Face's names (BioBERT's and Google's converted checkpoints).
+        kept = load_nvidia_weights(source, weights, model, config_file)
+        return Initialised(f"{source} (pytorch-pretrained-BERT, {NVIDIA_CONFIG_FILE})", kept)
+    if is_bert_state_dict(weights):
+        raise CheckpointError(
+            f"{source}: a BERT state dict ({_describe(state)}) without {config_file.name} beside it "
+            "to say the model's shape"
+        )
     raise CheckpointError(
         f"{source}: a PyTorch file of no format this trainer reads: {_describe(state)}; expected a "
         "training checkpoint (model and config), an NVIDIA DeepLearningExamples checkpoint (model: "
-        "a state dict with dense_act layers, bert_config.json beside it) or a Hugging Face directory"
+        "a state dict with dense_act layers), a BERT state dict with bert_config.json beside it, or a "
+        "Hugging Face directory"
     )
 
 
@@ -323,7 +338,12 @@ def _load(path: Path) -> Any:
         unsafe = re.search(r"Unsupported global: GLOBAL (\S+)", text)
         if unsafe:
             # Allow-listing the global, as torch's message advises, would run the file's code.
-            reason = f"it pickles Python objects besides tensors, such as {unsafe[1]}, which are not loaded"
+            # run_pretraining.py's checkpoints before the last hold its DataLoader.
+            reason = (
+                f"it pickles Python objects besides tensors, such as {unsafe[1]}, which are not "
+                "loaded; if you trust the file, save its weights alone, e.g. torch.save({'model': "
+                "torch.load(path, weights_only=False)['model']}, new_path)"
+            )
         else:
             reason = text.strip().split("\n", 1)[0] or type(error).__name__
         raise CheckpointError(
