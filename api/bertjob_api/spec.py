@@ -175,9 +175,12 @@ class ModelSpec(_Spec):
     init_from: str | None = Field(
         None,
         min_length=1,
-        description="Continue pretraining a Hugging Face BERT: a directory with config.json and "
-        "model.safetensors (or pytorch_model.bin). Its dimensions must equal this model's, and "
-        "data.vocab.file must name its vocabulary.",
+        description="Continue pretraining from existing weights, the format told by the files: a "
+        "Hugging Face model directory (config.json with model.safetensors or pytorch_model.bin), an "
+        "NVIDIA DeepLearningExamples checkpoint (ckpt_<step>.pt with bert_config.json beside it, or "
+        "their directory), a bert_config.json + pytorch_model.bin directory, or a checkpoint of this "
+        "trainer. Its dimensions must equal this model's, and data.vocab.file must name its vocabulary "
+        "(NVIDIA's padding of the vocabulary to a multiple of 8 is accepted).",
     )
 
 

@@ -46,7 +46,7 @@ def problems(spec: JobSpec, training: bool = True) -> list[tuple[str, str]]:
         found.append(
             (
                 "spec.data.vocab.file",
-                "model.initFrom continues a Hugging Face model, which needs its own vocabulary: "
+                "model.initFrom continues an existing model, which needs its own vocabulary: "
                 "set file to its vocab.txt",
             )
         )
