@@ -1,72 +1,133 @@
-"""Data-preparation throughput: raw text -> HDF5 shards, with one worker and with all cores.
+"""Data preparation on one core, side by side with NVIDIA's ``create_pretraining_data.py``.
 
-    python benchmarks/data_prep.py                  # 16 MB and 64 MB corpora, seq 128, dupe factor 5
-    python benchmarks/data_prep.py --mb 256 --seq 512 --max-predictions 80
+    # once: the documentation of Debian's linux-doc-6.1 and python3.11-doc is the corpus
+    apt-get update && apt-get install -y linux-doc-6.1 python3.11-doc
+    # NVIDIA's create_pretraining_data.py and tokenization.py (DeepLearningExamples,
+    # PyTorch/LanguageModeling/BERT) in a directory of their own, outside this repository
+    python benchmarks/data_prep.py --nvidia /tmp/nvidia-bert            # 21 MB, both sides, twice each
+    python benchmarks/data_prep.py --scale 4 --repeats 1          # ours alone, the 21 MB written 4 times
 
-For each corpus size and worker count it runs ``python -m bertpretrain prepare`` in a fresh
-process (an existing vocabulary, as NVIDIA's ``create_pretraining_data.py`` takes one) and prints
-instances/s, MB of raw text/s and the peak resident memory of the main process and of the largest
-worker. The reference figure: NVIDIA's script makes about 640 instances/s on one core of a
-2-core x86 machine at seq 128, dupe factor 5 (the figure given in issue 3), so the target of 50x
-is 32,000 instances/s per core.
+*The corpus.* Real English prose written in BERT's format (a sentence per line, a blank line between
+documents), built from documentation that Debian packages ship: each reStructuredText file of the
+Linux kernel's documentation (``linux-doc-6.1``, ``/usr/share/doc/linux-doc-6.1/Documentation``) and
+of the Python 3.11 manual (``python3.11-doc``, ``/usr/share/doc/python3.11/html/_sources``) is one
+document; its prose paragraphs are kept (literal blocks, directives, tables, headings and lists of
+symbols are dropped) and split into sentences with BlingFire. Files are taken in sorted order until
+the corpus reaches ``--mb``; ``--scale k`` then writes the documents ``k`` times, in a new random
+order each time (for the memory check on a larger corpus). The vocabulary (``--vocab-size``
+WordPiece tokens) is trained on that corpus by our trainer and given to both sides, as NVIDIA's
+script takes an existing one.
 
-The corpus is the Python documentation (``builtin:python-docs``, 1.8 MB of English) written in
-BERT's format (a sentence per line, a blank line between documents), repeated with the documents
-in a new random order each time until it reaches the size asked for. Repetition does not help the
-pipeline: every copy is split, tokenized and cut into instances anew. The vocabulary is trained on
-that text (``--vocab-size`` tokens).
+*The two sides*, each a fresh process pinned with ``taskset -c CPU`` to the same core, run in turn
+(ours, NVIDIA's, ours, NVIDIA's...) so that whatever else the machine does falls on both alike:
+
+* ours: ``python -m bertpretrain prepare`` with ``workers: 1, numShards: 1`` (one process, one shard
+  file), the same seq length, predictions, dupe factor, masked-LM and short-sequence probabilities;
+* NVIDIA's: ``python create_pretraining_data.py --input_file CORPUS --bert_model VOCAB ...`` from the
+  directory given by ``--nvidia`` (their code is never part of this repository).
+
+Each line gives instances (read back from the HDF5 files), wall seconds of the whole process
+(start-up included), instances/s and the peak resident memory of the process (``wait4``'s
+``ru_maxrss``, which covers any worker it waited for); the summary gives the median of each side
+and the ratio of the medians.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
-import json
+import gzip
 import os
 import random
+import re
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import blingfire
+import h5py
 import yaml
 
-from bertjob_api.spec import SourceSpec
-from bertpretrain.data import corpus
-from bertpretrain.data.vocab import train_vocab
-
-NVIDIA_INSTANCES_PER_SECOND = 640.0
-COLUMNS = (
-    "corpus MB", "workers", "instances", "seconds", "instances/s", "per worker", "x NVIDIA per core",
-    "MB/s", "peak RSS main MB", "peak RSS worker MB",
-)  # fmt: skip
-
-
-def python_docs() -> list[list[str]]:
-    """The built-in corpus's documents, as lists of sentences."""
-    source = SourceSpec(path=corpus.BUILTIN_PYTHON_DOCS)
-    return [corpus.sentences(document) for document in corpus.read_source(source, collections.Counter())]
+DOC_ROOTS = (
+    Path("/usr/share/doc/linux-doc-6.1/Documentation"),
+    Path("/usr/share/doc/python3.11/html/_sources"),
+)
+# A line of reStructuredText markup rather than prose: directives and comments, section
+# underlines, table borders, field lists, bullets of symbols.
+_MARKUP = re.compile(r"^(\.\. |::|[=\-~^\"'`#*+_]{3,}\s*$|\+[-=+]+|\|)")
+_LETTERS = re.compile(r"[A-Za-z]")
+_BULLET = re.compile(r"^(?:[-*+]|#\.|\(?\w{1,3}[.)]) +")
 
 
-def write_corpus(path: Path, megabytes: float, seed: int = 0) -> float:
-    """Write the BERT-format corpus of about ``megabytes`` MB to ``path``; returns its size in MB."""
-    documents = python_docs()
+def _doc_files() -> list[Path]:
+    files: list[Path] = []
+    for root in DOC_ROOTS:
+        if not root.is_dir():
+            sys.exit(f"{root} is missing: apt-get install -y linux-doc-6.1 python3.11-doc")
+        files += sorted(p for p in root.rglob("*") if re.search(r"\.(rst|rst\.gz|rst\.txt|txt\.gz)$", p.name))
+    return files
+
+
+def _read(path: Path) -> str:
+    data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    return data.decode("utf-8", errors="replace")
+
+
+def _prose_paragraphs(text: str) -> Iterator[str]:
+    """The paragraphs of an RST file that read as prose: not a literal block (indented by a tab or
+    four spaces), no markup line, mostly letters; list bullets are removed."""
+    for paragraph in re.split(r"\n\s*\n", text):
+        lines = paragraph.splitlines()
+        if (
+            not lines
+            or lines[0].startswith(("\t", "    "))
+            or any(_MARKUP.match(line.strip()) for line in lines)
+        ):
+            continue
+        joined = _BULLET.sub("", " ".join(line.strip() for line in lines))
+        if len(joined.split()) < 6 or len(_LETTERS.findall(joined)) < 0.6 * len(joined):
+            continue
+        yield joined
+
+
+def document_sentences(path: Path) -> list[str]:
+    """One documentation file as a document: its prose split into sentences with BlingFire."""
+    sentences = []
+    for paragraph in _prose_paragraphs(_read(path)):
+        sentences += [s.strip() for s in blingfire.text_to_sentences(paragraph).split("\n") if s.strip()]
+    return sentences
+
+
+def build_corpus(path: Path, megabytes: float, scale: int, seed: int = 0) -> tuple[float, int]:
+    """Write the BERT-format corpus to ``path``; returns (MB written, documents written)."""
+    documents = []
+    size = 0
+    for file in _doc_files():
+        sentences = document_sentences(file)
+        if len(sentences) < 2:
+            continue
+        text = "\n".join(sentences) + "\n\n"
+        documents.append(text)
+        size += len(text.encode("utf-8"))
+        if size >= megabytes * 1e6:
+            break
     rng = random.Random(seed)
     written = 0
-    with path.open("w", encoding="utf-8") as file:
-        while written < megabytes * 1e6:
-            rng.shuffle(documents)
-            for document in documents:
-                text = "\n".join(document) + "\n\n"
-                file.write(text)
+    with path.open("w", encoding="utf-8") as out:
+        for copy in range(scale):
+            if copy:
+                rng.shuffle(documents)
+            for text in documents:
+                out.write(text)
                 written += len(text.encode("utf-8"))
-    return written / 1e6
+    return written / 1e6, len(documents) * scale
 
 
-def job(corpus_file: Path, out: Path, vocab_file: Path, args: argparse.Namespace, workers: int) -> dict:
-    """The job file for one run."""
+def _job(corpus_file: Path, out: Path, vocab_file: Path, args: argparse.Namespace) -> dict:
     return {
         "apiVersion": "bertjob.dev/v1alpha1",
         "kind": "BertPretrainJob",
@@ -78,8 +139,8 @@ def job(corpus_file: Path, out: Path, vocab_file: Path, args: argparse.Namespace
                 "shards": str(out),
                 "vocab": {"file": str(vocab_file)},
                 "dupeFactor": args.dupe_factor,
-                "maxShardMB": args.shard_mb,
-                "workers": workers,
+                "numShards": 1,
+                "workers": 1,
             },
             "phases": [
                 {
@@ -95,78 +156,131 @@ def job(corpus_file: Path, out: Path, vocab_file: Path, args: argparse.Namespace
     }
 
 
-def run_once(job_file: Path) -> tuple[float, dict[str, float]]:
-    """Run the data stage in a new process; returns (seconds, peak RSS in MB of main and workers)."""
-    code = (
-        "import resource, sys, json\n"
-        "from bertpretrain.run import main\n"
-        "status = main(['prepare', '--config', sys.argv[1]])\n"
-        "peak = {'main': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,\n"
-        "        'worker': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}\n"
-        "print('PEAK ' + json.dumps(peak))\n"
-        "sys.exit(status)\n"
-    )
+def _run(command: list[str], cwd: Path | None, log: Path) -> tuple[float, float]:
+    """Run ``command``; returns (wall seconds, peak RSS in MB of it and the children it waited for)."""
     started = time.perf_counter()
-    result = subprocess.run(
-        [sys.executable, "-c", code, str(job_file)], capture_output=True, text=True, check=False
-    )
+    with log.open("w") as output:
+        process = subprocess.Popen(command, cwd=cwd, stdout=output, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(process.pid, 0)
     seconds = time.perf_counter() - started
-    if result.returncode:
-        sys.exit(f"prepare failed:\n{result.stdout}\n{result.stderr}")
-    peak = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("PEAK "))[5:])
-    for line in result.stdout.splitlines():
-        if line.startswith("data: ") and ("documents:" in line or "instances" in line):
-            print("    " + line)
-    return seconds, peak
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode:
+        sys.exit(f"{' '.join(command)} failed ({process.returncode}):\n{log.read_text()[-3000:]}")
+    return seconds, usage.ru_maxrss / 1024
+
+
+def _instances(files: Sequence[Path]) -> int:
+    total = 0
+    for file in files:
+        with h5py.File(file, "r") as f:
+            total += len(f["next_sentence_labels"])
+    return total
+
+
+def run_ours(
+    corpus_file: Path, vocab_file: Path, work: Path, args: argparse.Namespace
+) -> tuple[int, float, float]:
+    """One run of our ``prepare``; returns (instances, seconds, peak RSS MB)."""
+    out = work / "ours"
+    shutil.rmtree(out, ignore_errors=True)
+    job_file = work / "job.yaml"
+    job_file.write_text(yaml.safe_dump(_job(corpus_file, out, vocab_file, args)))
+    command = [*_pin(args), sys.executable, "-m", "bertpretrain", "prepare", "--config", str(job_file)]
+    seconds, peak = _run(command, None, work / "ours.log")
+    return _instances(sorted(out.glob("seq_len_*/*.hdf5"))), seconds, peak
+
+
+def run_nvidia(
+    corpus_file: Path, vocab_file: Path, work: Path, args: argparse.Namespace
+) -> tuple[int, float, float]:
+    """One run of NVIDIA's script; returns (instances, seconds, peak RSS MB)."""
+    output = work / "nvidia.hdf5"
+    output.unlink(missing_ok=True)
+    command = [
+        *_pin(args), sys.executable, str(args.nvidia / "create_pretraining_data.py"),
+        f"--input_file={corpus_file}", f"--output_file={output}", f"--vocab_file={vocab_file}",
+        f"--bert_model={vocab_file}", "--do_lower_case", f"--max_seq_length={args.seq}",
+        f"--max_predictions_per_seq={args.max_predictions}", "--masked_lm_prob=0.15",
+        "--short_seq_prob=0.1", f"--dupe_factor={args.dupe_factor}", "--random_seed=12345",
+    ]  # fmt: skip
+    seconds, peak = _run(command, args.nvidia, work / "nvidia.log")
+    return _instances([output]), seconds, peak
+
+
+def _pin(args: argparse.Namespace) -> list[str]:
+    return ["taskset", "-c", str(args.cpu)] if args.cpu is not None else []
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--mb", type=float, nargs="+", default=[16, 64], help="corpus sizes in MB")
-    parser.add_argument("--workers", type=int, nargs="+", default=[1, len(os.sched_getaffinity(0))])
+    parser.add_argument("--mb", type=float, default=21.0, help="MB of distinct documentation text")
+    parser.add_argument("--scale", type=int, default=1, help="write the documents this many times")
+    parser.add_argument("--corpus", type=Path, help="an existing BERT-format corpus instead of building one")
+    parser.add_argument("--nvidia", type=Path, help="directory of NVIDIA's create_pretraining_data.py")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each side, alternating")
+    parser.add_argument("--cpu", type=int, default=1, help="the core both sides are pinned to")
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--max-predictions", type=int, default=20)
     parser.add_argument("--dupe-factor", type=int, default=5)
-    parser.add_argument("--shard-mb", type=float, default=4.0, help="maxShardMB of the job")
     parser.add_argument("--vocab-size", type=int, default=30522)
+    parser.add_argument("--keep", type=Path, help="keep the corpus and vocabulary in this directory")
     args = parser.parse_args(argv)
+    if args.nvidia is not None:
+        args.nvidia = args.nvidia.resolve()
+        if not (args.nvidia / "create_pretraining_data.py").is_file():
+            sys.exit(f"--nvidia: no create_pretraining_data.py in {args.nvidia}")
 
-    print(f"cpu: {os.cpu_count()} cores; python {sys.version.split()[0]}")
+    from bertpretrain.data.vocab import train_vocab
+
+    print(f"cpu: {os.cpu_count()} cores, pinned to {args.cpu}; python {sys.version.split()[0]}")
     with tempfile.TemporaryDirectory(prefix="data-prep-") as tmp:
-        root = Path(tmp)
-        vocab_dir = root / "vocab"
-        train_vocab((s for d in python_docs() for s in d), args.vocab_size, True, vocab_dir)
-        rows = []
-        for megabytes in args.mb:
-            corpus_file = root / f"corpus-{megabytes:g}mb.txt"
-            size = write_corpus(corpus_file, megabytes)
-            for workers in args.workers:
-                out = root / f"out-{megabytes:g}-{workers}"
-                job_file = root / "job.yaml"
-                job_file.write_text(
-                    yaml.safe_dump(job(corpus_file, out, vocab_dir / "vocab.txt", args, workers))
-                )
-                print(f"  {size:.1f} MB, {workers} worker(s):")
-                seconds, peak = run_once(job_file)
-                metadata = json.loads(next(out.glob("seq_len_*/metadata.json")).read_text())
-                instances = metadata["instances"] + metadata["heldout"]["instances"]
-                rows.append((size, workers, instances, seconds, peak))
+        work = args.keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        corpus_file = args.corpus or work / "corpus.txt"
+        vocab_dir = work / "vocab"
+        if args.corpus is None and not corpus_file.is_file():
+            megabytes, documents = build_corpus(corpus_file, args.mb, args.scale)
+            print(f"corpus: {megabytes:.1f} MB, {documents} documents -> {corpus_file}")
+        if not (vocab_dir / "vocab.txt").is_file():
+            with corpus_file.open(encoding="utf-8") as lines:
+                train_vocab((line for line in lines if line.strip()), args.vocab_size, True, vocab_dir)
+        text = corpus_file.read_bytes()
+        documents = text.count(b"\n\n")
+        sentences = sum(1 for line in text.splitlines() if line.strip())
         print(
-            f"\nseq {args.seq}, max predictions {args.max_predictions}, dupe factor {args.dupe_factor}, "
-            f"vocabulary {args.vocab_size}; wall time of the whole `prepare` process, start-up included"
+            f"corpus {corpus_file}: {len(text) / 1e6:.1f} MB, {documents} documents, "
+            f"{sentences} sentences; seq {args.seq}, "
+            f"max predictions {args.max_predictions}, dupe factor {args.dupe_factor}, "
+            f"vocabulary {args.vocab_size}"
         )
-        print("| " + " | ".join(COLUMNS) + " |")
-        print("|" + " --- |" * len(COLUMNS))
-        for size, workers, instances, seconds, peak in rows:
-            rate = instances / seconds
-            cells = [
-                f"{size:.1f}", str(workers), str(instances), f"{seconds:.1f}", f"{rate:,.0f}",
-                f"{rate / workers:,.0f}", f"{rate / workers / NVIDIA_INSTANCES_PER_SECOND:.1f}",
-                f"{size / seconds:.2f}", f"{peak['main']:.0f}", f"{peak['worker']:.0f}",
-            ]  # fmt: skip
-            print("| " + " | ".join(cells) + " |")
+        del text
+        sides = {"ours": run_ours}
+        if args.nvidia is not None:
+            sides["NVIDIA"] = run_nvidia
+        results: dict[str, list[tuple[int, float, float]]] = {side: [] for side in sides}
+        print("| run | side | instances | seconds | instances/s | peak RSS MB |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for repeat in range(args.repeats):
+            for side, run in sides.items():
+                instances, seconds, peak = run(corpus_file, vocab_dir / "vocab.txt", work, args)
+                results[side].append((instances, seconds, peak))
+                print(
+                    f"| {repeat + 1} | {side} | {instances} | {seconds:.1f} | {instances / seconds:,.0f} "
+                    f"| {peak:.0f} |",
+                    flush=True,
+                )
+        rates = {side: statistics.median(i / s for i, s, _ in runs) for side, runs in results.items() if runs}
+        for side, runs in results.items():
+            if not runs:
+                continue
+            print(
+                f"{side}: median {rates[side]:,.0f} instances/s on one core, "
+                f"peak RSS {max(p for _, _, p in runs):.0f} MB"
+            )
+        if "NVIDIA" in rates:
+            print(f"ratio ours / NVIDIA (medians): {rates['ours'] / rates['NVIDIA']:.2f}x")
     return 0
 
 

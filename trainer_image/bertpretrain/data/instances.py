@@ -32,6 +32,7 @@ gathered, truncated and masked with array operations (``bertpretrain.data.maskin
 
 from __future__ import annotations
 
+import array
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -73,6 +74,11 @@ class Pairs:
     def __len__(self) -> int:
         return len(self.a_start)
 
+    def __getitem__(self, rows: slice) -> Pairs:
+        """The pairs of ``rows`` (a slice), as views."""
+        return Pairs(self.a_start[rows], self.a_end[rows], self.b_start[rows], self.b_end[rows],
+                     self.is_random_next[rows])  # fmt: skip
+
     @property
     def lengths(self) -> np.ndarray:
         """int64 [N]: tokens of each instance, [CLS] and both [SEP] included."""
@@ -91,7 +97,8 @@ def create_pairs(documents: TokenizedDocuments, params: InstanceParams, rng: np.
     max_num_tokens = params.max_seq_length - 3
     if max_num_tokens < 2:
         raise ValueError(f"max_seq_length {params.max_seq_length} is too short for a sentence pair")
-    spans: list[tuple[int, int, int, int, int]] = []
+    # Five int64 per pair, not a tuple of Python ints: a shard's pairs stay a few tens of MB.
+    spans = array.array("q")
     uniform = random.Random(int(rng.integers(2**63))).random
     sentence_starts = documents.sentence_starts.tolist()
     document_starts = documents.document_starts.tolist()
@@ -104,9 +111,9 @@ def create_pairs(documents: TokenizedDocuments, params: InstanceParams, rng: np.
                 max_num_tokens,
                 params.short_seq_prob,
                 uniform,
-                spans.append,
+                spans.extend,
             )
-    a_start, a_end, b_start, b_end, random_next = np.array(spans, dtype=np.int64).reshape(-1, 5).T
+    a_start, a_end, b_start, b_end, random_next = np.frombuffer(spans, dtype=np.int64).reshape(-1, 5).T
     a_start, a_end, b_start, b_end = _truncate(a_start, a_end, b_start, b_end, max_num_tokens, rng)
     order = rng.permutation(len(a_start))
     return Pairs(a_start[order], a_end[order], b_start[order], b_end[order], random_next[order].astype(bool))

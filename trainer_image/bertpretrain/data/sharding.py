@@ -15,15 +15,24 @@ from tqdm import tqdm
 
 from bertpretrain.data import documents, vocab
 from bertpretrain.data.cache import METADATA_FILE, start_directory, write_json
-from bertpretrain.data.instances import InstanceParams, assemble, create_pairs
+from bertpretrain.data.instances import InstanceParams, Pairs, assemble, create_pairs
 from bertpretrain.data.masking import mask_tokens
 from bertpretrain.data.messages import report
 from bertpretrain.data.packing import pack_instances, padding_fraction
 from bertpretrain.data.pieces import Piece
 from bertpretrain.data.pool import run_parallel
-from bertpretrain.data.shards import read_attrs, write_shard
+from bertpretrain.data.shards import (
+    DYNAMIC_DTYPES,
+    SHARD_DTYPES,
+    ShardWriter,
+    read_attrs,
+    shard_shapes,
+    write_shard,
+)
 
 SPLITS = ("train", "heldout")
+# Instances made, masked and written at a time (a multiple of every chunk's rows: see ShardWriter).
+BLOCK_ROWS = 8192
 _SHARD_PREFIX = {"train": "shard", "heldout": "heldout"}
 
 
@@ -220,8 +229,48 @@ def _make_shard(task: ShardTask) -> dict[str, Any]:
         [parameters["seed"], params.max_seq_length, params.max_predictions_per_seq, split_index, task.index]
     )
     pairs = create_pairs(docs, params, rng)
-    arrays = assemble(pairs, docs.tokens, params.max_seq_length, _shard_context["special"])
-    tokens = int(pairs.lengths.sum())
+    counts = {
+        "documents": docs.num_documents,
+        "text_bytes": int(docs.text_bytes.sum()),
+        "instances": len(pairs),
+        "random_next": int(pairs.is_random_next.sum()),
+        "tokens": int(pairs.lengths.sum()),
+        "max_seq_length": params.max_seq_length,
+    }
+    if parameters["packing"] != "none":
+        # Packing looks at the whole shard's lengths at once, so a packed shard is held whole.
+        arrays = _instances(pairs, docs.tokens, params, parameters, rng)
+        arrays = pack_instances(arrays, parameters["max_sequences_per_pack"], parameters["packing"], rng)
+        rows = len(arrays["input_ids"])
+        masked = int((arrays["masked_lm_positions"] > 0).sum())
+        write_shard(task.path, arrays, _with_rows(counts, masked, rows, pairs))
+        return _with_rows(counts, masked, rows, pairs)
+    static = parameters["masking"] == "static"
+    dtypes = SHARD_DTYPES if static else DYNAMIC_DTYPES
+    widths = {
+        name: shard_shapes(0, params.max_seq_length, params.max_predictions_per_seq)[name][1]
+        for name in dtypes
+        if name != "next_sentence_labels"
+    }
+    masked = 0
+    # Instances are made, masked and written a block at a time: memory holds a block, not the shard.
+    with ShardWriter(task.path, dtypes, widths, BLOCK_ROWS) as writer:
+        for start in range(0, len(pairs), BLOCK_ROWS):
+            arrays = _instances(pairs[start : start + BLOCK_ROWS], docs.tokens, params, parameters, rng)
+            if static:
+                masked += int((arrays["masked_lm_positions"] > 0).sum())
+            writer.append(arrays)
+        counts = _with_rows(counts, masked, len(pairs), pairs)
+        writer.finish(counts)
+    return counts
+
+
+def _instances(
+    pairs: Pairs, tokens: np.ndarray, params: InstanceParams, parameters: dict[str, Any],
+    rng: np.random.Generator,
+) -> dict[str, np.ndarray]:  # fmt: skip
+    """The pairs as instances in NVIDIA's arrays, masked when masking is static."""
+    arrays = assemble(pairs, tokens, params.max_seq_length, _shard_context["special"])
     if parameters["masking"] == "static":
         arrays.update(
             mask_tokens(
@@ -230,20 +279,15 @@ def _make_shard(task: ShardTask) -> dict[str, Any]:
                 _shard_context["continuation"],
             )
         )  # fmt: skip
-    if parameters["packing"] != "none":
-        arrays = pack_instances(arrays, parameters["max_sequences_per_pack"], parameters["packing"], rng)
-    rows = len(arrays["input_ids"])
-    counts = {
-        "documents": docs.num_documents,
-        "text_bytes": int(docs.text_bytes.sum()),
-        "instances": len(pairs),
-        "random_next": int(pairs.is_random_next.sum()),
-        "masked": int((arrays["masked_lm_positions"] > 0).sum()) if "masked_lm_positions" in arrays else 0,
-        "tokens": tokens,
+    return arrays
+
+
+def _with_rows(counts: dict[str, Any], masked: int, rows: int, pairs: Pairs) -> dict[str, Any]:
+    max_seq_length = counts["max_seq_length"]
+    return {
+        **counts,
+        "masked": masked,
         "rows": rows,
-        "slots": rows * params.max_seq_length,
-        "max_seq_length": params.max_seq_length,
-        "padding": padding_fraction(pairs.lengths, rows, params.max_seq_length) if rows else 0.0,
+        "slots": rows * max_seq_length,
+        "padding": padding_fraction(pairs.lengths, rows, max_seq_length) if rows else 0.0,
     }
-    write_shard(task.path, arrays, counts)
-    return counts

@@ -28,8 +28,9 @@ from an older version) still read; there, only gzip's own check and HDF5's struc
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -40,6 +41,10 @@ SHARD_FORMAT = 2
 """Version of the on-disk shard layout, bumped whenever it changes (2: fletcher32 checksums).
 
 Data preparation's cache key includes it, so shards written by an older version are rebuilt."""
+
+# gzip level 1 after the byte shuffle: see write_shard. Level 1 is the fastest deflate; higher levels
+# cost more time than they save bytes on token ids.
+_FILTERS: dict[str, Any] = {"compression": "gzip", "compression_opts": 1, "shuffle": True, "fletcher32": True}
 
 SHARD_DTYPES: dict[str, type[np.integer]] = {
     "input_ids": np.int32,
@@ -96,8 +101,7 @@ def write_shard(
         with h5py.File(tmp, "w") as file:
             for name, array in arrays.items():
                 file.create_dataset(
-                    name, data=array, chunks=_row_chunks(array), compression="gzip", compression_opts=1,
-                    shuffle=True, fletcher32=True,
+                    name, data=array, chunks=_row_chunks(array), **_FILTERS,
                     # HDF5 allows a chunk larger than the data only when the dataset may grow.
                     maxshape=(None, *array.shape[1:]) if len(array) == 0 else None,
                 )  # fmt: skip
@@ -109,8 +113,80 @@ def write_shard(
 
 def _row_chunks(array: np.ndarray) -> tuple[int, ...]:
     """Chunks of whole rows: the loader reads whole rows, and NVIDIA's whole files."""
-    row_bytes = array.itemsize * int(np.prod(array.shape[1:]))
-    return (max(1, min(len(array), CHUNK_BYTES // row_bytes)), *array.shape[1:])
+    return (max(1, min(len(array), _chunk_rows(array.dtype, array.shape[1:]))), *array.shape[1:])
+
+
+def _chunk_rows(
+    dtype: np.dtype | type[np.integer], row_shape: tuple[int, ...], most: int | None = None
+) -> int:
+    """Rows per chunk: about :data:`CHUNK_BYTES`, a power of two, at most ``most``."""
+    row_bytes = np.dtype(dtype).itemsize * int(np.prod(row_shape))
+    rows = 1 << max(0, (CHUNK_BYTES // row_bytes).bit_length() - 1)
+    return min(rows, most) if most else rows
+
+
+class ShardWriter:
+    """Writes one shard a block of rows at a time, so that a shard is never held in memory whole.
+
+    ``dtypes`` maps each dataset's name to its dtype and ``widths`` to its row width (absent for
+    one value per row), as in :data:`SHARD_DTYPES`. Datasets start empty and grow by
+    :meth:`append`; chunks hold a power-of-two number of whole rows, at most ``block_rows``, so
+    that appending blocks of ``block_rows`` rows (a multiple of every chunk) only ever writes whole
+    chunks, each compressed once. Filters as :func:`write_shard`. Used as a context manager: the
+    file is written as ``<path>.tmp`` and renamed to ``path`` by :meth:`finish`; leaving the block
+    without it (an error) removes the temporary file.
+
+    Raises:
+        ValueError: in :meth:`append`, a dataset is missing or the arrays differ in rows.
+    """
+
+    def __init__(
+        self, path: Path, dtypes: dict[str, type[np.integer]], widths: dict[str, int], block_rows: int
+    ):
+        self.path = Path(path)
+        self._tmp = self.path.with_name(self.path.name + ".tmp")
+        self._dtypes = dtypes
+        self._widths = widths
+        self._block_rows = block_rows
+        self._file: h5py.File | None = None
+        self.rows = 0
+
+    def __enter__(self) -> ShardWriter:
+        self._file = h5py.File(self._tmp, "w")
+        for name, dtype in self._dtypes.items():
+            row = (self._widths[name],) if name in self._widths else ()
+            self._file.create_dataset(
+                name, shape=(0, *row), maxshape=(None, *row), dtype=dtype,
+                chunks=(_chunk_rows(dtype, row, self._block_rows), *row), **_FILTERS,
+            )  # fmt: skip
+        return self
+
+    def append(self, arrays: dict[str, np.ndarray]) -> None:
+        """Add the rows of ``arrays`` (one array per dataset, cast to the dataset's dtype)."""
+        assert self._file is not None, "ShardWriter.append outside its with-block"
+        rows = {name: len(arrays[name]) for name in self._dtypes if name in arrays}
+        if len(rows) != len(self._dtypes) or len(set(rows.values())) > 1:
+            raise ValueError(f"{self.path}: a block needs the datasets {sorted(self._dtypes)} of one length")
+        count = next(iter(rows.values()))
+        for name in self._dtypes:
+            dataset = self._file[name]
+            dataset.resize(self.rows + count, axis=0)
+            dataset[self.rows :] = arrays[name]
+        self.rows += count
+
+    def finish(self, attrs: Mapping[str, Any] | None = None) -> None:
+        """Store ``attrs`` as file attributes, close the file and rename it to ``path``."""
+        assert self._file is not None, "ShardWriter.finish outside its with-block"
+        self._file.attrs.update(attrs or {})
+        self._file.close()
+        self._file = None
+        os.replace(self._tmp, self.path)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self._tmp.unlink(missing_ok=True)
 
 
 def read_attrs(path: Path) -> dict[str, int | float]:
