@@ -36,14 +36,19 @@ def job_keys(spec: JobSpec) -> dict[str, Any]:
 
     ``gradient_clipping`` is the job's ``maxGradNorm`` for AdamW and 0 for LAMB, which clips
     inside its step (over all ranks' gradients, see ``bertpretrain.training.optimizer``).
+    ``zero_allow_untested_optimizer`` is true for LAMB: DeepSpeed lets ZeRO shard only the
+    optimizers it lists, and the trainer's LAMB computes its norms over the shards itself.
     """
     assert spec.distributed.deepspeed is not None
-    return {
+    keys: dict[str, Any] = {
         "zero_optimization": {"stage": spec.distributed.deepspeed.zero_stage},
         "fp16": {"enabled": spec.precision == "fp16"},
         "bf16": {"enabled": spec.precision == "bf16"},
         "gradient_clipping": spec.optimizer.max_grad_norm if spec.optimizer.name == "adamw" else 0.0,
     }
+    if spec.optimizer.name == "lamb":
+        keys["zero_allow_untested_optimizer"] = True
+    return keys
 
 
 def conflicts(spec: JobSpec) -> list[tuple[str, str]]:

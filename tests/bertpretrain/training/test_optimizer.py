@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import math
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -16,7 +17,8 @@ from torch import nn
 from bertjob_api.spec import OptimizerSpec
 from bertpretrain.model.bert import BertForPreTraining
 from bertpretrain.model.config import BertConfig
-from bertpretrain.training.optimizer import FlatShard, Lamb, build_optimizer, param_groups
+from bertpretrain.runtime.sharding import FlatShard
+from bertpretrain.training.optimizer import Lamb, build_optimizer, param_groups
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -268,7 +270,7 @@ GROUP_INDICES = [[0, 1], [2, 3]]
 
 
 def _flat_partitions(
-    group: list[torch.Tensor], ranks: int, padding: int
+    group: Sequence[torch.Tensor], ranks: int, padding: int
 ) -> tuple[list[torch.Tensor], list[FlatShard]]:
     """The group's tensors end to end, ``padding`` zeros after, cut into ``ranks`` equal
     partitions as ZeRO-1/2 cuts them: each partition and its layout, rank by rank."""
@@ -304,11 +306,15 @@ class ThreadAllReduce:
 
 @pytest.mark.parametrize("grad_scale", [0.01, 100.0], ids=["unclipped", "clipped"])
 @pytest.mark.parametrize("use_nvlamb", [False, True])
-def test_sharded_lamb_equals_whole_lamb(grad_scale: float, use_nvlamb: bool) -> None:
+@pytest.mark.parametrize("group_by_group", [False, True], ids=["together", "group-by-group"])
+def test_sharded_lamb_equals_whole_lamb(grad_scale: float, use_nvlamb: bool, group_by_group: bool) -> None:
     """3 ranks, each holding one flat partition per group (tensors cut mid-way, padding at the
     end), step to the same parameters as LAMB on whole tensors: the global clipping norm and the
-    per-tensor trust ratios are over whole tensors."""
-    ranks, steps, hyper = 3, 3, {"lr": 0.05, "max_grad_norm": 1.0, "use_nvlamb": use_nvlamb}
+    per-tensor trust ratios are over whole tensors. ``group_by_group``: as DeepSpeed ZeRO steps,
+    one group at a time (the optimizer's ``param_groups`` that group alone, the others without
+    gradients), given the global gradient norm it computed first."""
+    ranks, steps = 3, 3
+    hyper: dict[str, Any] = {"lr": 0.05, "max_grad_norm": 1.0, "use_nvlamb": use_nvlamb}
     whole = make_params(0)
     reference = Lamb(groups_of(whole), **hyper)
     generator = torch.Generator().manual_seed(5)
@@ -333,12 +339,30 @@ def test_sharded_lamb_equals_whole_lamb(grad_scale: float, use_nvlamb: bool) -> 
                 [{"params": [params[0]], "weight_decay": 0.01}, {"params": [params[1]], "weight_decay": 0.0}],
                 **hyper,
             )
-            optimizer.shard([laid_out[g][1][rank] for g in range(2)], lambda t: all_reduce(rank, t))
+            norm = torch.zeros(())
+            optimizer.shard(
+                [laid_out[g][1][rank] for g in range(2)],
+                lambda t: all_reduce(rank, t),
+                (lambda: norm) if group_by_group else None,
+            )
             for step in grads:
-                for g, indices in enumerate(GROUP_INDICES):
-                    grad_flat, _ = _flat_partitions([step[i] for i in indices], ranks, paddings[g])
-                    params[g].grad = grad_flat[rank]
-                optimizer.step()
+                grads_flat = [
+                    _flat_partitions([step[i] for i in indices], ranks, paddings[g])[0][rank]
+                    for g, indices in enumerate(GROUP_INDICES)
+                ]
+                if not group_by_group:
+                    for param, grad in zip(params, grads_flat, strict=True):
+                        param.grad = grad
+                    optimizer.step()
+                    continue
+                norm = torch.linalg.vector_norm(torch.cat([g.reshape(-1) for g in step]))
+                groups = optimizer.param_groups
+                for g, group in enumerate(groups):
+                    params[g].grad = grads_flat[g]
+                    optimizer.param_groups = [group]
+                    optimizer.step()
+                    params[g].grad = None
+                optimizer.param_groups = groups
             partitions[rank] = [p.detach() for p in params]
         except BaseException as error:
             errors.append(error)

@@ -2,16 +2,21 @@
 see them (in the manner of gpauloski/llm-pytorch's ``engine``).
 
 The device and the data parallelism (alone, DDP under torchrun, Horovod under mpirun or
-horovodrun) come from :func:`bertpretrain.runtime.parallel.join`; gradients are averaged over ranks once
-per optimizer step, on the last micro-batch of each gradient accumulation. What is minimised, and
-what is counted besides, is the training loop's: it passes the engine a :data:`Statistics`
-function, so that the runtime depends on neither the model's loss nor the training metrics.
+horovodrun, DeepSpeed ZeRO under either) come from :func:`bertpretrain.runtime.parallel.join`; gradients
+are averaged over ranks once per optimizer step, on the last micro-batch of each gradient accumulation.
+Under DeepSpeed, precision, loss scaling and gradient clipping are DeepSpeed's (its config's
+``fp16``/``bf16`` sections and ``gradient_clipping``), not the engine's autocast and gradient scaler.
+
+What is minimised, and what is counted besides, is the training loop's: it passes the engine a
+:data:`Statistics` function, so that the runtime depends on neither the model's loss nor the
+training metrics.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -55,14 +60,17 @@ class Engine:
         self.world = parallel.world
         self.hardware = parallel.device
         self.device = parallel.device.device
-        self.autocast_dtype = _AUTOCAST_DTYPES.get(precision)
+        # DeepSpeed casts the model itself (fp16/bf16 parameters, fp32 master copies in ZeRO).
+        self.autocast_dtype = None if parallel.owns_step else _AUTOCAST_DTYPES.get(precision)
         if self.device.type == "cpu" and precision != "fp32" and not _cpu_has_native(precision):
             warnings.warn(
                 f"{precision} autocast on a CPU without {_NATIVE_INSTRUCTIONS[precision]} is emulated "
                 f"and many times slower than fp32; consider precision fp32",
                 stacklevel=2,
             )
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=precision == "fp16")
+        self.scaler = torch.amp.GradScaler(
+            self.device.type, enabled=precision == "fp16" and not parallel.owns_step
+        )
         self._micro_batches = 0
 
     @property
@@ -98,11 +106,16 @@ class Engine:
         return self.module
 
     def wrap_optimizer(
-        self, optimizer: torch.optim.Optimizer, accumulation_steps: int
+        self,
+        optimizer: torch.optim.Optimizer,
+        accumulation_steps: int,
+        config: Mapping[str, Any] | None = None,
     ) -> torch.optim.Optimizer:
         """The optimizer to build the schedule on and to :meth:`attach` (Horovod's
-        ``DistributedOptimizer`` under mpirun/horovodrun, ``optimizer`` itself otherwise)."""
-        return self.parallel.wrap_optimizer(optimizer, self.module, accumulation_steps)
+        ``DistributedOptimizer`` under mpirun/horovodrun, DeepSpeed's ZeRO optimizer behind
+        :class:`bertpretrain.runtime.parallel.deepspeed.ZeroOptimizer` with DeepSpeed, ``optimizer`` itself
+        otherwise). ``config``: DeepSpeed's config for the phase, used under DeepSpeed only."""
+        return self.parallel.wrap_optimizer(optimizer, self.module, accumulation_steps, config)
 
     def attach(
         self,
@@ -111,10 +124,16 @@ class Engine:
         clip_grad_norm: float | None,
     ) -> None:
         """Set the optimizer and schedule; ``clip_grad_norm`` clips the global gradient norm before
-        each step (None when the optimizer clips, as LAMB does)."""
+        each step (None when the optimizer clips, as LAMB does; ignored under DeepSpeed, which clips
+        to its config's ``gradient_clipping``)."""
         self.optimizer = optimizer
         self.scheduler = scheduler
-        self.clip_grad_norm = clip_grad_norm
+        self.clip_grad_norm = None if self.parallel.owns_step else clip_grad_norm
+
+    def gather_optimizer_state(self) -> None:
+        """Collect the optimizer state on rank 0 for a checkpoint, where ranks hold parts of it
+        (DeepSpeed ZeRO); a collective, before rank 0 calls ``optimizer.state_dict()``."""
+        self.parallel.gather_optimizer_state(self.optimizer)
 
     def broadcast_state(self) -> None:
         """Give every rank rank 0's parameters and optimizer state (at the start, and after a
@@ -149,7 +168,7 @@ class Engine:
         batch = {name: tensor.to(self.device, non_blocking=True) for name, tensor in batch.items()}
         with self.parallel.accumulate(self.wrapped, sync):
             stats = self._statistics(self.forward_module, batch)
-            self.scaler.scale(stats[0] / accumulation_steps).backward()
+            self.parallel.backward(stats[0], accumulation_steps, self.scaler)
         self.hardware.mark_step()
         return stats.detach()
 
@@ -183,7 +202,9 @@ class Engine:
         self.scheduler.step()
         # torch's default sets the gradients to None; Horovod's optimizer takes no argument.
         self.optimizer.zero_grad()
-        return lr, self.scaler.is_enabled() and self.scaler.get_scale() < scale
+        return lr, (
+            self.scaler.is_enabled() and self.scaler.get_scale() < scale
+        ) or self.parallel.step_skipped()
 
     def sum_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
         """The element-wise sum of ``values`` over all ranks (a collective: every rank calls it)."""

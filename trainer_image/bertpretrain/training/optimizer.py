@@ -21,13 +21,13 @@ ranks in one all-reduce per group, so the clipping and trust ratios are those of
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from bertjob_api.spec import OptimizerSpec
+from bertpretrain.runtime.sharding import AllReduce, FlatShard
 
 ParamGroups = list[dict[str, Any]]
 
@@ -48,35 +48,6 @@ def param_groups(model: nn.Module, weight_decay: float) -> ParamGroups:
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-
-
-@dataclass(frozen=True)
-class FlatShard:
-    """Which whole tensor each element of one flat partition belongs to.
-
-    ``tensor_ids``: int64, shape ``[partition numel]``, on the partition's device; element ``j``
-    of the partition is part of tensor ``tensor_ids[j]`` (0 to ``tensors - 1``, the same numbering
-    on every rank), or ``tensors`` where it is padding. ``tensors``: how many tensors the group's
-    flat buffer holds over all ranks.
-    """
-
-    tensor_ids: torch.Tensor
-    tensors: int
-
-    def sums_of_squares(self, values: torch.Tensor) -> torch.Tensor:
-        """fp32 ``[tensors]``: for each whole tensor, the sum of squares of its elements in
-        ``values`` (this partition's, shape ``[partition numel]``); padding left out."""
-        sums = torch.zeros(self.tensors + 1, dtype=torch.float32, device=values.device)
-        sums.index_add_(0, self.tensor_ids, values.float().square())
-        return sums[: self.tensors]
-
-    def spread(self, per_tensor: torch.Tensor) -> torch.Tensor:
-        """``per_tensor`` (``[tensors]``) laid over the partition: ``[partition numel]``, padding 1."""
-        return torch.cat([per_tensor, per_tensor.new_ones(1)])[self.tensor_ids]
-
-
-AllReduce = Callable[[torch.Tensor], torch.Tensor]
-"""The element-wise sum of a tensor over the ranks that share the optimizer (a collective)."""
 
 
 class Lamb(torch.optim.Optimizer):
@@ -130,13 +101,26 @@ class Lamb(torch.optim.Optimizer):
             "bias_correction": bias_correction,
         }
         super().__init__(params, defaults)
-        self._shards: list[FlatShard] | None = None
+        # Sharded: each flat partition's layout, by the partition's identity (DeepSpeed steps one
+        # group at a time, handing the optimizer a list of that group alone).
+        self._shards: dict[int, FlatShard] | None = None
         self._all_reduce: AllReduce | None = None
+        self._global_grad_norm: Callable[[], torch.Tensor] | None = None
 
-    def shard(self, shards: list[FlatShard], all_reduce: AllReduce) -> None:
+    def shard(
+        self,
+        shards: list[FlatShard],
+        all_reduce: AllReduce,
+        global_grad_norm: Callable[[], torch.Tensor | float] | None = None,
+    ) -> None:
         """Say that each group now holds one flat partition of its tensors, laid out as
         ``shards[group]`` says, the other partitions on the other ranks; the norms are then summed
         over the ranks with ``all_reduce`` (every rank must step together).
+
+        ``global_grad_norm``: the L2 norm of all gradients of all ranks, where the caller steps
+        the groups one at a time and only the stepped group's gradients exist (DeepSpeed ZeRO
+        computes it before its first group, over every rank's partitions); without it, the norm
+        is computed from the gradients present, which must then be every group's.
 
         Raises:
             ValueError: not one shard per group, or a group that is not one flat tensor of the
@@ -152,7 +136,14 @@ class Lamb(torch.optim.Optimizer):
                     f"parameter group {index}: expected one flat partition of "
                     f"{layout.tensor_ids.numel()} elements, got tensors of shapes {shapes}"
                 )
-        self._shards, self._all_reduce = shards, all_reduce
+        pairs = zip(self.param_groups, shards, strict=True)
+        self._shards = {id(group["params"][0]): layout for group, layout in pairs}
+        self._all_reduce = all_reduce
+        if global_grad_norm is not None:
+            self._global_grad_norm = lambda: torch.as_tensor(global_grad_norm(), dtype=torch.float32)
+
+    def _layout(self, group: dict[str, Any]) -> FlatShard | None:
+        return None if self._shards is None else self._shards[id(group["params"][0])]
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
@@ -161,30 +152,37 @@ class Lamb(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
-        if not grads:
+        groups = [group for group in self.param_groups if any(p.grad is not None for p in group["params"])]
+        if not groups:
             return loss
         # Clip by dividing (not multiplying by a clamped factor) to round exactly as FusedLAMB.
-        clip_divisor = torch.clamp(self._global_norm(grads) / self.param_groups[0]["max_grad_norm"], min=1.0)
-        for index, group in enumerate(self.param_groups):
-            self._update_group(group, clip_divisor, None if self._shards is None else self._shards[index])
+        clip_divisor = torch.clamp(self._global_norm(groups) / self.param_groups[0]["max_grad_norm"], min=1.0)
+        for group in groups:
+            self._update_group(group, clip_divisor, self._layout(group))
         return loss
 
-    def _global_norm(self, grads: list[torch.Tensor]) -> torch.Tensor:
+    def _global_norm(self, groups: list[dict[str, Any]]) -> torch.Tensor:
+        grads = [p.grad for group in groups for p in group["params"] if p.grad is not None]
         if self._shards is None:
             return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        if self._global_grad_norm is not None:
+            return self._global_grad_norm().to(grads[0].device)
         assert self._all_reduce is not None
-        squares = torch.stack(
-            [layout.sums_of_squares(g).sum() for layout, g in zip(self._shards, grads, strict=True)]
-        )
-        return self._all_reduce(squares.sum()).sqrt()
+        squares = [
+            layout.sums_of_squares(group["params"][0].grad).sum()
+            for group in groups
+            if (layout := self._layout(group)) is not None
+        ]
+        return self._all_reduce(torch.stack(squares).sum()).sqrt()
 
     def _norms(
-        self, layout: FlatShard | None, params: list[torch.Tensor], updates: list[torch.Tensor]
+        self, layout: FlatShard | None, params: Sequence[torch.Tensor], updates: Sequence[torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Each whole tensor's ``||p||`` and ``||update||``, ``[tensors]`` each."""
         if layout is None:
-            return torch.stack(torch._foreach_norm(params)), torch.stack(torch._foreach_norm(updates))
+            return torch.stack(torch._foreach_norm(list(params))), torch.stack(
+                torch._foreach_norm(list(updates))
+            )
         assert self._all_reduce is not None
         squares = torch.stack([layout.sums_of_squares(params[0]), layout.sums_of_squares(updates[0])])
         param_norms, update_norms = self._all_reduce(squares).sqrt().unbind()

@@ -1,18 +1,23 @@
 """Data parallelism behind one small interface: the same training loop runs alone, under
-torchrun with ``torch.distributed`` DDP (:mod:`.ddp`), or under mpirun/horovodrun with Horovod
-(:mod:`.hvd`). :func:`join` picks the one the launcher calls for (:mod:`bertpretrain.runtime.world`) and
-sets up this rank's device (:mod:`bertpretrain.runtime.devices`).
+torchrun with ``torch.distributed`` DDP (:mod:`.ddp`), under mpirun/horovodrun with Horovod
+(:mod:`.hvd`), or, with ``spec.distributed.deepspeed``, under torchrun or mpirun with DeepSpeed ZeRO
+(:mod:`.deepspeed`). :func:`join` picks the one the job and its launcher call for
+(:mod:`bertpretrain.runtime.world`) and sets up this rank's device (:mod:`bertpretrain.runtime.devices`).
 
 Per optimizer step the engine calls, in order: ``accumulate(model, sync)`` around each
-micro-batch's forward and backward (gradients are averaged over ranks once, on the last one),
+micro-batch's forward and ``backward`` (gradients are averaged over ranks once, on the last one),
 ``gradients_ready(optimizer)`` before it reads the gradients (unscaling, clipping), then the step
-inside ``stepping(optimizer)``.
+inside ``stepping(optimizer)``, and ``step_skipped()``. DDP, Horovod and one process leave precision,
+clipping and the loss scale to the engine (:class:`EngineSteps`); DeepSpeed does them itself
+(``owns_step``), in its ``backward`` and in the step of the optimizer its ``wrap_optimizer`` returns.
+Before rank 0 writes a checkpoint, every rank calls ``gather_optimizer_state`` (ZeRO's optimizer
+state is sharded over the ranks).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
 import torch
@@ -32,6 +37,9 @@ class DataParallel(Protocol):
     device: Device
     description: str
     """For the log: the library and its backend or controller."""
+    owns_step: bool
+    """Whether the library does mixed precision, loss scaling and gradient clipping itself (the
+    engine then runs fp32 code without autocast, scaler or clipping of its own)."""
 
     def run(self, job: Callable[[], T]) -> T:
         """``job()``; under elastic Horovod, run again from the start (where it resumes from its
@@ -43,14 +51,34 @@ class DataParallel(Protocol):
         ...
 
     def wrap_optimizer(
-        self, optimizer: torch.optim.Optimizer, model: nn.Module, accumulation_steps: int
+        self,
+        optimizer: torch.optim.Optimizer,
+        model: nn.Module,
+        accumulation_steps: int,
+        config: Mapping[str, Any] | None = None,
     ) -> torch.optim.Optimizer:
         """The optimizer to step; build the schedule on it. ``accumulation_steps`` backward passes
-        make one optimizer step."""
+        make one optimizer step. ``config``: the library's own configuration for this phase
+        (DeepSpeed's, :func:`bertjob_api.deepspeed.phase_config`), where it takes one."""
         ...
 
     def accumulate(self, model: nn.Module, sync: bool) -> contextlib.AbstractContextManager[Any]:
         """Around one micro-batch of the wrapped ``model``: ``sync`` on the last of a step."""
+        ...
+
+    def backward(self, loss: torch.Tensor, accumulation_steps: int, scaler: torch.amp.GradScaler) -> None:
+        """Back-propagate one micro-batch's ``loss`` (a scalar, the micro-batch's mean), weighted
+        ``1 / accumulation_steps`` and scaled by ``scaler`` (or by the library's own loss scale)."""
+        ...
+
+    def step_skipped(self) -> bool:
+        """Whether the library skipped the optimizer step just taken (an fp16 overflow in its own
+        loss scaling); False where the engine's gradient scaler decides."""
+        ...
+
+    def gather_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
+        """Collect on rank 0 what ``optimizer.state_dict()`` must hold there for a checkpoint, where
+        the ranks hold parts of it (a collective: every rank calls it before rank 0 saves)."""
         ...
 
     def gradients_ready(self, optimizer: torch.optim.Optimizer) -> None:
@@ -87,7 +115,23 @@ class DataParallel(Protocol):
         ...
 
 
-class Alone:
+class EngineSteps:
+    """The engine's own precision and step: torch autocast, ``GradScaler`` and clipping (DDP,
+    Horovod, one process); the optimizer state is whole on every rank."""
+
+    owns_step = False
+
+    def backward(self, loss: torch.Tensor, accumulation_steps: int, scaler: torch.amp.GradScaler) -> None:
+        scaler.scale(loss / accumulation_steps).backward()
+
+    def step_skipped(self) -> bool:
+        return False
+
+    def gather_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
+        return None
+
+
+class Alone(EngineSteps):
     """One process: no wrapper, no collective."""
 
     description = "one process"
@@ -103,7 +147,11 @@ class Alone:
         return model
 
     def wrap_optimizer(
-        self, optimizer: torch.optim.Optimizer, model: nn.Module, accumulation_steps: int
+        self,
+        optimizer: torch.optim.Optimizer,
+        model: nn.Module,
+        accumulation_steps: int,
+        config: Mapping[str, Any] | None = None,
     ) -> torch.optim.Optimizer:
         return optimizer
 
@@ -137,18 +185,25 @@ class Alone:
 
 def join(accelerator: Accelerator, tf32: bool = True, spec: DistributedSpec | None = None) -> DataParallel:
     """Set up this rank's device for ``spec.accelerator`` and join the job's process group in the
-    way its launcher calls for: Horovod under mpirun or horovodrun, ``torch.distributed``
-    otherwise, nothing for one process. ``spec``: ``spec.distributed`` (default: its defaults).
+    way the job and its launcher call for: DeepSpeed (over ``torch.distributed``) under torchrun or
+    mpirun when ``spec.deepspeed`` is set and more than one process trains, else Horovod under mpirun
+    or horovodrun, ``torch.distributed`` otherwise, nothing for one process (also with DeepSpeed:
+    one rank has nothing to shard). ``spec``: ``spec.distributed`` (default: its defaults).
 
     Raises:
         RuntimeError: see :func:`bertpretrain.runtime.devices.open_device`; mpirun/horovodrun without
-            Horovod installed; a rendezvous that failed within ``spec.timeout_seconds``.
+            Horovod installed; a rendezvous that failed within ``spec.timeout_seconds``; DeepSpeed
+            under mpirun without ``MASTER_ADDR``/``MASTER_PORT``, or not installed.
         ValueError: bad launcher variables (:func:`bertpretrain.runtime.world.detect_world`), or bf16
             gradient compression under Horovod, which has no bf16 compressor.
     """
     spec = spec or DistributedSpec()
     world = detect_world()
     device = open_device(accelerator, world, tf32)
+    if spec.deepspeed is not None and world.distributed:
+        from bertpretrain.runtime.parallel.deepspeed import DeepSpeedParallel
+
+        return DeepSpeedParallel(world, device, spec)
     if world.uses_horovod:
         from bertpretrain.runtime.parallel.hvd import HorovodParallel
 

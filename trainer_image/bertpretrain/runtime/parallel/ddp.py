@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import torch
@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from bertjob_api.spec import DistributedSpec
 from bertpretrain.runtime.devices import Device
+from bertpretrain.runtime.parallel import EngineSteps
 from bertpretrain.runtime.world import World
 
 T = TypeVar("T")
@@ -30,7 +31,7 @@ _COMPRESSION_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_
 _PREPARATION_TIMEOUT = datetime.timedelta(days=7)
 
 
-class TorchDistributed:
+class TorchDistributed(EngineSteps):
     """:class:`bertpretrain.runtime.parallel.DataParallel` over ``torch.distributed``.
 
     Joins the process group from torchrun's ``MASTER_ADDR``/``MASTER_PORT`` (``env://``) on the
@@ -68,7 +69,11 @@ class TorchDistributed:
         return wrapped
 
     def wrap_optimizer(
-        self, optimizer: torch.optim.Optimizer, model: nn.Module, accumulation_steps: int
+        self,
+        optimizer: torch.optim.Optimizer,
+        model: nn.Module,
+        accumulation_steps: int,
+        config: Mapping[str, Any] | None = None,
     ) -> torch.optim.Optimizer:
         return optimizer
 

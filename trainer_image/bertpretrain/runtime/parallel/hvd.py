@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib.metadata import version
 from typing import Any, TypeVar
 
@@ -27,12 +27,13 @@ from torch import nn
 
 from bertjob_api.spec import DistributedSpec
 from bertpretrain.runtime.devices import Device
+from bertpretrain.runtime.parallel import EngineSteps
 from bertpretrain.runtime.world import World
 
 T = TypeVar("T")
 
 
-class HorovodParallel:
+class HorovodParallel(EngineSteps):
     """:class:`bertpretrain.runtime.parallel.DataParallel` over Horovod (``horovod.torch``).
 
     ``spec.timeout_seconds`` bounds Horovod's Gloo rendezvous (``HOROVOD_GLOO_TIMEOUT_SECONDS``,
@@ -104,7 +105,11 @@ class HorovodParallel:
         return model
 
     def wrap_optimizer(
-        self, optimizer: torch.optim.Optimizer, model: nn.Module, accumulation_steps: int
+        self,
+        optimizer: torch.optim.Optimizer,
+        model: nn.Module,
+        accumulation_steps: int,
+        config: Mapping[str, Any] | None = None,
     ) -> torch.optim.Optimizer:
         return self.hvd.DistributedOptimizer(
             optimizer,

@@ -1,0 +1,96 @@
+"""DeepSpeed ZeRO on CPU with 2 processes under torchrun, in one run of
+tests/bertpretrain/runtime/deepspeed_worker.py (DeepSpeed's import and set-up are slow):
+
+- ZeRO-1 and ZeRO-2, with AdamW and with LAMB, reach the parameters that 1 process reaches with
+  2 gradient accumulation steps (fp32; LAMB's clipping and trust ratios over the shards are those
+  of whole tensors), and every rank holds the same parameters;
+- a run checkpointed through the trainer's checkpoint functions (every rank's optimizer shard in
+  rank 0's file) and rebuilt from the file in a fresh engine ends bitwise where the uninterrupted
+  run ended;
+- the file refuses to load into a world of another size, naming both sizes.
+
+The first run on a machine compiles DeepSpeed's shared-memory all-reduce for CPU (a few minutes
+on 2 cores; then cached under ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (the 'deepspeed' extra)")
+
+WORKER = Path(__file__).with_name("deepspeed_worker.py")
+ROOT = Path(__file__).parents[3]
+CASES = ["lamb-2", "adamw-1", "lamb-1", "adamw-2"]
+# As tests/bertpretrain/runtime/test_data_parallel.py: fp32 sums in another order.
+TOLERANCE = 1e-5
+
+pytestmark = pytest.mark.slow
+
+
+def _run(command: list[str], out: Path, accumulation_steps: int, cases: list[str]) -> str:
+    out.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [*command, str(WORKER), str(out), str(accumulation_steps), *cases],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        check=False,
+    )
+    output = result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, output
+    return output
+
+
+def _weights(out: Path, case: str, rank: int) -> dict[str, torch.Tensor]:
+    weights: dict[str, torch.Tensor] = torch.load(out / f"{case}-rank{rank}.pt")
+    return weights
+
+
+def _largest_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max(float((a[name] - b[name]).abs().max()) for name in a)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The reference (1 process, 2 accumulation steps) and the DeepSpeed run (2 processes)."""
+    one = tmp_path_factory.mktemp("one") / "out"
+    _run([sys.executable], one, 2, ["lamb-1", "adamw-1"])
+    two = tmp_path_factory.mktemp("two") / "out"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    _run(torchrun, two, 1, [CASES[0], "resume", *CASES[1:]])
+    return one, two
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_zero_matches_one_process_with_accumulation(runs: tuple[Path, Path], case: str) -> None:
+    one, two = runs
+    assert "DeepSpeed 0." in (two / "world0.txt").read_text()
+    reference = _weights(one, f"{case.split('-')[0]}-1", 0)
+    ranks = [_weights(two, case, rank) for rank in range(2)]
+    assert _largest_difference(ranks[0], ranks[1]) == 0.0
+    assert _largest_difference(reference, ranks[0]) < TOLERANCE
+    start = _weights(one, "lamb-1", 0)  # it trained: the parameters moved far beyond the tolerance
+    assert _largest_difference(ranks[0], {k: torch.zeros_like(v) for k, v in start.items()}) > 0
+    assert _largest_difference(_weights(one, "adamw-1", 0), _weights(one, "lamb-1", 0)) > 100 * TOLERANCE
+
+
+def test_zero_checkpoint_resumes_bitwise(runs: tuple[Path, Path]) -> None:
+    _, two = runs
+    for rank in range(2):
+        assert _largest_difference(_weights(two, CASES[0], rank), _weights(two, "resumed", rank)) == 0.0
+
+
+def test_zero_checkpoint_refuses_another_world_size(runs: tuple[Path, Path]) -> None:
+    _, two = runs
+    for rank in range(2):
+        message = (two / f"other-world-rank{rank}.txt").read_text()
+        assert "sharded over 3 ranks, but 2 train now; resume with 3 ranks" in message

@@ -1,0 +1,292 @@
+"""DeepSpeed ZeRO data parallelism (``spec.distributed.deepspeed``), under torchrun (PyTorchJob) or
+mpirun (MPIJob).
+
+The process group is joined as for DDP (:class:`bertpretrain.runtime.parallel.ddp.TorchDistributed`,
+``env://``), and ``deepspeed.initialize`` then finds it open. Under mpirun the rank and world come
+from Open MPI's variables (:mod:`bertpretrain.runtime.world`), not from DeepSpeed's MPI discovery
+(which needs mpi4py): they are copied to ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` for DeepSpeed, and
+``MASTER_ADDR``/``MASTER_PORT`` must come from the launcher (the MPIJob's mpirun forwards them,
+naming the first Worker).
+
+``deepspeed.initialize(model, optimizer, config)`` takes the job's optimizer (LAMB or AdamW) as
+ZeRO's client optimizer: ZeRO-1 and ZeRO-2 flatten each parameter group and hand each rank one flat
+fp32 partition of it, with the optimizer state for that partition only (ZeRO-2 keeps only that
+partition's gradients too). AdamW is element-wise, so it steps a partition as it would the whole;
+LAMB is not (a global gradient norm and per-tensor trust ratios), so it is told where each tensor
+lies in its partition (:meth:`bertpretrain.training.optimizer.Lamb.shard`) and sums the norms over
+the ranks; DeepSpeed's own ``gradient_clipping`` is 0 for it (:func:`bertjob_api.deepspeed.job_keys`).
+
+Each micro-batch runs DeepSpeed's ``backward`` (which divides the loss by the accumulation steps
+and applies the fp16 loss scale) and its ``step`` (which only counts, except on the last
+micro-batch of a step, where it clips, steps the optimizer and zeroes the gradients).
+
+Checkpoints stay one file written by rank 0: before it saves, every rank sends its partition's
+optimizer state and fp32 master weights to rank 0 (:meth:`DeepSpeedParallel.gather_optimizer_state`),
+and the file holds them rank by rank; on resume each rank takes its own back, which restores the
+run bitwise. The model weights in the file are whole (ZeRO-1/2 keep every parameter on every
+rank), so export and phase 2 read it as any other checkpoint. A resume with another world size
+is refused (:class:`ZeroOptimizer`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping
+from importlib.metadata import version
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from bertjob_api.spec import Accelerator, DistributedSpec
+from bertpretrain.runtime.devices import Device
+from bertpretrain.runtime.parallel.ddp import TorchDistributed
+from bertpretrain.runtime.sharding import FlatShard
+from bertpretrain.runtime.world import World
+
+# DeepSpeed's accelerator for each of ours; without it DeepSpeed guesses from what is installed.
+DS_ACCELERATORS: dict[Accelerator, str] = {"xeon-cpu": "cpu", "nvidia-gpu": "cuda", "habana-hpu": "hpu"}
+SUPPORTED_STAGES = (1, 2)
+
+
+class DeepSpeedParallel(TorchDistributed):
+    """:class:`bertpretrain.runtime.parallel.DataParallel` through DeepSpeed ZeRO stage
+    ``spec.deepspeed.zeroStage`` (1 or 2).
+
+    Raises:
+        RuntimeError: under mpirun without ``MASTER_ADDR`` and ``MASTER_PORT``; DeepSpeed not
+            installed; a ZeRO stage this trainer does not run.
+    """
+
+    owns_step = True
+
+    def __init__(self, world: World, device: Device, spec: DistributedSpec):
+        assert spec.deepspeed is not None
+        if spec.deepspeed.zero_stage not in SUPPORTED_STAGES:
+            raise RuntimeError(
+                f"spec.distributed.deepspeed.zeroStage {spec.deepspeed.zero_stage}: this trainer runs "
+                f"ZeRO stages {' and '.join(map(str, SUPPORTED_STAGES))}"
+            )
+        _launcher_variables(world)
+        os.environ.setdefault("DS_ACCELERATOR", DS_ACCELERATORS[device.accelerator])
+        super().__init__(world, device, spec)
+        self.zero_stage = spec.deepspeed.zero_stage
+        try:
+            ds_version = version("deepspeed")
+        except Exception:
+            raise RuntimeError(
+                "spec.distributed.deepspeed is set but DeepSpeed is not installed in the trainer image "
+                "(pip extra 'deepspeed')"
+            ) from None
+        self.description = f"DeepSpeed {ds_version} ZeRO stage {self.zero_stage} ({dist.get_backend()})"
+        self.engine: Any = None
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        # DeepSpeed's engine is made with the optimizer (wrap_optimizer); ZeRO-1/2 leave the module
+        # itself to run forward through (their hooks sit on its parameters).
+        return model
+
+    def wrap_optimizer(
+        self,
+        optimizer: torch.optim.Optimizer,
+        model: nn.Module,
+        accumulation_steps: int,
+        config: Mapping[str, Any] | None = None,
+    ) -> torch.optim.Optimizer:
+        """``deepspeed.initialize`` with ``optimizer`` as ZeRO's client optimizer; returns a
+        :class:`ZeroOptimizer` to step and to build the schedule on.
+
+        Raises:
+            ValueError: no ``config``, or one whose accumulation steps are not ``accumulation_steps``.
+        """
+        if config is None:
+            raise ValueError("DeepSpeed needs its config (bertjob_api.deepspeed.phase_config)")
+        if config.get("gradient_accumulation_steps") != accumulation_steps:
+            raise ValueError(
+                f"DeepSpeed config has gradient_accumulation_steps "
+                f"{config.get('gradient_accumulation_steps')}, the phase {accumulation_steps}"
+            )
+        import deepspeed
+
+        self.engine, zero, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, config=dict(config), dist_init_required=False
+        )
+        shard = getattr(optimizer, "shard", None)
+        if shard is not None:  # not element-wise (LAMB): it must see whole tensors' norms
+            # ZeRO steps the groups one at a time, each group's gradients made just before; the
+            # global norm over all of them is the one ZeRO computed first (over all ranks,
+            # unscaled; zero_optimization.compute_grad_norm, which the job keeps on).
+            shard(flat_shards(zero, self.world.rank), _all_reduce_sum, lambda: zero._global_grad_norm)
+        return ZeroOptimizer(self, zero, optimizer)
+
+    def accumulate(self, model: nn.Module, sync: bool) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()  # DeepSpeed counts the micro-batches itself.
+
+    def backward(self, loss: torch.Tensor, accumulation_steps: int, scaler: torch.amp.GradScaler) -> None:
+        self.engine.backward(loss)  # divides by the accumulation steps, scales fp16
+        if not self.engine.is_gradient_accumulation_boundary():
+            self.engine.step()  # only counts the micro-batch; the last one's is the optimizer step
+
+    def step_skipped(self) -> bool:
+        return not self.engine.was_step_applied()
+
+    def broadcast_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        # deepspeed.initialize broadcast rank 0's parameters; every rank loads its own part of a
+        # resumed checkpoint's optimizer state from the same file.
+        return None
+
+    def gather_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
+        assert isinstance(optimizer, ZeroOptimizer)
+        shard = optimizer.local_state()
+        shards: list[object] | None = [None] * self.world.world_size if self.world.rank == 0 else None
+        dist.gather_object(shard, shards, dst=0, group=self._objects)
+        optimizer.gathered = shards
+
+
+def _launcher_variables(world: World) -> None:
+    """Give DeepSpeed (and ``env://``) the world under mpirun in torchrun's variables."""
+    if world.launched_by != "mpirun":
+        return
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+    if missing:
+        raise RuntimeError(
+            f"DeepSpeed under mpirun joins through torch.distributed and needs {' and '.join(missing)} "
+            f"(rank 0's host and a free port), forwarded by mpirun (-x)"
+        )
+    os.environ.setdefault("RANK", str(world.rank))
+    os.environ.setdefault("WORLD_SIZE", str(world.world_size))
+    os.environ.setdefault("LOCAL_RANK", str(world.local_rank))
+    os.environ.setdefault("LOCAL_WORLD_SIZE", str(world.local_world_size))
+
+
+def _all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
+    values = values.clone()
+    dist.all_reduce(values, op=dist.ReduceOp.SUM)
+    return values
+
+
+def flat_shards(zero: Any, rank: int) -> list[FlatShard]:
+    """Where each parameter lies in this rank's flat fp32 partition of each group, read from
+    DeepSpeed's ZeRO-1/2 optimizer (``deepspeed/runtime/zero/stage_1_and_2.py``): the group's
+    parameters in ``round_robin_bit16_groups`` order, at ``round_robin_bit16_offsets`` in the
+    flat buffer, which is cut into partitions of ``partition_size`` elements, rank ``r``'s
+    starting at ``r * partition_size``; padding fills the end."""
+    shards = []
+    for group, (partition, offsets) in enumerate(
+        zip(zero.single_partition_of_fp32_groups, zero.round_robin_bit16_offsets, strict=True)
+    ):
+        tensors = zero.round_robin_bit16_groups[group]
+        size = int(zero.partition_size[group])
+        assert partition.numel() == size, (partition.numel(), size)
+        start = rank * size
+        ids = torch.full((size,), len(tensors), dtype=torch.long)
+        for index, (tensor, offset) in enumerate(zip(tensors, offsets, strict=True)):
+            low, high = max(offset, start), min(offset + tensor.numel(), start + size)
+            if low < high:
+                ids[low - start : high - start] = index
+        shards.append(FlatShard(ids.to(partition.device), len(tensors)))
+    return shards
+
+
+class ZeroOptimizer(torch.optim.Optimizer):
+    """The optimizer the engine steps under DeepSpeed: ``step`` is DeepSpeed's engine step (clip,
+    client optimizer step on this rank's partition, all-gather of the updated parameters, zero
+    the gradients); ``param_groups`` are the client optimizer's, so that the schedule sets its
+    learning rate.
+
+    ``state_dict`` (rank 0, after :meth:`DeepSpeedParallel.gather_optimizer_state`) holds every
+    rank's partition state: ``{"zero": {"stage", "world_size", "ranks": [per rank: "optimizer" (the
+    client's state dict), "fp32" (the fp32 master partitions, one per group), "loss_scale"]}}``,
+    all tensors and plain values (``torch.load(weights_only=True)`` reads it).
+    """
+
+    def __init__(self, parallel: DeepSpeedParallel, zero: Any, client: torch.optim.Optimizer):
+        # Not Optimizer.__init__: the parameters are the client's (the schedule only needs an
+        # Optimizer with param_groups).
+        self.parallel = parallel
+        self.zero = zero
+        self.client = client
+        self.defaults = client.defaults
+        self.gathered: list[object] | None = None
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        return self.client.param_groups
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        return self.client.state
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        """DeepSpeed's optimizer step (the last micro-batch's ``engine.step()``)."""
+        self.parallel.engine.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        return None  # DeepSpeed zeroed them in its step.
+
+    def local_state(self) -> dict[str, Any]:
+        """This rank's part of the state, tensors on the CPU."""
+        scaler = self.zero.loss_scaler
+        loss_scale = {
+            name: value for name, value in vars(scaler).items() if isinstance(value, bool | int | float)
+        }
+        return _to_cpu(
+            {
+                "optimizer": self.client.state_dict(),
+                "fp32": [p.detach() for p in self.zero.single_partition_of_fp32_groups],
+                "loss_scale": loss_scale,
+            }
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every rank's state (rank 0 only, after the gather).
+
+        Raises:
+            RuntimeError: before :meth:`DeepSpeedParallel.gather_optimizer_state`, or on another rank.
+        """
+        if self.gathered is None:
+            raise RuntimeError("ZeRO optimizer state: gather_optimizer_state first, and on rank 0")
+        ranks, self.gathered = self.gathered, None
+        return {"zero": {"stage": self.parallel.zero_stage, "world_size": len(ranks), "ranks": ranks}}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Take this rank's part of a :meth:`state_dict`. Stages 1 and 2 partition alike and load
+        each other's.
+
+        Raises:
+            ValueError: a state not written under ZeRO, or by another number of ranks.
+        """
+        zero = state_dict.get("zero")
+        if not isinstance(zero, Mapping):
+            raise ValueError(
+                "the checkpoint's optimizer state was written without DeepSpeed ZeRO; resume it with "
+                "the engine that wrote it, or start the phase again"
+            )
+        world_size = self.parallel.world.world_size
+        if zero["world_size"] != world_size:
+            raise ValueError(
+                f"the checkpoint's ZeRO optimizer state is sharded over {zero['world_size']} ranks, but "
+                f"{world_size} train now; resume with {zero['world_size']} ranks"
+            )
+        mine = zero["ranks"][self.parallel.world.rank]
+        self.client.load_state_dict(mine["optimizer"])
+        for current, saved in zip(self.zero.single_partition_of_fp32_groups, mine["fp32"], strict=True):
+            current.data.copy_(saved)
+        for name, value in mine["loss_scale"].items():
+            setattr(self.zero.loss_scaler, name, value)
+        # The model's bit16 weights came from the checkpoint's model state; the fp32 partitions
+        # now hold the master copies, so the parameters equal what the run had when it saved.
+        if hasattr(self.zero, "_link_all_hp_params"):
+            self.zero._link_all_hp_params()
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().clone()
+    if isinstance(value, dict):
+        return {key: _to_cpu(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_to_cpu(item) for item in value)
+    return value
