@@ -16,6 +16,8 @@ from typing import Any
 from bertjob_api.spec import JobSpec
 
 FIELD = "spec.distributed.deepspeed.config"
+# The ZeRO stages the trainer runs: 1 (optimizer state) and 2 (and gradients) sharded.
+TRAINED_STAGES = (1, 2)
 
 # Keys that follow from the phases: a value in the user's config would hold for one phase at most.
 _PER_PHASE_KEYS = {
@@ -37,7 +39,8 @@ def job_keys(spec: JobSpec) -> dict[str, Any]:
     ``gradient_clipping`` is the job's ``maxGradNorm`` for AdamW and 0 for LAMB, which clips
     inside its step (over all ranks' gradients, see ``bertpretrain.training.optimizer``).
     ``zero_allow_untested_optimizer`` is true for LAMB: DeepSpeed lets ZeRO shard only the
-    optimizers it lists, and the trainer's LAMB computes its norms over the shards itself.
+    optimizers it lists, and the trainer's LAMB computes its norms over the shards itself; it
+    clips by the global gradient norm ZeRO computes, hence ``zero_optimization.compute_grad_norm``.
     """
     assert spec.distributed.deepspeed is not None
     keys: dict[str, Any] = {
@@ -48,6 +51,8 @@ def job_keys(spec: JobSpec) -> dict[str, Any]:
     }
     if spec.optimizer.name == "lamb":
         keys["zero_allow_untested_optimizer"] = True
+        # LAMB clips by the global gradient norm ZeRO computes before it steps the groups.
+        keys["zero_optimization"]["compute_grad_norm"] = True
     return keys
 
 

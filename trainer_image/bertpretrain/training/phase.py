@@ -22,11 +22,13 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from bertjob_api import deepspeed
 from bertjob_api.plan import PhasePlan, Plan
 from bertjob_api.spec import JobSpec, PhaseSpec
 from bertpretrain.common.batch import Batch
@@ -225,7 +227,9 @@ def _build(of: Phase, engine: Engine, log: TrainingLog) -> _Run:
     torch.manual_seed(_seed(spec.seed, index, engine.rank + 1))
 
     optimizer = engine.wrap_optimizer(
-        build_optimizer(model, spec.optimizer, phase.learning_rate), phase.accumulation_steps
+        build_optimizer(model, spec.optimizer, phase.learning_rate),
+        phase.accumulation_steps,
+        _deepspeed_config(spec, phase, engine.world_size),
     )
     scheduler = build_schedule(
         optimizer, spec.optimizer.schedule, phase.steps, written.warmup_proportion, spec.optimizer.poly_power
@@ -387,9 +391,18 @@ def _evaluation_owed(run: _Run) -> bool:
     return run.engine.any_rank(run.engine.is_main and owed)
 
 
+def _deepspeed_config(spec: JobSpec, phase: PhasePlan, world_size: int) -> dict[str, Any] | None:
+    """The phase's DeepSpeed config, with ``spec.distributed.deepspeed``."""
+    if spec.distributed.deepspeed is None:
+        return None
+    return deepspeed.phase_config(spec, phase.micro_batch_size, phase.accumulation_steps, world_size)
+
+
 def _save(run: _Run, step: int) -> Path:
-    """Write the checkpoint of ``step`` on rank 0, with every rank's RNG states (collective)."""
+    """Write the checkpoint of ``step`` on rank 0, with every rank's RNG states and, under ZeRO,
+    optimizer state (collective)."""
     rng = run.engine.gather(rng_states())
+    run.engine.gather_optimizer_state()
     path = checkpoint_path(run.root, run.index, step)
     if run.engine.is_main:
         save_checkpoint(
