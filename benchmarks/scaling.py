@@ -2,6 +2,7 @@
 
     python benchmarks/scaling.py                          # bert-tiny, seq 128, micro-batch 32, torchrun
     python benchmarks/scaling.py --launcher horovodrun    # the same under horovodrun --gloo
+    python benchmarks/scaling.py --launcher deepspeed --zero-stage 2   # torchrun, DeepSpeed ZeRO-2
     python benchmarks/scaling.py --accelerator nvidia-gpu # also single-GPU figures (needs CUDA)
 
 Weak scaling: every process runs the same micro-batch (no gradient accumulation), and the gradients
@@ -14,6 +15,10 @@ second of wall time, after warm-up steps). The scaling efficiency is seq/s(2) / 
 with the cores fixed, 0.5 means 2 processes train as fast as 1. A third run, 1 process on half
 the cores, gives the per-process efficiency seq/s(2) / (2 x that rate): what the all-reduce and
 two processes sharing one machine cost (on one machine, with no network).
+
+Every run also reports the optimizer state one rank holds (rank 0, after the last step): LAMB's
+two moments, and under DeepSpeed ZeRO (``--launcher deepspeed``) the fp32 master partition ZeRO
+keeps beside them; 1 process holds the moments of every parameter, each of 2 ZeRO ranks about half.
 
 With CUDA (``--accelerator nvidia-gpu``, the default where CUDA is available) it also prints one
 GPU's rate in this process for fp32 without TF32, TF32 and bf16 autocast (and with
@@ -34,13 +39,14 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from throughput import VOCAB_SIZE, synthetic_rows
 
 from bertjob_api.defaults import MODEL_PRESETS
-from bertjob_api.spec import OptimizerSpec, Precision
+from bertjob_api.spec import DistributedSpec, OptimizerSpec, Precision
 from bertpretrain.data.loader import to_batch
 from bertpretrain.model.bert import BertConfig, BertForPreTraining
 from bertpretrain.runtime.engine import Engine
@@ -65,6 +71,36 @@ def predictions_for(seq_length: int) -> int:
     return PREDICTIONS.get(seq_length, max(1, round(0.15 * seq_length)))
 
 
+def deepspeed_config(zero_stage: int, micro_batch: int, world_size: int) -> dict[str, Any]:
+    """DeepSpeed's config for one micro-batch per step with LAMB in fp32: what
+    :func:`bertjob_api.deepspeed.phase_config` makes for such a job."""
+    return {
+        "train_batch_size": micro_batch * world_size,
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": zero_stage, "compute_grad_norm": True},
+        "fp16": {"enabled": False},
+        "bf16": {"enabled": False},
+        "gradient_clipping": 0.0,
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 2**31 - 1,
+    }
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes of optimizer state this rank holds: ``moments`` (the optimizer's per-parameter
+    state tensors) and, under ZeRO, ``master`` (its fp32 partition of the parameters)."""
+    moments = sum(
+        value.numel() * value.element_size()
+        for state in optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor)
+    )
+    zero = getattr(optimizer, "zero", None)
+    master = sum(p.numel() * p.element_size() for p in zero.single_partition_of_fp32_groups) if zero else 0
+    return {"moments": moments, "master": master}
+
+
 def train_rate(
     engine: Engine,
     preset: str,
@@ -73,18 +109,22 @@ def train_rate(
     steps: int,
     warmup: int,
     compile: bool = False,
+    zero_stage: int | None = None,
+    memory: dict[str, int] | None = None,
 ) -> float:
     """Sequences/s of the whole job (all ranks) over ``steps`` optimizer steps after ``warmup``.
 
     Builds the preset's model (vocabulary 30528), LAMB and the poly schedule on ``engine``, gives
     every rank rank 0's weights, then runs one micro-batch per step, so gradients are averaged
     over ranks every step. The clock starts and stops at a barrier, and on a GPU after a
-    synchronize; a collective: every rank calls it.
+    synchronize; a collective: every rank calls it. ``zero_stage``: under DeepSpeed, its ZeRO
+    stage. ``memory``: filled with :func:`optimizer_state_bytes` after the last step.
     """
     model = engine.prepare(
         BertForPreTraining(BertConfig.from_dims(MODEL_PRESETS[preset], VOCAB_SIZE)), compile=compile
     )
-    optimizer = engine.wrap_optimizer(build_optimizer(model, OptimizerSpec(), lr=1e-3), accumulation_steps=1)
+    config = deepspeed_config(zero_stage, micro_batch, engine.world_size) if zero_stage else None
+    optimizer = engine.wrap_optimizer(build_optimizer(model, OptimizerSpec(), lr=1e-3), 1, config)
     engine.attach(optimizer, poly_warmup_schedule(optimizer, steps + warmup, 0.1), clip_grad_norm=None)
     engine.broadcast_state()
     rng = np.random.default_rng(engine.rank)
@@ -104,15 +144,32 @@ def train_rate(
         engine.forward_backward(batch, accumulation_steps=1)
         engine.optimizer_step()
     elapsed = settle() - started
+    if memory is not None:
+        memory.update(optimizer_state_bytes(optimizer))
     return engine.world_size * micro_batch * steps / elapsed
 
 
 def worker(args: argparse.Namespace) -> int:
     """One rank of a CPU run (started alone, by torchrun or by horovodrun): rank 0 writes its
     rate, the world and the collectives to ``args.worker`` as JSON."""
-    parallel = join(args.scale_on)
+    distributed = DistributedSpec.model_validate(
+        {"deepspeed": {"zeroStage": args.zero_stage}} if args.launcher == "deepspeed" else {}
+    )
+    parallel = join(args.scale_on, spec=distributed)
     engine = Engine(parallel, "fp32", step_statistics)
-    rate = train_rate(engine, args.preset, args.seq_length, args.micro_batch, args.steps, args.warmup)
+    memory: dict[str, int] = {}
+    zero_stage = args.zero_stage if parallel.owns_step else None
+    rate = train_rate(
+        engine,
+        args.preset,
+        args.seq_length,
+        args.micro_batch,
+        args.steps,
+        args.warmup,
+        False,
+        zero_stage,
+        memory,
+    )
     if engine.is_main:
         Path(args.worker).write_text(
             json.dumps(
@@ -122,6 +179,7 @@ def worker(args: argparse.Namespace) -> int:
                     "threads": torch.get_num_threads(),
                     "collectives": parallel.description,
                     "placement": parallel.device.placement,
+                    "optimizer_state": memory,
                 }
             )
         )
@@ -154,10 +212,14 @@ def launch(processes: int, launcher: str, threads: int, args: argparse.Namespace
             str(args.steps),
             "--warmup",
             str(args.warmup),
+            "--launcher",
+            launcher if launcher != "none" else args.launcher,
+            "--zero-stage",
+            str(args.zero_stage),
         ]
         if processes == 1:
             command = [sys.executable, *script]
-        elif launcher == "torchrun":
+        elif launcher in ("torchrun", "deepspeed"):
             command = [
                 sys.executable,
                 "-m",
@@ -209,7 +271,13 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--micro-batch", type=int, default=32, help="sequences per process and step")
     parser.add_argument("--steps", type=int, default=20, help="timed optimizer steps")
     parser.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps first")
-    parser.add_argument("--launcher", default="torchrun", choices=["torchrun", "horovodrun"])
+    parser.add_argument(
+        "--launcher",
+        default="torchrun",
+        choices=["torchrun", "horovodrun", "deepspeed"],
+        help="deepspeed: torchrun with DeepSpeed ZeRO (--zero-stage) for the 2-process run",
+    )
+    parser.add_argument("--zero-stage", type=int, default=1, choices=[1, 2], help="with --launcher deepspeed")
     parser.add_argument(
         "--accelerator",
         choices=["xeon-cpu", "nvidia-gpu"],
@@ -252,13 +320,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"scaling.py: {processes} process(es) under {launcher} failed: {error}", file=sys.stderr)
             return 1
         runs.append((processes, launcher, report))
-    print("| processes | launcher | collectives | threads each | sequences/s (all ranks) | per process |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print(
+        "| processes | launcher | collectives | threads each | sequences/s (all ranks) | per process "
+        "| optimizer moments per rank | ZeRO fp32 master per rank |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for processes, launcher, report in runs:
         collectives = report["collectives"] if processes > 1 else "-"
+        state = report["optimizer_state"]
         print(
             f"| {processes} | {launcher} | {collectives} | {report['threads']} | {report['rate']:.1f} "
-            f"| {report['rate'] / processes:.1f} |"
+            f"| {report['rate'] / processes:.1f} | {state['moments'] / 2**20:.2f} MiB "
+            f"| {state['master'] / 2**20:.2f} MiB |"
         )
     alone, alone_half, pair = (report["rate"] for _, _, report in runs)
     print(

@@ -12,6 +12,11 @@ An elastic job (``spec.elastic``, horovodrun only) runs elastic Horovod: no host
 ``--host-discovery-script`` on the ``discover_hosts.sh`` that mpi-operator keeps listing the
 running Workers (one ``echo <host>`` each, without slots, hence ``--slots-per-host``), between
 ``--min-np`` and ``--max-np`` processes.
+
+With DeepSpeed (``spec.distributed.deepspeed``, mpirun only) the ranks join through
+``torch.distributed``, whose rendezvous needs rank 0's address: mpirun sets ``MASTER_ADDR`` to the
+first Worker's name in the hostfile (``<job>-worker-0.<job>.<namespace>.svc``, where mpirun starts
+rank 0) and ``MASTER_PORT`` to :data:`DEEPSPEED_MASTER_PORT` in every rank (``-x NAME=VALUE``).
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ TRAINER_COMMAND = ["python", "-m", TRAINER_MODULE, RUN_COMMAND, "--config", JOB_
 # Variables every rank needs from the Launcher: the job, for progress reports.
 FORWARDED_ENV = [NAME_ENV, NAMESPACE_ENV]
 ACCELERATOR_ENV: dict[Accelerator, list[str]] = {"habana-hpu": ["PT_HPU_LAZY_MODE"]}
+# The port of rank 0's torch.distributed store under DeepSpeed (torchrun's default).
+DEEPSPEED_MASTER_PORT = 29500
 # One process per socket, bound to it (components/xeon-cpu); mpirun's defaults elsewhere.
 MPIRUN_BINDING: dict[Accelerator, list[str]] = {"xeon-cpu": ["--map-by", "socket", "--bind-to", "socket"]}
 
@@ -58,7 +65,7 @@ class MPIJobLauncher:
                 "pod": pod_context(
                     spec, pods, container=LAUNCHER_CONTAINER, labels=pods.labels, trainer=False
                 ),
-                "container": {"command": launcher_command(spec)},
+                "container": {"command": launcher_command(spec, name, namespace)},
             },
             {
                 "name": "Worker",
@@ -84,9 +91,10 @@ class MPIJobLauncher:
         return dict(child["spec"][REPLICA_SPECS]["Worker"]["template"])
 
 
-def launcher_command(spec: JobSpec) -> list[str]:
+def launcher_command(spec: JobSpec, name: str = "", namespace: str = "") -> list[str]:
     """The Launcher's ``spec.mpi.command`` line: every rank of the world over the hostfile (or,
-    elastic, the Workers ``discover_hosts.sh`` finds), each running the trainer's ``run`` command."""
+    elastic, the Workers ``discover_hosts.sh`` finds), each running the trainer's ``run`` command.
+    ``name`` and ``namespace``: the MPIJob's, which name its first Worker for DeepSpeed's rendezvous."""
     world_size = str(spec.topology.world_size)
     if spec.elastic is not None:
         return [
@@ -99,6 +107,9 @@ def launcher_command(spec: JobSpec) -> list[str]:
         names += [str(env["name"]) for env in spec.pod.env if "name" in env]
         head += MPIRUN_BINDING.get(spec.accelerator, [])
         head += [arg for env_name in names for arg in ("-x", env_name)]
+        if spec.distributed.deepspeed is not None:
+            first_worker = f"{name}-worker-0.{name}.{namespace}.svc"
+            head += ["-x", f"MASTER_ADDR={first_worker}", "-x", f"MASTER_PORT={DEEPSPEED_MASTER_PORT}"]
     return [*head, *TRAINER_COMMAND]
 
 

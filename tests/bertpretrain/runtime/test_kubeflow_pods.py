@@ -279,3 +279,94 @@ def test_pytorchjob_without_elasticity_fails_fast_when_a_rank_dies(tmp_path: Pat
     # torchrun's summary names the rank that died and how.
     assert re.search(r"Signal 9 \(SIGKILL\) received by PID \d+", output), output[-4000:]
     assert not (tmp_path / "checkpoints" / "phase1" / "step_000300.pt").exists()
+
+
+def _checkpoint_equal(a: Path, b: Path) -> None:
+    """The model weights and every rank's ZeRO optimizer shard of two checkpoints are bitwise equal."""
+    import torch
+
+    first, second = (torch.load(path, weights_only=True) for path in (a, b))
+    for name, tensor in first["model"].items():
+        assert torch.equal(tensor, second["model"][name]), name
+    shards = [checkpoint["optimizer"]["zero"]["ranks"] for checkpoint in (first, second)]
+    assert len(shards[0]) == len(shards[1]) == 2
+    for mine, theirs in zip(*shards, strict=True):
+        for ours, other in zip(mine["fp32"], theirs["fp32"], strict=True):
+            assert torch.equal(ours, other)
+        for key, state in mine["optimizer"]["state"].items():
+            for name, value in state.items():
+                assert torch.equal(value, theirs["optimizer"]["state"][key][name]), (key, name)
+
+
+def test_pytorchjob_pod_trains_with_deepspeed_and_resumes_bitwise(tmp_path: Path, pods: Pods) -> None:
+    """One PyTorchJob pod of 2 ranks with ZeRO-2 and LAMB trains both phases and exports; then,
+    its last phase-1 checkpoint and everything after it removed, the job run again resumes from
+    step 20 and writes a step-30 checkpoint bitwise equal to the first run's."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (the 'deepspeed' extra)")
+    job, config = _job(
+        tmp_path,
+        topology={"nodes": 1, "processesPerNode": 2},
+        distributed={"deepspeed": {"zeroStage": 2}},
+    )
+    _pytorchjob_pods(pods, job, config)
+    codes = pods.wait(timeout=300)
+    output = pods.output()
+    assert codes == [0], output[-4000:]
+    assert re.search(r"DeepSpeed \d+\.\d+\.\d+ ZeRO stage 2", output), output[-4000:]
+    assert len(_mlm_losses(output)) == 6
+    checkpoints = tmp_path / "checkpoints"
+    assert (checkpoints / "hf" / "model.safetensors").exists()
+
+    first = tmp_path / "first_step_000030.pt"
+    shutil.move(checkpoints / "phase1" / "step_000030.pt", first)
+    shutil.rmtree(checkpoints / "phase2")
+    shutil.rmtree(checkpoints / "hf")
+    for log in tmp_path.glob("*.log"):
+        log.unlink()
+    rerun = Pods(tmp_path)
+    try:
+        _pytorchjob_pods(rerun, job, config)
+        codes = rerun.wait(timeout=300)
+    finally:
+        rerun.stop()
+    output = rerun.output()
+    assert codes == [0], output[-4000:]
+    assert "at step 20" in output, output[-4000:]
+    _checkpoint_equal(first, checkpoints / "phase1" / "step_000030.pt")
+    assert (checkpoints / "hf" / "model.safetensors").exists()
+
+
+def test_mpijob_mpirun_trains_with_deepspeed(tmp_path: Path, pods: Pods) -> None:
+    """The MPIJob Launcher's mpirun with DeepSpeed ZeRO-1 and AdamW: the ranks take their world
+    from Open MPI and meet at the MASTER_ADDR/MASTER_PORT mpirun gives them (the first Worker's
+    name in a real job; 127.0.0.1 here, as the hostfile's Workers are)."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (the 'deepspeed' extra)")
+    if shutil.which("mpirun") is None:
+        pytest.skip("Open MPI is not installed")
+    job, config = _job(
+        tmp_path,
+        launcher="mpijob",
+        topology={"nodes": 2, "processesPerNode": 1},
+        mpi={"command": "mpirun"},
+        optimizer={"name": "adamw"},
+        distributed={"deepspeed": {"zeroStage": 1}},
+    )
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(mpijob_hostfile(job))
+    launcher = _in_pod(mpijob_launcher_command(job, str(hostfile)), config)
+    assert "MASTER_ADDR=demo-worker-0.demo.default.svc" in launcher
+    local = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    launcher = [
+        f"{name}={local[name]}" if "=" in arg and (name := arg.split("=", 1)[0]) in local else arg
+        for arg in launcher
+    ]
+    pods.start("launcher", launcher, _pod_env({"BERTJOB_NAME": "demo", "BERTJOB_NAMESPACE": "default"}))
+    codes = pods.wait(timeout=300)
+    output = pods.output()
+    assert codes == [0], output[-4000:]
+    for rank in range(2):
+        assert f"world: started by mpirun, rank {rank} of 2" in output, output[-4000:]
+    assert re.search(r"DeepSpeed \d+\.\d+\.\d+ ZeRO stage 1", output), output[-4000:]
+    losses = _mlm_losses(output)
+    assert len(losses) == 6 and losses[-1] < losses[0], output
+    assert (tmp_path / "checkpoints" / "hf" / "model.safetensors").exists()
