@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, pre_tokenizers
 
 from bertjob_api.spec import SourceSpec
 from bertpretrain.data import corpus
@@ -26,6 +26,10 @@ AWKWARD = [
     ["\t"],
     ["Read the FILE.", "Plain ASCII, nothing else."],
     ["Control\x01characters\x7fare removed.", "Line\nbreak inside a sentence."],
+    # Python splits at these, BERT deletes them (the encoder's chunks must not split there); the
+    # encoder's own marks (\x00, \x01) standing alone; whitespace both agree on.
+    ["Split\x1cjoined\x1fand\x85here\x0cthen.", "a \x00 b \x01 c\x00d", "\u2028next\u00a0to\u3000that"],
+    ["\x00", "Ending."],
 ]
 
 
@@ -67,6 +71,25 @@ def test_encoder_gives_the_ids_of_sentence_by_sentence_encoding(
     assert as_lists(tokenized) == one_sentence_at_a_time(tokenizer, documents)
     assert tokenized.tokens.dtype == np.int32
     assert tokenized.num_documents == len(documents) - 1  # the blank document is dropped
+
+
+def test_encoder_reuses_its_chunk_table_across_calls(
+    tokenizer: Tokenizer, documents: list[list[str]]
+) -> None:
+    encoder = DocumentEncoder(tokenizer, seed=0, heldout_fraction=0.0)
+    first = as_lists(encoder.encode(documents[:60]))
+    # The second call finds most chunks in the table; its ids must be those of a fresh encoder.
+    assert as_lists(encoder.encode(documents)) == one_sentence_at_a_time(tokenizer, documents)
+    assert first == one_sentence_at_a_time(tokenizer, documents[:60])
+
+
+def test_encoder_without_bert_pre_tokenizer_encodes_whole_documents(
+    tokenizer: Tokenizer, documents: list[list[str]]
+) -> None:
+    other = Tokenizer.from_str(tokenizer.to_str())
+    other.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenized = DocumentEncoder(other, seed=0, heldout_fraction=0.0).encode(documents)
+    assert as_lists(tokenized) == one_sentence_at_a_time(other, documents)
     assert len(tokenized.text_bytes) == tokenized.num_documents and (tokenized.text_bytes > 0).all()
 
 

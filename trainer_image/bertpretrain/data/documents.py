@@ -7,13 +7,22 @@ tokenized by a worker and saved as ``piece_{i:06d}.npz`` (written to a temporary
 renamed), so that a re-run skips the pieces already made and both phases share one tokenization.
 
 Tokenization is BERT's (``bertpretrain.data.vocab``) and gives the same ids as encoding each sentence
-on its own, but runs several times faster:
+on its own, but runs many times faster. With BERT's normalizer and pre-tokenizer (which every
+vocabulary the data stage makes or imports has), a whitespace-separated chunk of text is tokenized
+on its own, whatever surrounds it: the normalizer works character by character and the
+pre-tokenizer splits at whitespace (and punctuation) first. So a piece's text is split at whitespace
+(``str.split``), each distinct chunk is looked up in a table kept by the worker, only chunks never seen
+before go to the tokenizer (one batched call per piece), and the piece's ids
+are gathered from the table with array operations. Natural text repeats its words, so the tokenizer
+sees a small fraction of the text. Two details keep this exact:
 
-* a whole document is encoded in one call, its sentences joined by a newline that the data
-  tokenizer knows as an added token, so the newline ids mark the sentence boundaries;
-* an ASCII document without control characters skips ``BertNormalizer``: for such text the
-  normalizer only lower-cases (uncased models) or does nothing (cased models), which Python's
-  ``str.lower`` does far faster. Any other document goes through the full normalizer.
+* the characters Python splits at but BERT's normalizer deletes (``\v``, ``\f``, ``\x1c``-``\x1f``,
+  ``\x85``: control characters to it) are deleted first, as BERT does;
+* sentence and document ends are marked by chunks of their own (``\x00`` and ``\x01``, which BERT
+  deletes too, so they are deleted from the text first) that map to no token.
+
+A tokenizer with another normalizer or pre-tokenizer encodes each document in one call instead,
+its sentences joined by a newline that the data tokenizer knows as an added token.
 
 Text that spells a special token (``"[MASK]"``) is split like any other text, as Google's
 tokenizer does, so ``[CLS]``/``[SEP]``/``[MASK]`` ids only ever come from instance creation.
@@ -22,6 +31,7 @@ tokenizer does, so ``[CLS]``/``[SEP]``/``[MASK]`` ids only ever come from instan
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import re
 from collections.abc import Sequence
@@ -29,13 +39,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from tokenizers import AddedToken, Tokenizer, models, normalizers
+from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
 
 from bertpretrain.data.vocab import has_lowercase
 
 _SENTENCE_BREAK = "\n"
-# What BertNormalizer removes (control characters) or rewrites; \t, \n and \r are whitespace to it.
-_NEEDS_NORMALIZER = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# Chunks of their own that end a sentence and a document; BERT deletes both characters.
+_SENTENCE_MARK = " \x00 "
+_DOCUMENT_MARK = " \x01 "
+_SENTENCE_INDEX, _DOCUMENT_INDEX = 0, 1
+# Deleted before splitting: the marks, and what str.split splits at but BertNormalizer deletes.
+_DELETED = re.compile("[\x00\x01\x0b\x0c\x1c-\x1f\x85]")
+# Distinct chunks a worker keeps (tens of bytes each) before it starts a new table.
+_MOST_CHUNKS = 2_000_000
+# New chunks per text sent to the tokenizer (a batch of such texts is one call).
+_CHUNKS_PER_TEXT = 1000
 
 
 @dataclass(frozen=True)
@@ -124,14 +142,16 @@ class DocumentEncoder:
         if not isinstance(tokenizer.model, models.WordPiece):
             raise ValueError(f"a {type(tokenizer.model).__name__} tokenizer, BERT needs WordPiece")
         self.lowercase = bool(has_lowercase(tokenizer))
-        # Only BertNormalizer (or none) is known to leave clean ASCII alone apart from lower-casing.
-        self._fast_path = tokenizer.normalizer is None or isinstance(
-            tokenizer.normalizer, normalizers.BertNormalizer
+        # The chunk table is exact for BERT's normalizer (deleting control characters) and
+        # pre-tokenizer (module docstring).
+        self._chunked = (
+            isinstance(tokenizer.normalizer, normalizers.BertNormalizer)
+            and bool(getattr(tokenizer.normalizer, "clean_text", False))
+            and isinstance(tokenizer.pre_tokenizer, pre_tokenizers.BertPreTokenizer)
         )
-        # Copies without the special tokens, so that "[MASK]" in the text is plain text.
+        # A copy without the special tokens, so that "[MASK]" in the text is plain text.
         self._full = _without_added_tokens(tokenizer)
-        self._fast = _without_added_tokens(tokenizer)
-        self._fast.normalizer = None
+        self._reset_table()
         self._break_id = self._full.token_to_id(_SENTENCE_BREAK)
         self._hash_key = seed.to_bytes(8, "little")
         self._heldout_threshold = int(heldout_fraction * 2**64)
@@ -142,55 +162,138 @@ class DocumentEncoder:
         Sentences without any token are dropped, then documents without any sentence, as
         Google's ``create_pretraining_data.py`` drops them.
         """
+        # The held-out draw and the byte counts are of each document's text, sentences on lines.
         texts = [_SENTENCE_BREAK.join(s.replace(_SENTENCE_BREAK, " ") for s in doc) for doc in documents]
-        fast = [
-            i
-            for i, text in enumerate(texts)
-            if self._fast_path and text.isascii() and not _NEEDS_NORMALIZER.search(text)
-        ]
-        full = sorted(set(range(len(texts))) - set(fast))
-        ids: list[list[int]] = [[] for _ in texts]
-        batches = (
-            (self._fast, fast, [texts[i].lower() if self.lowercase else texts[i] for i in fast]),
-            (self._full, full, [texts[i] for i in full]),
+        if self._chunked:
+            return self._encode_chunks(documents, texts)
+        return self._encode_documents(texts)
+
+    def _encode_chunks(self, documents: Sequence[Sequence[str]], texts: list[str]) -> TokenizedDocuments:
+        """The table-driven path (module docstring): split at whitespace, tokenize unseen chunks."""
+        text = _DOCUMENT_MARK.join(_SENTENCE_MARK.join(doc) + _SENTENCE_MARK for doc in documents)
+        if _DELETED.search(text):
+            cleaned = [[_DELETED.sub("", s) for s in doc] for doc in documents]
+            text = _DOCUMENT_MARK.join(_SENTENCE_MARK.join(doc) + _SENTENCE_MARK for doc in cleaned)
+        text += _DOCUMENT_MARK
+        if len(self._index) > _MOST_CHUNKS:
+            self._reset_table()
+        self._index.unseen = []
+        chunk_ids = np.fromiter(map(self._index.__getitem__, text.split()), np.int64)
+        if self._index.unseen:
+            self._add_chunks(self._index.unseen)
+        counts = self._counts[chunk_ids]
+        ends = np.cumsum(counts)
+        total = int(ends[-1]) if len(ends) else 0
+        # Token j of the piece is table token (start of its chunk) + (j - first token of its chunk).
+        shift = np.repeat(self._starts[chunk_ids] - (ends - counts), counts)
+        tokens = self._ids[shift + np.arange(total)]
+        marks = np.flatnonzero(chunk_ids <= _DOCUMENT_INDEX)
+        mark_ends = ends[marks]
+        is_sentence = chunk_ids[marks] == _SENTENCE_INDEX
+        lengths = np.diff(mark_ends, prepend=0)[is_sentence]
+        document_of = np.cumsum(~is_sentence)[is_sentence]
+        kept = lengths > 0
+        per_document = np.bincount(document_of[kept], minlength=len(texts))
+        kept_documents = per_document > 0
+        text_bytes, heldout = self._document_facts(texts)
+        return TokenizedDocuments(
+            tokens,
+            np.concatenate([[0], mark_ends[is_sentence][kept]]).astype(np.int64),
+            _starts(per_document[kept_documents]),
+            text_bytes[kept_documents],
+            heldout[kept_documents],
         )
-        for tokenizer, indices, batch in batches:
-            encodings = tokenizer.encode_batch_fast(batch, add_special_tokens=False) if batch else []
-            for i, encoding in zip(indices, encodings, strict=True):
-                ids[i] = encoding.ids
+
+    def _reset_table(self) -> None:
+        """An empty chunk table holding the two marks (which map to no token)."""
+        self._index = _ChunkIndex(
+            {_SENTENCE_MARK.strip(): _SENTENCE_INDEX, _DOCUMENT_MARK.strip(): _DOCUMENT_INDEX}
+        )
+        self._counts = np.zeros(2, np.int64)
+        self._starts = np.zeros(2, np.int64)
+        self._ids = np.zeros(0, np.int32)
+
+    def _add_chunks(self, chunks: list[str]) -> None:
+        """Tokenize ``chunks`` (new to the table, in index order) and add them.
+
+        The chunks go to the tokenizer as texts of ``_CHUNKS_PER_TEXT`` chunks, each chunk followed
+        by the sentence break (an added token, matched before normalization), in one batched call:
+        faster than as pre-tokenized words, and the breaks tell which ids belong to which chunk.
+        """
+        texts = [
+            _SENTENCE_BREAK.join(chunks[i : i + _CHUNKS_PER_TEXT]) + _SENTENCE_BREAK
+            for i in range(0, len(chunks), _CHUNKS_PER_TEXT)
+        ]
+        encodings = self._full.encode_batch_fast(texts, add_special_tokens=False)
+        ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), np.int32)
+        breaks = np.flatnonzero(ids == self._break_id)
+        counts = np.diff(breaks, prepend=-1) - 1
+        if len(counts) != len(chunks):
+            raise AssertionError(f"{len(chunks)} chunks gave {len(counts)} sentence breaks")
+        self._starts = np.concatenate([self._starts, len(self._ids) + _starts(counts)[:-1]])
+        self._counts = np.concatenate([self._counts, counts])
+        self._ids = np.concatenate([self._ids, ids[ids != self._break_id]])
+
+    def _document_facts(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """int64 [D] UTF-8 bytes and bool [D] held out, of each document's text."""
+        text_bytes = np.zeros(len(texts), np.int64)
+        heldout = np.zeros(len(texts), bool)
+        for d, text in enumerate(texts):
+            encoded = text.encode("utf-8", "surrogatepass")
+            text_bytes[d] = len(encoded)
+            digest = hashlib.blake2b(encoded, digest_size=8, key=self._hash_key).digest()
+            heldout[d] = int.from_bytes(digest, "little") < self._heldout_threshold
+        return text_bytes, heldout
+
+    def _encode_documents(self, texts: list[str]) -> TokenizedDocuments:
+        """A document per call, for tokenizers the table-driven path does not cover."""
+        ids = [
+            encoding.ids
+            for encoding in (self._full.encode_batch_fast(texts, add_special_tokens=False) if texts else [])
+        ]
         return self._to_arrays(texts, ids)
 
     def _to_arrays(self, texts: list[str], ids: list[list[int]]) -> TokenizedDocuments:
         tokens: list[np.ndarray] = []
         sentence_starts = [0]
         document_starts = [0]
-        text_bytes = []
-        heldout = []
+        keep = []
         position = 0
-        for text, document_ids in zip(texts, ids, strict=True):
+        for document_ids in ids:
             array = np.asarray(document_ids, dtype=np.int32)
             breaks = np.flatnonzero(array == self._break_id)
             starts = np.concatenate([[0], breaks + 1])
             ends = np.concatenate([breaks, [len(array)]])
-            keep = ends > starts
-            if not keep.any():
+            nonempty = ends > starts
+            keep.append(bool(nonempty.any()))
+            if not keep[-1]:
                 continue
-            lengths = (ends - starts)[keep]
+            lengths = (ends - starts)[nonempty]
             tokens.append(array[array != self._break_id])
             sentence_starts.extend((position + np.cumsum(lengths)).tolist())
             position += int(lengths.sum())
             document_starts.append(len(sentence_starts) - 1)
-            encoded = text.encode("utf-8", "surrogatepass")
-            text_bytes.append(len(encoded))
-            digest = hashlib.blake2b(encoded, digest_size=8, key=self._hash_key).digest()
-            heldout.append(int.from_bytes(digest, "little") < self._heldout_threshold)
+        text_bytes, heldout = self._document_facts(texts)
+        kept = np.asarray(keep, dtype=bool)
         return TokenizedDocuments(
             np.concatenate(tokens) if tokens else np.zeros(0, np.int32),
             np.asarray(sentence_starts, dtype=np.int64),
             np.asarray(document_starts, dtype=np.int64),
-            np.asarray(text_bytes, dtype=np.int64),
-            np.asarray(heldout, dtype=bool),
+            text_bytes[kept] if len(texts) else np.zeros(0, np.int64),
+            heldout[kept] if len(texts) else np.zeros(0, bool),
         )
+
+
+class _ChunkIndex(dict[str, int]):
+    """Chunk -> row of the chunk table; a chunk not yet there gets the next row and is listed in
+    ``unseen`` (``dict.__getitem__`` calls ``__missing__``, so ``map`` over it runs at C speed)."""
+
+    unseen: list[str]
+
+    def __missing__(self, chunk: str) -> int:
+        index = self[chunk] = len(self)
+        self.unseen.append(chunk)
+        return index
 
 
 def _without_added_tokens(tokenizer: Tokenizer) -> Tokenizer:

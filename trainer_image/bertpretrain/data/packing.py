@@ -69,7 +69,6 @@ import bisect
 from typing import Literal, get_args
 
 import numpy as np
-from scipy.optimize import nnls
 
 Algorithm = Literal["spfhp", "nnlshp"]
 
@@ -374,6 +373,8 @@ def _nnls_plan(
     histogram: np.ndarray, max_seq_length: int, max_sequences_per_pack: int
 ) -> list[tuple[Strategy, int]]:
     """NNLSHP proper: the strategies NNLS picks, rounded, then SPFHP on the sequences left."""
+    # Imported here: scipy costs a third of a second to import, and only this packing needs it.
+
     depth = min(max_sequences_per_pack, NNLS_DEPTH)
     strategies = _filling_strategies(histogram > 0, max_seq_length, depth)
     if not len(strategies):
@@ -414,6 +415,9 @@ def _strategy_repeats(strategies: np.ndarray, histogram: np.ndarray, max_seq_len
     ones to the columns in use, and repeat until no column would help. The objective falls
     strictly each round, so no working set comes back and the loop ends.
     """
+    # Imported here: scipy takes a third of a second to import, and only this packing needs it.
+    import scipy.optimize
+
     weights = np.arange(max_seq_length + 1) / max_seq_length
     weights[0] = 0.0  # the empty slots of short strategies
     used = np.flatnonzero(histogram)
@@ -439,7 +443,7 @@ def _strategy_repeats(strategies: np.ndarray, histogram: np.ndarray, max_seq_len
             real = column > 0
             np.add.at(matrix, (row[column[real]], np.flatnonzero(real)), weights[column[real]])
         try:
-            solution, _ = nnls(matrix, target, maxiter=50 * len(used))
+            solution, _ = scipy.optimize.nnls(matrix, target, maxiter=50 * len(used))
         except RuntimeError:  # out of iterations: keep the last solution, rounding copes with any x
             break
         repeats[:] = 0.0
