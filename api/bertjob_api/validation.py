@@ -96,6 +96,11 @@ def _deepspeed_problems(spec: JobSpec) -> list[tuple[str, str]]:
             "set zeroStage 1 or 2"
         )
         found.append(("spec.distributed.deepspeed.zeroStage", f"{stage} {reason}"))
+    if spec.accelerator == "xeon-cpu" and spec.precision == "fp16":
+        # DeepSpeed's CPU accelerator refuses fp16 ("Type fp16 is not supported on your device").
+        found.append(
+            ("spec.precision", "fp16 under DeepSpeed needs a GPU or HPU; on xeon-cpu use bf16 or fp32")
+        )
     if spec.distributed.gradient_compression != "none":
         found.append(
             (

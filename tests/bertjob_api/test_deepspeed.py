@@ -155,6 +155,7 @@ def test_merged_lays_the_job_over_the_user(
             "spec.mpi.command",
             "DeepSpeed runs under mpirun",
         ),
+        ({"accelerator": "xeon-cpu", "precision": "fp16"}, "spec.precision", "on xeon-cpu use bf16 or fp32"),
     ],
 )
 def test_what_deepspeed_cannot_run_is_refused(changes: dict[str, Any], field: str, message: str) -> None:
