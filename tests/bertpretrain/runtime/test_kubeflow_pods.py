@@ -4,7 +4,9 @@ Kubeflow operators give their pods (:mod:`kubeflow_env`), every pod on 127.0.0.1
 - PyTorchJob: one pod running two ranks, and a Master and a Worker pod with one rank each;
 - MPIJob: the Launcher's horovodrun (or mpirun) over a hostfile of localhost slots;
 - elastic PyTorchJob: a rank killed mid-run is restarted, and the job resumes from its last
-  checkpoint; without elasticity the job fails fast and says which rank died.
+  checkpoint; without elasticity the job fails fast and says which rank died;
+- DeepSpeed ZeRO: a PyTorchJob pod of 2 ranks (ZeRO-2, LAMB) that resumes bitwise, and the MPIJob
+  Launcher's mpirun (ZeRO-1, AdamW) with the rendezvous address the launcher forwards.
 """
 
 from __future__ import annotations

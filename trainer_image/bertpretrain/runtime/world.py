@@ -13,6 +13,10 @@ Every launcher the two Kubeflow jobs use describes the world in its own environm
 
 torchrun's ranks talk through ``torch.distributed`` (DDP); mpirun's and horovodrun's through
 Horovod, which finds its peers itself, so an MPIJob needs no rank wrapper or ``MASTER_ADDR``.
+With DeepSpeed (``spec.distributed.deepspeed``) every launcher's ranks talk through
+``torch.distributed``: under mpirun the rank and world still come from Open MPI's variables here,
+and the rendezvous address from ``MASTER_ADDR``/``MASTER_PORT``, which the MPIJob's mpirun sets
+(:mod:`bertpretrain.runtime.parallel.deepspeed`).
 """
 
 from __future__ import annotations
