@@ -4,7 +4,8 @@ has nothing to shard).
 
     python deepspeed_worker.py OUT_DIR ACCUMULATION_STEPS CASE [CASE ...]
 
-A case is ``<optimizer>-<zero stage>`` (``adamw-1``, ``lamb-2``, ...): train as
+A case is ``<optimizer>-<zero stage>[x<factor>]`` (``adamw-1``, ``lamb-2x2``, ...; the factor
+multiplies ACCUMULATION_STEPS for that case): train as
 tests/bertpretrain/runtime/data_parallel_worker.py does (optimizer step ``s`` on the synthetic
 micro-batches that 1 process with 2 accumulation steps sees), save the parameters to
 ``OUT_DIR/<case>-rank<r>.pt``. With ``resume`` among the cases, the first case is also checkpointed
@@ -115,19 +116,27 @@ def save(engine: Engine, bert: BertForPreTraining, root: Path, step: int) -> Pat
     return path
 
 
-def main(out: Path, accumulation_steps: int, cases: list[str]) -> None:
+def parse_case(case: str, accumulation_steps: int) -> tuple[str, int, int]:
+    """``<optimizer>-<stage>[x<factor>]``: the optimizer, the ZeRO stage, and the accumulation steps
+    (``accumulation_steps`` times the factor)."""
+    name, rest = case.split("-")
+    stage, _, factor = rest.partition("x")
+    return name, int(stage), accumulation_steps * int(factor or 1)
+
+
+def main(out: Path, base_accumulation_steps: int, cases: list[str]) -> None:
     torch.set_num_threads(1)
     resume = "resume" in cases
     cases = [case for case in cases if case != "resume"]
-    first = cases[0].split("-")
-    parallel = join("xeon-cpu", spec=job_spec(first[0], int(first[1])).distributed)
+    first = parse_case(cases[0], base_accumulation_steps)
+    parallel = join("xeon-cpu", spec=job_spec(first[0], first[1]).distributed)
     world = parallel.world
     (out / f"world{world.rank}.txt").write_text(f"{world.describe()}; {parallel.description}")
     for number, case in enumerate(cases):
-        name, stage = case.split("-")
-        spec = job_spec(name, int(stage))
+        name, stage, accumulation_steps = parse_case(case, base_accumulation_steps)
+        spec = job_spec(name, stage)
         if parallel.owns_step:
-            parallel.zero_stage = int(stage)  # type: ignore[attr-defined]
+            parallel.zero_stage = stage  # type: ignore[attr-defined]
         if resume and number == 0:
             engine, bert = train(parallel, spec, accumulation_steps, range(CHECKPOINT_STEP))
             checkpoint = save(engine, bert, out / "checkpoints", CHECKPOINT_STEP)
