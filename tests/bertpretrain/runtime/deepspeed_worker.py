@@ -44,9 +44,10 @@ def job_spec(optimizer: str, zero_stage: int) -> JobSpec:
     spec = document["spec"]
     spec |= {"accelerator": "xeon-cpu", "precision": "fp32"}
     spec["optimizer"] = {"name": optimizer, "maxGradNorm": 0.05}  # small enough to clip
-    spec["distributed"] = {
-        "deepspeed": {"zeroStage": zero_stage, "config": {"zero_optimization": {"reduce_bucket_size": 5000}}}
-    }
+    # User keys passed through: small buckets (several reductions per step) and, at stage 2,
+    # DeepSpeed's round-robin order of the tensors in the flat buffer (LAMB's layout must follow it).
+    zero = {"reduce_bucket_size": 5000, "round_robin_gradients": zero_stage == 2}
+    spec["distributed"] = {"deepspeed": {"zeroStage": zero_stage, "config": {"zero_optimization": zero}}}
     return parse_job(document).spec
 
 
