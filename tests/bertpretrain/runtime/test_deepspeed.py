@@ -33,8 +33,6 @@ CASES = ["lamb-2", "adamw-1", "lamb-1", "adamw-2", "lamb-2x2", "adamw-1x2"]
 # As tests/bertpretrain/runtime/test_data_parallel.py: fp32 sums in another order.
 TOLERANCE = 1e-5
 
-pytestmark = pytest.mark.slow
-
 
 def _run(command: list[str], out: Path, accumulation_steps: int, cases: list[str]) -> str:
     out.mkdir()
@@ -72,6 +70,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return one, two
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_zero_matches_one_process_with_accumulation(runs: tuple[Path, Path], case: str) -> None:
     one, two = runs
@@ -88,14 +87,39 @@ def test_zero_matches_one_process_with_accumulation(runs: tuple[Path, Path], cas
     assert _largest_difference(_weights(one, "adamw-1", 0), _weights(one, "lamb-1", 0)) > 100 * TOLERANCE
 
 
+@pytest.mark.slow
 def test_zero_checkpoint_resumes_bitwise(runs: tuple[Path, Path]) -> None:
     _, two = runs
     for rank in range(2):
         assert _largest_difference(_weights(two, CASES[0], rank), _weights(two, "resumed", rank)) == 0.0
 
 
+@pytest.mark.slow
 def test_zero_checkpoint_refuses_another_world_size(runs: tuple[Path, Path]) -> None:
     _, two = runs
     for rank in range(2):
         message = (two / f"other-world-rank{rank}.txt").read_text()
         assert "sharded over 3 ranks, but 2 train now; resume with 3 ranks" in message
+
+
+def test_mpirun_without_a_rendezvous_address_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under mpirun, DeepSpeed's ranks meet through torch.distributed: without MASTER_ADDR and
+    MASTER_PORT (the MPIJob's mpirun forwards them) the trainer says so; with them, the world
+    from Open MPI's variables is handed on in torchrun's names."""
+    from bertpretrain.runtime.parallel.deepspeed import _launcher_variables
+    from bertpretrain.runtime.world import World
+
+    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    world = World("mpirun", rank=1, world_size=4, local_rank=1, local_world_size=2)
+    with pytest.raises(RuntimeError, match="needs MASTER_ADDR and MASTER_PORT"):
+        _launcher_variables(world)
+    monkeypatch.setenv("MASTER_ADDR", "demo-worker-0.demo.default.svc")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    _launcher_variables(world)
+    assert [os.environ[name] for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")] == [
+        "1",
+        "4",
+        "1",
+        "2",
+    ]

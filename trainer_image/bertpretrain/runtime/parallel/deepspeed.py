@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from bertjob_api.deepspeed import TRAINED_STAGES
 from bertjob_api.spec import Accelerator, DistributedSpec
 from bertpretrain.runtime.devices import Device
 from bertpretrain.runtime.parallel.ddp import TorchDistributed
@@ -48,7 +49,6 @@ from bertpretrain.runtime.world import World
 
 # DeepSpeed's accelerator for each of ours; without it DeepSpeed guesses from what is installed.
 DS_ACCELERATORS: dict[Accelerator, str] = {"xeon-cpu": "cpu", "nvidia-gpu": "cuda", "habana-hpu": "hpu"}
-SUPPORTED_STAGES = (1, 2)
 
 
 class DeepSpeedParallel(TorchDistributed):
@@ -64,10 +64,10 @@ class DeepSpeedParallel(TorchDistributed):
 
     def __init__(self, world: World, device: Device, spec: DistributedSpec):
         assert spec.deepspeed is not None
-        if spec.deepspeed.zero_stage not in SUPPORTED_STAGES:
+        if spec.deepspeed.zero_stage not in TRAINED_STAGES:
             raise RuntimeError(
                 f"spec.distributed.deepspeed.zeroStage {spec.deepspeed.zero_stage}: this trainer runs "
-                f"ZeRO stages {' and '.join(map(str, SUPPORTED_STAGES))}"
+                f"ZeRO stages {' and '.join(map(str, TRAINED_STAGES))}"
             )
         _launcher_variables(world)
         os.environ.setdefault("DS_ACCELERATOR", DS_ACCELERATORS[device.accelerator])
