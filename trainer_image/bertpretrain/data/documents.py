@@ -51,7 +51,7 @@ _SENTENCE_INDEX, _DOCUMENT_INDEX = 0, 1
 # Deleted before splitting: the marks, and what str.split splits at but BertNormalizer deletes.
 _DELETED = re.compile("[\x00\x01\x0b\x0c\x1c-\x1f\x85]")
 # Distinct chunks a worker keeps (tens of bytes each) before it starts a new table.
-_MOST_CHUNKS = 2_000_000
+_MOST_CHUNKS = 500_000
 # New chunks per text sent to the tokenizer (a batch of such texts is one call).
 _CHUNKS_PER_TEXT = 1000
 

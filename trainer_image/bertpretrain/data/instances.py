@@ -61,8 +61,9 @@ class InstanceParams:
 class Pairs:
     """Sentence pairs before masking, as spans of ``TokenizedDocuments.tokens``; N pairs.
 
-    Segment A is ``tokens[a_start:a_end]`` and B ``tokens[b_start:b_end]`` (int64 [N] each, after
-    truncation); ``is_random_next`` bool [N] is true when B does not follow A in the corpus.
+    Segment A is ``tokens[a_start:a_end]`` and B ``tokens[b_start:b_end]`` (int32 [N] each, int64 for a
+    shard of 2^31 tokens or more; after truncation); ``is_random_next`` bool [N] is true when B
+    does not follow A in the corpus.
     """
 
     a_start: np.ndarray
@@ -97,8 +98,10 @@ def create_pairs(documents: TokenizedDocuments, params: InstanceParams, rng: np.
     max_num_tokens = params.max_seq_length - 3
     if max_num_tokens < 2:
         raise ValueError(f"max_seq_length {params.max_seq_length} is too short for a sentence pair")
-    # Five int64 per pair, not a tuple of Python ints: a shard's pairs stay a few tens of MB.
-    spans = array.array("q")
+    # Five int32 per pair (int64 past 2^31 tokens), not a tuple of Python ints: a shard's pairs
+    # take 20 bytes each.
+    wide = len(documents.tokens) >= 2**31
+    spans = array.array("q" if wide else "i")
     uniform = random.Random(int(rng.integers(2**63))).random
     sentence_starts = documents.sentence_starts.tolist()
     document_starts = documents.document_starts.tolist()
@@ -113,10 +116,14 @@ def create_pairs(documents: TokenizedDocuments, params: InstanceParams, rng: np.
                 uniform,
                 spans.extend,
             )
-    a_start, a_end, b_start, b_end, random_next = np.frombuffer(spans, dtype=np.int64).reshape(-1, 5).T
-    a_start, a_end, b_start, b_end = _truncate(a_start, a_end, b_start, b_end, max_num_tokens, rng)
+    table = np.frombuffer(spans, dtype=np.int64 if wide else np.int32).reshape(-1, 5)
+    a_start, a_end, b_start, b_end = _truncate(
+        table[:, 0], table[:, 1], table[:, 2], table[:, 3], max_num_tokens, rng
+    )
+    random_next = table[:, 4].astype(bool)
+    del table, spans
     order = rng.permutation(len(a_start))
-    return Pairs(a_start[order], a_end[order], b_start[order], b_end[order], random_next[order].astype(bool))
+    return Pairs(a_start[order], a_end[order], b_start[order], b_end[order], random_next[order])
 
 
 def _document_pairs(
@@ -190,8 +197,8 @@ def _truncate(
     a_longer = length_a > length_b
     trim_a = np.where(a_longer, first, 0) + rest // 2
     trim_b = np.where(a_longer, 0, first) + rest - rest // 2
-    front_a = rng.binomial(trim_a, 0.5)
-    front_b = rng.binomial(trim_b, 0.5)
+    front_a = rng.binomial(trim_a, 0.5).astype(a_start.dtype)
+    front_b = rng.binomial(trim_b, 0.5).astype(a_start.dtype)
     return a_start + front_a, a_end - (trim_a - front_a), b_start + front_b, b_end - (trim_b - front_b)
 
 

@@ -73,10 +73,14 @@ def make_documents(
     )
     initializer = (_init_encoder, (tokenizer.to_str(), spec.seed, data.heldout_fraction))
     pieces: list[Piece] = []
-    with tqdm(desc="documents", unit="MB", unit_scale=True) as progress:
-        for piece in run_parallel(tasks, workers, initializer):
-            pieces.append(piece)
-            progress.update(round(sum(piece.text_bytes) / 1e6, 3))
+    try:
+        with tqdm(desc="documents", unit="MB", unit_scale=True) as progress:
+            for piece in run_parallel(tasks, workers, initializer):
+                pieces.append(piece)
+                progress.update(round(sum(piece.text_bytes) / 1e6, 3))
+    finally:
+        # With one worker the encoder (and its chunk table, tens of MB) lives in this process.
+        _release_encoder()
     totals = {
         name: sum(sum(getattr(p, name)) for p in pieces) for name in ("documents", "sentences", "tokens")
     }
@@ -120,6 +124,11 @@ def _init_encoder(tokenizer_json: str, seed: int, heldout_fraction: float) -> No
     global _encoder
     os.environ[TOKENIZERS_PARALLELISM] = "false"
     _encoder = documents.DocumentEncoder(Tokenizer.from_str(tokenizer_json), seed, heldout_fraction)
+
+
+def _release_encoder() -> None:
+    global _encoder
+    _encoder = None
 
 
 def _make_piece(path: Path, raw_documents: list[corpus.RawDocument]) -> Piece:

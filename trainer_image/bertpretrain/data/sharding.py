@@ -213,18 +213,21 @@ def _make_shard(task: ShardTask) -> dict[str, Any]:
     parameters = task.parameters
     params = InstanceParams(**{name: parameters[name] for name in InstanceParams.__dataclass_fields__})
     split_index = SPLITS.index(task.split)
-    # A shard may hold several units of one piece: read each piece once.
-    pieces = {
-        file: documents.load_piece(_shard_context["documents_dir"] / file)
-        for file in dict.fromkeys(unit.file for unit in task.units)
-    }
+    # A shard may hold several units of one piece: read each piece once (units are dealt in a
+    # random order, so only consecutive units of one piece share a read). Only the selected
+    # documents are kept, so memory holds the shard's documents and one piece.
     parts = []
+    piece_file, piece = None, None
     for unit in task.units:
-        piece = pieces[unit.file]
+        if unit.file != piece_file:
+            piece_file, piece = unit.file, documents.load_piece(_shard_context["documents_dir"] / unit.file)
+        assert piece is not None
         in_unit = np.zeros(piece.num_documents, bool)
         in_unit[unit.first : unit.last] = True
         parts.append(piece.select(in_unit & (piece.heldout == bool(split_index))))
+    del piece
     docs = documents.concatenate(parts)
+    del parts
     rng = np.random.default_rng(
         [parameters["seed"], params.max_seq_length, params.max_predictions_per_seq, split_index, task.index]
     )
