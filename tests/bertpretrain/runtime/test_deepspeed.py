@@ -36,7 +36,13 @@ TOLERANCE = 1e-5
 
 def _run(command: list[str], out: Path, accumulation_steps: int, cases: list[str]) -> str:
     out.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "DS_ACCELERATOR": "cpu",
+        "PYTHONPATH": str(ROOT),
+        "TORCH_EXTENSIONS_DIR": str(out.parent / "torch_extensions"),
+    }
     result = subprocess.run(
         [*command, str(WORKER), str(out), str(accumulation_steps), *cases],
         capture_output=True,
@@ -123,3 +129,11 @@ def test_mpirun_without_a_rendezvous_address_is_refused_by_name(monkeypatch: pyt
         "1",
         "2",
     ]
+
+
+@pytest.mark.slow
+def test_zero_builds_no_cpp_extension(runs: tuple[Path, Path]) -> None:
+    """DeepSpeed would compile its CPU shared-memory all-reduce (inference only) at the first start,
+    for minutes and with a compiler the image lacks; the trainer turns it off."""
+    for out in runs:
+        assert not (out.parent / "torch_extensions").exists()

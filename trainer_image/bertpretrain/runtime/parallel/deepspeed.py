@@ -48,6 +48,7 @@ from bertpretrain.runtime.sharding import FlatShard
 from bertpretrain.runtime.world import World
 
 # DeepSpeed's accelerator for each of ours; without it DeepSpeed guesses from what is installed.
+SHM_COMM_OP = "deepspeed_shm_comm"
 DS_ACCELERATORS: dict[Accelerator, str] = {"xeon-cpu": "cpu", "nvidia-gpu": "cuda", "habana-hpu": "hpu"}
 
 
@@ -109,7 +110,12 @@ class DeepSpeedParallel(TorchDistributed):
                 f"{config.get('gradient_accumulation_steps')}, the phase {accumulation_steps}"
             )
         import deepspeed
+        import deepspeed.ops
 
+        # DeepSpeed's shared-memory all-reduce for CPUs serves only inference_all_reduce, which
+        # training never calls; left compatible, it is compiled at the first start (minutes, and a
+        # C++ compiler the image does not have). Marking it incompatible keeps gloo's all-reduce.
+        deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
         self.engine, zero, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=dict(config), dist_init_required=False
         )
