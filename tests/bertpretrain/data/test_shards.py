@@ -9,7 +9,14 @@ import h5py
 import numpy as np
 import pytest
 
-from bertpretrain.data.shards import SHARD_DTYPES, read_attrs, read_shard, shard_shapes, write_shard
+from bertpretrain.data.shards import (
+    SHARD_DTYPES,
+    ShardWriter,
+    read_attrs,
+    read_shard,
+    shard_shapes,
+    write_shard,
+)
 
 L, P = 32, 5
 
@@ -68,3 +75,37 @@ def test_damaged_data_fails_its_checksum_naming_file_and_dataset(tmp_path: Path,
         OSError, match=rf"{re.escape(str(path))}: dataset masked_lm_ids cannot be read, the file is damaged"
     ):
         read_shard(path)
+
+
+def _widths() -> dict[str, int]:
+    return {name: shape[1] for name, shape in shard_shapes(0, L, P).items() if len(shape) == 2}
+
+
+def test_shard_writer_appends_blocks_into_one_file_of_whole_chunks(tmp_path: Path) -> None:
+    blocks = [arrays(64, seed) for seed in range(3)] + [arrays(10, 3)]
+    path = tmp_path / "shard.hdf5"
+    with ShardWriter(path, SHARD_DTYPES, _widths(), block_rows=64) as writer:
+        for block in blocks:
+            assert not path.exists()  # only the temporary file until finish
+            writer.append(block)
+        writer.finish({"instances": writer.rows})
+    read = read_shard(path)
+    for name in SHARD_DTYPES:
+        assert np.array_equal(read[name], np.concatenate([block[name] for block in blocks])), name
+    with h5py.File(path) as file:
+        for name in SHARD_DTYPES:
+            rows = file[name].chunks[0]
+            # Powers of two that divide the block, so each full block writes whole chunks.
+            assert rows & (rows - 1) == 0 and 64 % rows == 0, (name, rows)
+            assert file[name].fletcher32 and file[name].compression == "gzip", name
+    assert read_attrs(path) == {"instances": 202}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shard.hdf5"]
+
+
+def test_shard_writer_leaves_nothing_when_the_block_fails(tmp_path: Path) -> None:
+    path = tmp_path / "shard.hdf5"
+    with pytest.raises(ValueError, match=r"shard\.hdf5: a block needs the datasets"):
+        with ShardWriter(path, SHARD_DTYPES, _widths(), block_rows=64) as writer:
+            writer.append(arrays(8))
+            writer.append({name: array for name, array in arrays(8).items() if name != "masked_lm_ids"})
+    assert list(tmp_path.iterdir()) == []
