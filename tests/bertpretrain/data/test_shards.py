@@ -104,8 +104,10 @@ def test_shard_writer_appends_blocks_into_one_file_of_whole_chunks(tmp_path: Pat
 
 def test_shard_writer_leaves_nothing_when_the_block_fails(tmp_path: Path) -> None:
     path = tmp_path / "shard.hdf5"
-    with pytest.raises(ValueError, match=r"shard\.hdf5: a block needs the datasets"):
-        with ShardWriter(path, SHARD_DTYPES, _widths(), block_rows=64) as writer:
-            writer.append(arrays(8))
-            writer.append({name: array for name, array in arrays(8).items() if name != "masked_lm_ids"})
+    with (
+        pytest.raises(ValueError, match=r"shard\.hdf5: a block needs the datasets"),
+        ShardWriter(path, SHARD_DTYPES, _widths(), block_rows=64) as writer,
+    ):
+        writer.append(arrays(8))
+        writer.append({name: array for name, array in arrays(8).items() if name != "masked_lm_ids"})
     assert list(tmp_path.iterdir()) == []
