@@ -23,7 +23,9 @@ Two passes, each spread over ``workers`` processes:
    A worker makes each shard from its units alone: sentence pairs (``bertpretrain.data.instances``),
    masks (``bertpretrain.data.masking``), optional packing (``bertpretrain.data.packing``), one HDF5 file.
 
-Memory is bounded by a piece in the main process and by a shard in a worker, never by the corpus.
+Memory is bounded by a piece in the main process and, in a worker, by a shard's tokenized documents
+and sentence pairs (about 4 bytes a token and 20 a pair); its instances are assembled, masked and
+written :data:`~.sharding.BLOCK_ROWS` at a time (packed shards excepted: packing sees the whole shard).
 What is made depends only on the corpus, the vocabulary, the parameters and the seed, not on the
 number of workers: pieces are cut by bytes, and each shard's draws come from a generator seeded
 with ``(seed, max_seq_length, max_predictions_per_seq, split, shard index)``.
