@@ -13,7 +13,7 @@ HELM := $(BIN)/helm
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[operator,trainer,deepspeed,demo,dev]'
+	$(BIN)/pip install -q -e '.[operator,trainer,demo,dev]'
 	touch $(STAMP)
 
 # buildah and mmdebstrap for the image tests, Open MPI for Horovod's MPI controller, cmake and g++

@@ -123,19 +123,19 @@ def _image_uid(buildah: Buildah, image: str) -> int:
     return uid
 
 
-def test_the_trainer_image_holds_the_api_and_the_trainer_not_the_operator(
+def test_the_trainer_image_holds_the_api_the_trainer_and_deepspeed_not_the_operator(
     xeon_image: Built, buildah: Buildah
 ) -> None:
     probe = (
         "import importlib.util as u; "
-        "print([u.find_spec(p) is not None for p in ('bertjob_api', 'bertpretrain', 'bertjob')])"
+        "print([u.find_spec(p) is not None for p in ('bertjob_api', 'bertpretrain', 'deepspeed', 'bertjob')])"
     )
     with buildah.container(xeon_image.name) as container:
         result = subprocess.run(
             container.run_argv(["python", "-c", probe], {}, []), capture_output=True, text=True, timeout=120
         )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.split("\n")[-2] == "[True, True, False]", result.stdout
+    assert result.stdout.split("\n")[-2] == "[True, True, True, False]", result.stdout
 
 
 def test_pytorchjob_master_pod_trains_to_an_export_writing_only_its_volumes(
