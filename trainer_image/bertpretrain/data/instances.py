@@ -224,7 +224,8 @@ def assemble(
         "segment_ids": np.zeros((count, max_seq_length), np.int8),
         "next_sentence_labels": pairs.is_random_next.astype(np.int8),
     }
-    column = np.arange(max_seq_length)[None, :]
+    # In the pairs' dtype (int32 for any shard under 2^31 tokens): half the memory traffic of int64.
+    column = np.arange(max_seq_length, dtype=pairs.a_start.dtype)[None, :]
     for start in range(0, count, _ROWS_PER_BLOCK):
         rows = slice(start, start + _ROWS_PER_BLOCK)
         length_a = (pairs.a_end[rows] - pairs.a_start[rows])[:, None]
