@@ -131,7 +131,7 @@ def plant(point: str, count: int, config: Path) -> None:
     """
     import torch
 
-    from bertpretrain import run
+    from bertpretrain import job
     from bertpretrain.runtime import engine
 
     if point == "shards":
@@ -146,7 +146,7 @@ def plant(point: str, count: int, config: Path) -> None:
     elif point == "export":
         _staged_rename(count)
     elif point == "sigterm":
-        _wrap(run, "export_hf", count, action=terminate, after=True)
+        _wrap(job, "export_hf", count, action=terminate, after=True)
     else:
         raise ValueError(f"unknown crash point {point!r}; one of {', '.join(POINTS)}")
 

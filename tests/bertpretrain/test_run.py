@@ -17,7 +17,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-import bertpretrain.run
+import bertpretrain.job
 from bertjob.cli import main as bertjob_main
 from bertjob_api.plan import Plan
 from bertjob_testing.jobs import small_training_job, with_value
@@ -125,7 +125,7 @@ def test_run_exit_codes(
     def fail(_plan: Any, *_finishing: Any) -> None:
         raise error
 
-    monkeypatch.setattr(bertpretrain.run, "run_job", fail)
+    monkeypatch.setattr(bertpretrain.job, "run_job", fail)
     assert bertpretrain_main([command, "--config", str(job_file)]) == code
     captured = capsys.readouterr()
     assert message in captured.err + captured.out
@@ -166,7 +166,7 @@ def test_the_plan_is_made_for_the_world_that_runs_and_printed_first(
     for name, value in _torchrun(world).items() if world else ():
         monkeypatch.setenv(name, value)
     plans: list[Plan] = []
-    monkeypatch.setattr(bertpretrain.run, "run_job", lambda plan, *_: plans.append(plan) or _done(plan))
+    monkeypatch.setattr(bertpretrain.job, "run_job", lambda plan, *_: plans.append(plan) or _done(plan))
     assert bertpretrain_main(["run", "--config", str(job_file)]) == 0
     assert capsys.readouterr().out.splitlines()[0].startswith(f"bertpretrain: {first}")
     [plan] = plans
@@ -180,14 +180,14 @@ def test_a_world_the_batch_does_not_split_over_is_refused_before_any_work(
     job_file.write_text(yaml.safe_dump(small_training_job(tmp_path, processes=2)))
     for name, value in _torchrun(4).items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(bertpretrain.run, "run_job", lambda *_: pytest.fail("run_job called"))
+    monkeypatch.setattr(bertpretrain.job, "run_job", lambda *_: pytest.fail("run_job called"))
     assert bertpretrain_main(["run", "--config", str(job_file)]) == 1
     # Phase 2's micro-batch is 8 // 2, for the topology's 2 processes.
     assert "globalBatchSize 8 is not divisible by world size 4 x microBatchSize 4" in capsys.readouterr().err
 
 
 def _done(plan: Plan) -> Any:
-    return bertpretrain.run.JobOutputs(PreparedData(plan.paths.shards, 0, []), [], plan.paths.export, 0.0)
+    return bertpretrain.job.JobOutputs(PreparedData(plan.paths.shards, 0, []), [], plan.paths.export, 0.0)
 
 
 @pytest.mark.slow
@@ -254,3 +254,17 @@ def test_an_unwritable_output_is_named_before_any_work(
         assert f"{field} {blocker}/out: cannot write there" in capsys.readouterr().err
         assert bertpretrain_main(["export", "--config", str(job_file), "--out", str(blocker / "x")]) == 1
         assert f"--out {blocker}/x: cannot write there" in capsys.readouterr().err
+
+
+def test_the_entry_point_imports_no_torch_until_a_command_trains() -> None:
+    """``prepare`` (a data-preparation Job, the data benchmark) starts without torch and the training
+    stack, seconds and hundreds of MB it would not use."""
+    probe = (
+        "import sys, bertpretrain.run; "
+        "print(sorted(m for m in ('torch', 'bertpretrain.job') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

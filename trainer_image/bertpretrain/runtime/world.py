@@ -77,11 +77,16 @@ class World:
         """Whether more than one process trains."""
         return self.world_size > 1
 
-    def describe(self) -> str:
-        """One line for the log: launcher, rank and sizes."""
+    def describe(self, deepspeed: bool = False) -> str:
+        """One line for the log: launcher, rank, sizes, and the library the collectives go through
+        (``deepspeed``: the job uses DeepSpeed, whose ranks talk through torch.distributed under
+        every launcher)."""
         if self.launched_by == "single":
             return "world: a single process (no launcher variables)"
-        library = "Horovod" if self.uses_horovod else "torch.distributed"
+        if deepspeed:
+            library = "torch.distributed (DeepSpeed)"
+        else:
+            library = "Horovod" if self.uses_horovod else "torch.distributed"
         return (
             f"world: started by {self.launched_by}, rank {self.rank} of {self.world_size} "
             f"(local rank {self.local_rank} of {self.local_world_size}), collectives through {library}"
