@@ -16,8 +16,9 @@ from typing import Any
 from bertjob_api.spec import JobSpec
 
 FIELD = "spec.distributed.deepspeed.config"
-# The ZeRO stages the trainer runs: 1 (optimizer state) and 2 (and gradients) sharded.
-TRAINED_STAGES = (1, 2)
+# The ZeRO stages the trainer runs: 1 (optimizer state), 2 (and gradients) and 3 (and parameters)
+# sharded.
+TRAINED_STAGES = (1, 2, 3)
 
 # Keys that follow from the phases: a value in the user's config would hold for one phase at most.
 _PER_PHASE_KEYS = {

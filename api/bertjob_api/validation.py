@@ -77,9 +77,8 @@ def problems(spec: JobSpec, training: bool = True) -> list[tuple[str, str]]:
 
 
 def _deepspeed_problems(spec: JobSpec) -> list[tuple[str, str]]:
-    """What DeepSpeed cannot run with: a ZeRO stage the trainer does not run (0 is plain data
-    parallelism, which DDP is; 3 partitions the parameters, which the trainer's checkpoints and
-    LAMB's shard layout do not handle yet), the other engines' gradient compression (DeepSpeed has
+    """What DeepSpeed cannot run with: ZeRO stage 0 (plain data parallelism, which DDP is), the
+    other engines' gradient compression (DeepSpeed has
     its own, ``communication_data_type``), elastic worlds (a ZeRO checkpoint is sharded for one
     world size), horovodrun (DeepSpeed joins over torch.distributed, not Horovod), and user config
     keys that contradict the job (:func:`bertjob_api.deepspeed.conflicts`)."""
@@ -88,12 +87,12 @@ def _deepspeed_problems(spec: JobSpec) -> list[tuple[str, str]]:
     found: list[tuple[str, str]] = []
     stage = spec.distributed.deepspeed.zero_stage
     if stage not in deepspeed.TRAINED_STAGES:
+        stages = ", ".join(map(str, deepspeed.TRAINED_STAGES))
         reason = (
             "is DeepSpeed without ZeRO, the plain data parallelism DDP and Horovod already give; "
-            "leave spec.distributed.deepspeed out, or set zeroStage 1 or 2"
+            f"leave spec.distributed.deepspeed out, or set zeroStage {stages}"
             if stage == 0
-            else "(parameters partitioned over the ranks) is not run by this trainer yet; "
-            "set zeroStage 1 or 2"
+            else f"is not run by this trainer; set zeroStage {stages}"
         )
         found.append(("spec.distributed.deepspeed.zeroStage", f"{stage} {reason}"))
     if spec.accelerator == "xeon-cpu" and spec.precision == "fp16":

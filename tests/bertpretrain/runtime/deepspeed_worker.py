@@ -7,16 +7,21 @@ has nothing to shard).
 A case is ``<optimizer>-<zero stage>[x<factor>]`` (``adamw-1``, ``lamb-2x2``, ...; the factor
 multiplies ACCUMULATION_STEPS for that case): train as
 tests/bertpretrain/runtime/data_parallel_worker.py does (optimizer step ``s`` on the synthetic
-micro-batches that 1 process with 2 accumulation steps sees), save the parameters to
-``OUT_DIR/<case>-rank<r>.pt``. With ``resume`` among the cases, the first case is also checkpointed
-after ``CHECKPOINT_STEP`` steps through the trainer's checkpoint functions, rebuilt from that file
-in a fresh model, optimizer and DeepSpeed engine, and run to the end again: its parameters go to
-``OUT_DIR/resumed-rank<r>.pt`` (to equal the uninterrupted run bitwise), and loading the file into
-a world of another size must fail (``OUT_DIR/other-world-rank<r>.txt`` holds the message).
+micro-batches that 1 process with 2 accumulation steps sees), save the whole parameters (gathered
+under ZeRO-3) to ``OUT_DIR/<case>-rank<r>.pt`` and their count to
+``OUT_DIR/parameters-<case>-rank<r>.txt``. A case followed by ``resume`` is also checkpointed after
+``CHECKPOINT_STEP`` steps through the trainer's checkpoint functions (into
+``OUT_DIR/checkpoints-<case>``), rebuilt from that file in a fresh model, optimizer and DeepSpeed
+engine, and run to the end again: its parameters go to ``OUT_DIR/resumed-<case>-rank<r>.pt`` (to
+equal the uninterrupted run bitwise); for the first case, loading the file into a world of another
+size must fail (``OUT_DIR/other-world-rank<r>.txt`` holds the message). The cases in
+:data:`EVALUATED` then evaluate held-out batches, a different number on each rank
+(``OUT_DIR/eval-<case>.json``).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,13 +34,17 @@ from bertjob_testing.jobs import valid_job
 from bertpretrain.model.bert import BertForPreTraining
 from bertpretrain.runtime.engine import Engine
 from bertpretrain.runtime.parallel import DataParallel, join
+from bertpretrain.runtime.sharding import parameter_count, whole_parameters
 from bertpretrain.training.accuracy import step_statistics
 from bertpretrain.training.checkpoint import load_training_state, save_checkpoint
+from bertpretrain.training.evaluation import evaluate
 from bertpretrain.training.optimizer import build_optimizer
 from bertpretrain.training.schedule import poly_warmup_schedule
 from tests.bertpretrain.runtime.data_parallel_worker import SEQ_LENGTH, VOCAB_SIZE, synthetic_batch
 
 STEPS, MICRO_BATCH, CHECKPOINT_STEP = 4, 4, 2
+# Cases whose trained model also evaluates held-out batches (evaluation).
+EVALUATED = ("lamb-1", "lamb-3")
 
 
 def job_spec(optimizer: str, zero_stage: int) -> JobSpec:
@@ -46,7 +55,11 @@ def job_spec(optimizer: str, zero_stage: int) -> JobSpec:
     spec["optimizer"] = {"name": optimizer, "maxGradNorm": 0.05}  # small enough to clip
     # User keys passed through: small buckets (several reductions per step) and, at stage 2,
     # DeepSpeed's round-robin order of the tensors in the flat buffer (LAMB's layout must follow it).
-    zero = {"reduce_bucket_size": 5000, "round_robin_gradients": zero_stage == 2}
+    zero: dict[str, Any] = {"reduce_bucket_size": 5000, "round_robin_gradients": zero_stage == 2}
+    if zero_stage == 3:
+        # Every parameter partitioned (by default ZeRO-3 keeps those under 1e5 elements, all of
+        # this model's, whole on every rank).
+        zero["stage3_param_persistence_threshold"] = 0
     spec["distributed"] = {"deepspeed": {"zeroStage": zero_stage, "config": {"zero_optimization": zero}}}
     return parse_job(document).spec
 
@@ -98,21 +111,42 @@ def train(
     return engine, bert
 
 
+def save_weights(bert: BertForPreTraining, path: Path) -> None:
+    """Save the model's whole parameters (gathered from every rank under ZeRO-3: a collective) to
+    ``path``, and their count beside it (``parameters-<name>.txt``)."""
+    with whole_parameters(bert):
+        state = {name: tensor.detach().clone() for name, tensor in bert.state_dict().items()}
+    torch.save(state, path)
+    (path.parent / f"parameters-{path.stem}.txt").write_text(str(parameter_count(bert)))
+
+
+def evaluation(engine: Engine, out: Path, case: str) -> None:
+    """Evaluate three held-out batches, all on rank 0 (the other ranks have none, as where the
+    held-out set has fewer rows than ranks: under ZeRO-3 rank 0's forward cannot gather the
+    parameters from them); the result goes to ``OUT_DIR/eval-<case>.json`` (rank 0)."""
+    world = engine.world
+    indices = [5000, 5001, 5002] if world.rank == 0 else []
+    result = evaluate(engine, [synthetic_batch(MICRO_BATCH, VOCAB_SIZE, index) for index in indices])
+    if engine.is_main:
+        (out / f"eval-{case}.json").write_text(json.dumps(result.values()))
+
+
 def save(engine: Engine, bert: BertForPreTraining, root: Path, step: int) -> Path:
     engine.gather_optimizer_state()
     path = root / "phase1" / f"step_{step:06d}.pt"
-    if engine.is_main:
-        save_checkpoint(
-            root,
-            0,
-            step,
-            model=bert,
-            optimizer=engine.optimizer,
-            scheduler=engine.scheduler,
-            scaler=engine.scaler,
-            keep=2,
-            data_position={"sequences": 0},
-        )
+    with whole_parameters(bert):
+        if engine.is_main:
+            save_checkpoint(
+                root,
+                0,
+                step,
+                model=bert,
+                optimizer=engine.optimizer,
+                scheduler=engine.scheduler,
+                scaler=engine.scaler,
+                keep=2,
+                data_position={"sequences": 0},
+            )
     engine.barrier()
     return path
 
@@ -127,28 +161,36 @@ def parse_case(case: str, accumulation_steps: int) -> tuple[str, int, int]:
 
 def main(out: Path, base_accumulation_steps: int, cases: list[str]) -> None:
     torch.set_num_threads(1)
-    resume = "resume" in cases
+    # "resume" after a case: that case is also checkpointed and resumed.
+    resumed = {case for case, after in zip(cases, [*cases[1:], ""], strict=True) if after == "resume"}
     cases = [case for case in cases if case != "resume"]
     first = parse_case(cases[0], base_accumulation_steps)
     parallel = join("xeon-cpu", spec=job_spec(first[0], first[1]).distributed)
     world = parallel.world
-    (out / f"world{world.rank}.txt").write_text(f"{world.describe()}; {parallel.description}")
+    (out / f"world{world.rank}.txt").write_text(
+        f"{world.describe(deepspeed=parallel.owns_step)}; {parallel.description}"
+    )
     for number, case in enumerate(cases):
         name, stage, accumulation_steps = parse_case(case, base_accumulation_steps)
         spec = job_spec(name, stage)
         if parallel.owns_step:
             parallel.zero_stage = stage  # type: ignore[attr-defined]
-        if resume and number == 0:
+        if case in resumed:
             engine, bert = train(parallel, spec, accumulation_steps, range(CHECKPOINT_STEP))
-            checkpoint = save(engine, bert, out / "checkpoints", CHECKPOINT_STEP)
+            checkpoint = save(engine, bert, out / f"checkpoints-{case}", CHECKPOINT_STEP)
             train_rest(engine, bert, accumulation_steps)
-            torch.save(bert.state_dict(), out / f"{case}-rank{world.rank}.pt")
-            _, resumed = train(parallel, spec, accumulation_steps, range(CHECKPOINT_STEP, STEPS), checkpoint)
-            torch.save(resumed.state_dict(), out / f"resumed-rank{world.rank}.pt")
-            other_world(parallel, spec, checkpoint, out)
+            save_weights(bert, out / f"{case}-rank{world.rank}.pt")
+            if case in EVALUATED:
+                evaluation(engine, out, case)
+            _, again = train(parallel, spec, accumulation_steps, range(CHECKPOINT_STEP, STEPS), checkpoint)
+            save_weights(again, out / f"resumed-{case}-rank{world.rank}.pt")
+            if number == 0:
+                other_world(parallel, spec, checkpoint, out)
             continue
-        _, bert = train(parallel, spec, accumulation_steps, range(STEPS))
-        torch.save(bert.state_dict(), out / f"{case}-rank{world.rank}.pt")
+        engine, bert = train(parallel, spec, accumulation_steps, range(STEPS))
+        save_weights(bert, out / f"{case}-rank{world.rank}.pt")
+        if case in EVALUATED:
+            evaluation(engine, out, case)
     parallel.close()
 
 

@@ -1,13 +1,14 @@
 """DeepSpeed ZeRO on CPU with 2 processes under torchrun, in one run of
 tests/bertpretrain/runtime/deepspeed_worker.py (DeepSpeed's import and set-up are slow):
 
-- ZeRO-1 and ZeRO-2, with AdamW and with LAMB, reach the parameters that 1 process reaches with
+- ZeRO-1, ZeRO-2 and ZeRO-3, with AdamW and with LAMB, reach the parameters that 1 process reaches with
   2 gradient accumulation steps (fp32; LAMB's clipping and trust ratios over the shards are those
   of whole tensors), and every rank holds the same parameters; so do 2 ranks with 2 accumulation
   steps each (DeepSpeed's own accumulation) against 1 process with 4;
 - a run checkpointed through the trainer's checkpoint functions (every rank's optimizer shard in
   rank 0's file) and rebuilt from the file in a fresh engine ends bitwise where the uninterrupted
-  run ended;
+  run ended (ZeRO-2 and ZeRO-3); under ZeRO-3 the file holds the whole weights, and evaluation
+  with a different number of held-out batches per rank gives 1 process's result;
 - the file refuses to load into a world of another size, naming both sizes.
 
 The first run on a machine compiles DeepSpeed's shared-memory all-reduce for CPU (a few minutes
@@ -16,6 +17,7 @@ on 2 cores; then cached under ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -29,7 +31,8 @@ pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (the 'deepsp
 WORKER = Path(__file__).with_name("deepspeed_worker.py")
 ROOT = Path(__file__).parents[3]
 # <optimizer>-<ZeRO stage>[x<accumulation steps>]; the reference runs each with twice the steps.
-CASES = ["lamb-2", "adamw-1", "lamb-1", "adamw-2", "lamb-2x2", "adamw-1x2"]
+CASES = ["lamb-2", "adamw-1", "lamb-1", "adamw-2", "lamb-2x2", "adamw-1x2", "lamb-3", "adamw-3"]
+RESUMED = ["lamb-2", "lamb-3"]
 # As tests/bertpretrain/runtime/test_data_parallel.py: fp32 sums in another order.
 TOLERANCE = 1e-5
 
@@ -47,7 +50,7 @@ def _run(command: list[str], out: Path, accumulation_steps: int, cases: list[str
         [*command, str(WORKER), str(out), str(accumulation_steps), *cases],
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=300,
         env=env,
         check=False,
     )
@@ -72,7 +75,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     _run([sys.executable], one, 2, ["lamb-1", "adamw-1", "lamb-1x2", "adamw-1x2"])
     two = tmp_path_factory.mktemp("two") / "out"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    _run(torchrun, two, 1, [CASES[0], "resume", *CASES[1:]])
+    _run(torchrun, two, 1, [item for case in CASES for item in (case, "resume")[: 1 + (case in RESUMED)]])
     return one, two
 
 
@@ -94,10 +97,40 @@ def test_zero_matches_one_process_with_accumulation(runs: tuple[Path, Path], cas
 
 
 @pytest.mark.slow
-def test_zero_checkpoint_resumes_bitwise(runs: tuple[Path, Path]) -> None:
+@pytest.mark.parametrize("case", RESUMED)
+def test_zero_checkpoint_resumes_bitwise(runs: tuple[Path, Path], case: str) -> None:
     _, two = runs
     for rank in range(2):
-        assert _largest_difference(_weights(two, CASES[0], rank), _weights(two, "resumed", rank)) == 0.0
+        assert _largest_difference(_weights(two, case, rank), _weights(two, f"resumed-{case}", rank)) == 0.0
+
+
+@pytest.mark.slow
+def test_zero3_checkpoint_holds_whole_weights(runs: tuple[Path, Path]) -> None:
+    """Under ZeRO-3 each rank holds a slice of each parameter; the checkpoint (what export and
+    phase 2 read) holds them whole, and the parameter count is the whole model's."""
+    from bertpretrain.model.bert import count_parameters
+    from bertpretrain.training.checkpoint import load_model_weights
+    from tests.bertpretrain.runtime.deepspeed_worker import model
+
+    _, two = runs
+    fresh = model()
+    load_model_weights(two / "checkpoints-lamb-3" / "phase1" / "step_000002.pt", fresh)
+    trained = _weights(two, "lamb-3", 0)
+    assert all(fresh.state_dict()[name].shape == tensor.shape for name, tensor in trained.items())
+    for rank in range(2):
+        assert int((two / f"parameters-lamb-3-rank{rank}.txt").read_text()) == count_parameters(fresh)
+
+
+@pytest.mark.slow
+def test_zero3_evaluation_with_unequal_batches_per_rank(runs: tuple[Path, Path]) -> None:
+    """Rank 0 evaluates three held-out batches and rank 1 none (a ZeRO-3 forward on one rank
+    alone would wait for the other): the result is 1 process's on the three."""
+    one, two = runs
+    reference = json.loads((one / "eval-lamb-1.json").read_text())
+    sharded = json.loads((two / "eval-lamb-3.json").read_text())
+    assert sharded["sequences"] == reference["sequences"] == 3 * 4
+    for name in ("mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy"):
+        assert abs(sharded[name] - reference[name]) < TOLERANCE, name
 
 
 @pytest.mark.slow

@@ -173,11 +173,13 @@ class Engine:
         return stats.detach()
 
     @torch.no_grad()
-    def evaluate(self, batch: Batch) -> torch.Tensor:
+    def evaluate(self, batch: Batch, model: nn.Module | None = None) -> torch.Tensor:
         """Statistics of one held-out batch as :meth:`forward_backward` gives them, without
-        gradients, on the unwrapped model (no collective). Call with the model in eval mode."""
+        gradients, on the unwrapped model or on ``model`` (a copy of it with whole parameters,
+        :func:`bertpretrain.runtime.sharding.whole_copy`): no collective. Call with the model in
+        eval mode."""
         batch = {name: tensor.to(self.device, non_blocking=True) for name, tensor in batch.items()}
-        return self._statistics(self.module, batch)
+        return self._statistics(self.module if model is None else model, batch)
 
     def optimizer_step(self) -> tuple[float, bool]:
         """Unscale and clip the gradients, step the optimizer and the schedule, zero the gradients.

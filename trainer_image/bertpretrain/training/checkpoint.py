@@ -50,6 +50,7 @@ from bertpretrain.model.nvidia import (
     load_nvidia_weights,
     save_nvidia,
 )
+from bertpretrain.runtime.sharding import whole_parameters
 
 _NAME = re.compile(r"^step_(\d+)\.pt$")
 EVALUATION_FILE = "evaluation.json"
@@ -447,7 +448,9 @@ def load_training_state(
     Raises:
         CheckpointError: see :func:`load_model_weights`; also a checkpoint without training state.
     """
-    state = load_model_weights(path, model, state)
+    # Under ZeRO-3 each rank holds slices of the parameters: rank 0's whole weights reach them all.
+    with whole_parameters(model, modifier_rank=0):
+        state = load_model_weights(path, model, state)
     try:
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])

@@ -17,6 +17,7 @@ import torch
 
 from bertpretrain.common.batch import Batch
 from bertpretrain.runtime.engine import Engine
+from bertpretrain.runtime.sharding import whole_copy
 from bertpretrain.training.accuracy import Accuracy, StepStatistics
 
 
@@ -53,21 +54,23 @@ def evaluate(engine: Engine, batches: Iterable[Batch]) -> Evaluation:
     random number generators, so a run's training is the same with or without it.
     """
     started = time.perf_counter()
-    model = engine.module
-    model.eval()
     # [MLM loss x masked positions, NSP loss x pairs, then StepStatistics.counts()], summed over
     # batches here and over ranks in one all-reduce.
     sums = torch.zeros(6, device=engine.device)
-    try:
-        for batch in batches:
-            stats = StepStatistics.from_tensor(engine.evaluate(batch))
-            totals = torch.stack([stats.mlm_total, stats.nsp_total])
-            losses = torch.stack([stats.mlm_loss, stats.nsp_loss])
-            # A batch without masked positions has a NaN mean loss that weighs nothing.
-            weighted = torch.where(totals > 0, losses * totals, 0.0)
-            sums += torch.cat([weighted, stats.counts()])
-    finally:
-        model.train()
+    # The ranks' batch counts may differ; a ZeRO-3 forward would wait for every rank, so each
+    # evaluates a copy of the whole model made once (whole_copy; the model itself otherwise).
+    with whole_copy(engine.module) as model:
+        model.eval()
+        try:
+            for batch in batches:
+                stats = StepStatistics.from_tensor(engine.evaluate(batch, model))
+                totals = torch.stack([stats.mlm_total, stats.nsp_total])
+                losses = torch.stack([stats.mlm_loss, stats.nsp_loss])
+                # A batch without masked positions has a NaN mean loss that weighs nothing.
+                weighted = torch.where(totals > 0, losses * totals, 0.0)
+                sums += torch.cat([weighted, stats.counts()])
+        finally:
+            model.train()
     mlm_loss_sum, nsp_loss_sum, *counts = engine.sum_over_ranks(sums).cpu().unbind()
     accuracy = Accuracy.from_counts(torch.stack(counts))
     mlm_total, nsp_total = float(counts[1]), float(counts[3])

@@ -112,6 +112,7 @@ class Lamb(torch.optim.Optimizer):
         shards: list[FlatShard],
         all_reduce: AllReduce,
         global_grad_norm: Callable[[], torch.Tensor | float] | None = None,
+        partitions: list[torch.Tensor] | None = None,
     ) -> None:
         """Say that each group now holds one flat partition of its tensors, laid out as
         ``shards[group]`` says, the other partitions on the other ranks; the norms are then summed
@@ -122,22 +123,27 @@ class Lamb(torch.optim.Optimizer):
         computes it before its first group, over every rank's partitions); without it, the norm
         is computed from the gradients present, which must then be every group's.
 
+        ``partitions``: the flat partitions, one per group, where the groups do not hold them now
+        (DeepSpeed ZeRO-3 empties the groups and puts each partition in its group only while it
+        steps it); default: each group's one tensor.
+
         Raises:
             ValueError: not one shard per group, or a group that is not one flat tensor of the
                 shard's length.
         """
         if len(shards) != len(self.param_groups):
             raise ValueError(f"{len(shards)} shard layouts for {len(self.param_groups)} parameter groups")
-        for index, (group, layout) in enumerate(zip(self.param_groups, shards, strict=True)):
-            params = group["params"]
+        groups = [group["params"] for group in self.param_groups]
+        if partitions is not None:
+            groups = [[partition] for partition in partitions]
+        for index, (params, layout) in enumerate(zip(groups, shards, strict=True)):
             if len(params) != 1 or params[0].dim() != 1 or params[0].numel() != layout.tensor_ids.numel():
                 shapes = [tuple(p.shape) for p in params]
                 raise ValueError(
                     f"parameter group {index}: expected one flat partition of "
                     f"{layout.tensor_ids.numel()} elements, got tensors of shapes {shapes}"
                 )
-        pairs = zip(self.param_groups, shards, strict=True)
-        self._shards = {id(group["params"][0]): layout for group, layout in pairs}
+        self._shards = {id(params[0]): layout for params, layout in zip(groups, shards, strict=True)}
         self._all_reduce = all_reduce
         if global_grad_norm is not None:
             self._global_grad_norm = lambda: torch.as_tensor(global_grad_norm(), dtype=torch.float32)

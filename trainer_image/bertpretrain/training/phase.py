@@ -42,10 +42,11 @@ from bertpretrain.data.loader import (
     heldout_batches,
 )
 from bertpretrain.data.prepare import PreparedData
-from bertpretrain.model.bert import BertForPreTraining, count_parameters
+from bertpretrain.model.bert import BertForPreTraining
 from bertpretrain.model.config import BertConfig
 from bertpretrain.runtime.engine import Engine
 from bertpretrain.runtime.parallel import DataParallel, join
+from bertpretrain.runtime.sharding import parameter_count, whole_parameters
 from bertpretrain.training.accuracy import StepStatistics, step_statistics
 from bertpretrain.training.checkpoint import (
     Resumable,
@@ -320,7 +321,7 @@ def _announce(run: _Run, origin: str) -> None:
     description: dict[str, object] = {
         "phase": run.index + 1,
         "model": spec.model.preset,
-        "parameters": count_parameters(run.model),
+        "parameters": parameter_count(run.model),
         "steps": phase.steps,
         "global_batch_size": phase.global_batch_size,
         "micro_batch_size": phase.micro_batch_size,
@@ -404,20 +405,22 @@ def _save(run: _Run, step: int) -> Path:
     rng = run.engine.gather(rng_states())
     run.engine.gather_optimizer_state()
     path = checkpoint_path(run.root, run.index, step)
-    if run.engine.is_main:
-        save_checkpoint(
-            run.root,
-            run.index,
-            step,
-            model=run.model,
-            optimizer=run.engine.optimizer,
-            scheduler=run.engine.scheduler,
-            scaler=run.engine.scaler,
-            keep=run.spec.checkpoint.keep,
-            data_position=run.batches.position(step * run.phase.accumulation_steps).to_dict(),
-            rng=rng,  # type: ignore[arg-type]
-            learning_rate=run.of.plan.learning_rate(run.index),
-        )
+    # Whole weights in the file (ZeRO-3 gathers them from every rank), for export and phase 2.
+    with whole_parameters(run.model):
+        if run.engine.is_main:
+            save_checkpoint(
+                run.root,
+                run.index,
+                step,
+                model=run.model,
+                optimizer=run.engine.optimizer,
+                scheduler=run.engine.scheduler,
+                scaler=run.engine.scaler,
+                keep=run.spec.checkpoint.keep,
+                data_position=run.batches.position(step * run.phase.accumulation_steps).to_dict(),
+                rng=rng,  # type: ignore[arg-type]
+                learning_rate=run.of.plan.learning_rate(run.index),
+            )
     return path
 
 

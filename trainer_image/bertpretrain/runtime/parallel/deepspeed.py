@@ -20,12 +20,24 @@ Each micro-batch runs DeepSpeed's ``backward`` (which divides the loss by the ac
 and applies the fp16 loss scale) and its ``step`` (which only counts, except on the last
 micro-batch of a step, where it clips, steps the optimizer and zeroes the gradients).
 
+ZeRO-3 partitions the parameters too: each parameter's own tensor is empty between forwards, and
+``param.ds_tensor`` holds this rank's ``ceil(ds_numel / world size)`` elements of it (padded at the
+end). The module keeps the hooks ``deepspeed.initialize`` put on it, which gather each layer's
+parameters from every rank around its forward and backward, so forward still runs through the
+module. The fp32 master partitions are flat per sub-group (``fp32_partitioned_groups_flat``,
+``zero_optimization.sub_group_size``), each the sub-group's ``ds_tensor`` slices in order; LAMB's
+layout is read from them (:func:`stage3_flat_shards`), and LAMB needs one sub-group per parameter
+group (it counts its steps per group). Whatever reads or writes whole parameters goes through
+:mod:`bertpretrain.runtime.sharding` (``whole_parameters`` around a checkpoint's ``state_dict`` and
+its loading, ``whole_copy`` for evaluation, ``parameter_count``).
+
 Checkpoints stay one file written by rank 0: before it saves, every rank sends its partition's
 optimizer state and fp32 master weights to rank 0 (:meth:`DeepSpeedParallel.gather_optimizer_state`),
 and the file holds them rank by rank; on resume each rank takes its own back, which restores the
 run bitwise. The model weights in the file are whole (ZeRO-1/2 keep every parameter on every
-rank), so export and phase 2 read it as any other checkpoint. A resume with another world size
-is refused (:class:`ZeroOptimizer`).
+rank; under ZeRO-3 they are gathered for the save), so export and phase 2 read it as any other
+checkpoint. A resume with another world size, or across stage 3 and stages 1/2, is refused
+(:class:`ZeroOptimizer`).
 """
 
 from __future__ import annotations
@@ -40,7 +52,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from bertjob_api.deepspeed import TRAINED_STAGES
+from bertjob_api.deepspeed import FIELD, TRAINED_STAGES
 from bertjob_api.spec import Accelerator, DistributedSpec
 from bertpretrain.runtime.devices import Device
 from bertpretrain.runtime.parallel.ddp import TorchDistributed
@@ -54,7 +66,7 @@ DS_ACCELERATORS: dict[Accelerator, str] = {"xeon-cpu": "cpu", "nvidia-gpu": "cud
 
 class DeepSpeedParallel(TorchDistributed):
     """:class:`bertpretrain.runtime.parallel.DataParallel` through DeepSpeed ZeRO stage
-    ``spec.deepspeed.zeroStage`` (1 or 2).
+    ``spec.deepspeed.zeroStage`` (1, 2 or 3).
 
     Raises:
         RuntimeError: under mpirun without ``MASTER_ADDR`` and ``MASTER_PORT``; DeepSpeed not
@@ -85,8 +97,9 @@ class DeepSpeedParallel(TorchDistributed):
         self.engine: Any = None
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
-        # DeepSpeed's engine is made with the optimizer (wrap_optimizer); ZeRO-1/2 leave the module
-        # itself to run forward through (their hooks sit on its parameters).
+        # DeepSpeed's engine is made with the optimizer (wrap_optimizer); it leaves the module
+        # itself to run forward through (ZeRO-1/2's hooks sit on its parameters, ZeRO-3's on its
+        # submodules, gathering their parameters).
         return model
 
     def wrap_optimizer(
@@ -100,7 +113,9 @@ class DeepSpeedParallel(TorchDistributed):
         :class:`ZeroOptimizer` to step and to build the schedule on.
 
         Raises:
-            ValueError: no ``config``, or one whose accumulation steps are not ``accumulation_steps``.
+            ValueError: no ``config``, or one whose accumulation steps are not ``accumulation_steps``;
+                LAMB under ZeRO-3 with several sub-groups in a parameter group
+                (``zero_optimization.sub_group_size`` below a rank's share of a group).
         """
         if config is None:
             raise ValueError("DeepSpeed needs its config (bertjob_api.deepspeed.phase_config)")
@@ -124,7 +139,23 @@ class DeepSpeedParallel(TorchDistributed):
             # ZeRO steps the groups one at a time, each group's gradients made just before; the
             # global norm over all of them is the one ZeRO computed first (over all ranks,
             # unscaled; zero_optimization.compute_grad_norm, which the job keeps on).
-            shard(flat_shards(zero, self.world.rank), _all_reduce_sum, lambda: zero._global_grad_norm)
+            if self.zero_stage == 3:
+                if len(zero.fp16_groups) != len(optimizer.param_groups):
+                    # LAMB counts its steps per parameter group; ZeRO-3 would step a group once
+                    # per sub-group.
+                    raise ValueError(
+                        f"{FIELD}.zero_optimization.sub_group_size: LAMB under ZeRO-3 needs one "
+                        f"sub-group per parameter group, but {len(zero.fp16_groups)} sub-groups "
+                        f"were made for {len(optimizer.param_groups)} groups; raise it"
+                    )
+                shard(
+                    stage3_flat_shards(zero, self.world.rank),
+                    _all_reduce_sum,
+                    lambda: zero._global_grad_norm,
+                    partitions=list(zero.fp32_partitioned_groups_flat),
+                )
+            else:
+                shard(flat_shards(zero, self.world.rank), _all_reduce_sum, lambda: zero._global_grad_norm)
         return ZeroOptimizer(self, zero, optimizer)
 
     def accumulate(self, model: nn.Module, sync: bool) -> contextlib.AbstractContextManager[Any]:
@@ -196,6 +227,27 @@ def flat_shards(zero: Any, rank: int) -> list[FlatShard]:
     return shards
 
 
+def stage3_flat_shards(zero: Any, rank: int) -> list[FlatShard]:
+    """Where each parameter lies in this rank's flat fp32 partition of each ZeRO-3 sub-group,
+    read from DeepSpeed's stage-3 optimizer (``deepspeed/runtime/zero/stage3.py``): sub-group
+    ``g``'s partition (``fp32_partitioned_groups_flat[g]``) is the parameters of ``fp16_groups[g]``
+    in order, each as its ``ds_tensor``: ``partition_numel()`` elements (``ceil(ds_numel / world
+    size)``), rank ``r`` holding elements ``r * partition_numel()`` onwards of the flattened
+    parameter, padding past ``ds_numel`` (``partition_parameters.py``)."""
+    shards = []
+    for params, partition in zip(zero.fp16_groups, zero.fp32_partitioned_groups_flat, strict=True):
+        ids = torch.full((partition.numel(),), len(params), dtype=torch.long)
+        offset = 0
+        for index, param in enumerate(params):
+            size = int(param.partition_numel())
+            held = max(0, min(size, int(param.ds_numel) - rank * size))
+            ids[offset : offset + held] = index
+            offset += size
+        assert offset == partition.numel(), (offset, partition.numel())
+        shards.append(FlatShard(ids.to(partition.device), len(params)))
+    return shards
+
+
 class ZeroOptimizer(torch.optim.Optimizer):
     """The optimizer the engine steps under DeepSpeed: ``step`` is DeepSpeed's engine step (clip,
     client optimizer step on this rank's partition, all-gather of the updated parameters, zero
@@ -238,13 +290,30 @@ class ZeroOptimizer(torch.optim.Optimizer):
         loss_scale = {
             name: value for name, value in vars(scaler).items() if isinstance(value, bool | int | float)
         }
-        return _to_cpu(
-            {
-                "optimizer": self.client.state_dict(),
-                "fp32": [p.detach() for p in self.zero.single_partition_of_fp32_groups],
-                "loss_scale": loss_scale,
-            }
-        )
+        with self._client_params():
+            client = self.client.state_dict()
+        fp32 = [p.detach() for p in self._fp32()]
+        return _to_cpu({"optimizer": client, "fp32": fp32, "loss_scale": loss_scale})
+
+    def _fp32(self) -> list[torch.Tensor]:
+        """This rank's fp32 master partitions: one per group (ZeRO-1/2) or sub-group (ZeRO-3)."""
+        if self.parallel.zero_stage == 3:
+            return list(self.zero.fp32_partitioned_groups_flat)
+        return list(self.zero.single_partition_of_fp32_groups)
+
+    @contextlib.contextmanager
+    def _client_params(self) -> Any:
+        """ZeRO-3 empties the client's groups between steps (it hands them one sub-group at a time);
+        its state is read and written with the groups holding their partitions, as DeepSpeed's own
+        ``state_dict`` does."""
+        if self.parallel.zero_stage != 3:
+            yield
+            return
+        self.zero._set_fp32_optimizer_param_groups()
+        try:
+            yield
+        finally:
+            self.zero._clear_fp32_optimizer_param_groups()
 
     def state_dict(self) -> dict[str, Any]:
         """Every rank's state (rank 0 only, after the gather).
@@ -259,10 +328,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Take this rank's part of a :meth:`state_dict`. Stages 1 and 2 partition alike and load
-        each other's.
+        each other's; stage 3 loads only stage 3's.
 
         Raises:
-            ValueError: a state not written under ZeRO, or by another number of ranks.
+            ValueError: a state not written under ZeRO, by another number of ranks, or at stage 3
+                for stage 1 or 2 (or the other way round).
         """
         zero = state_dict.get("zero")
         if not isinstance(zero, Mapping):
@@ -276,10 +346,23 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 f"the checkpoint's ZeRO optimizer state is sharded over {zero['world_size']} ranks, but "
                 f"{world_size} train now; resume with {zero['world_size']} ranks"
             )
+        if (zero["stage"] == 3) != (self.parallel.zero_stage == 3):
+            raise ValueError(
+                f"the checkpoint's ZeRO optimizer state was written at stage {zero['stage']}, which "
+                f"partitions it otherwise than stage {self.parallel.zero_stage}; resume at stage "
+                f"{zero['stage']}"
+            )
         mine = zero["ranks"][self.parallel.world.rank]
-        self.client.load_state_dict(mine["optimizer"])
-        for current, saved in zip(self.zero.single_partition_of_fp32_groups, mine["fp32"], strict=True):
+        with self._client_params():
+            self.client.load_state_dict(mine["optimizer"])
+        for current, saved in zip(self._fp32(), mine["fp32"], strict=True):
             current.data.copy_(saved)
+        if self.parallel.zero_stage == 3:
+            # The 16-bit partitions the forward gathers are copies of the fp32 masters (the same
+            # tensors in fp32); as after ZeRO-3's own step.
+            for low, master in zip(self.zero.fp16_partitioned_groups_flat, self._fp32(), strict=True):
+                if low is not master:
+                    low.data.copy_(master.data)
         for name, value in mine["loss_scale"].items():
             setattr(self.zero.loss_scaler, name, value)
         # The model's bit16 weights came from the checkpoint's model state; the fp32 partitions
