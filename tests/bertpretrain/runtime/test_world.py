@@ -55,6 +55,8 @@ def test_description_names_launcher_rank_and_library() -> None:
     )
     assert "started by mpirun, rank 3 of 4" in detect_world(OPEN_MPI).describe()
     assert detect_world(OPEN_MPI).describe().endswith("through Horovod")
+    # DeepSpeed's ranks join torch.distributed under mpirun too.
+    assert detect_world(OPEN_MPI).describe(deepspeed=True).endswith("through torch.distributed (DeepSpeed)")
     assert detect_world({}).describe() == "world: a single process (no launcher variables)"
 
 
