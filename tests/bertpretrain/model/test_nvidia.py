@@ -55,6 +55,21 @@ def _model(config: BertConfig, seed: int) -> BertForPreTraining:
             parameter.add_(0.02 * torch.randn(parameter.shape, generator=generator))
     return model.eval()
 
+def _saved(model: BertForPreTraining, root: Path, phase_index: int, step: int) -> Path:
+    """A checkpoint of this trainer holding ``model`` (with a throw-away optimizer and schedule)."""
+    optimizer = torch.optim.SGD(model.parameters())
+    return save_checkpoint(
+        root,
+        phase_index,
+        step,
+        model=model,
+        optimizer=optimizer,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0),
+        scaler=torch.amp.GradScaler("cpu", enabled=False),
+        keep=1,
+    )
+
+
 
 def _logits(model: BertForPreTraining) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
@@ -222,17 +237,7 @@ def test_our_checkpoint_and_a_hugging_face_directory_are_told_apart(
     tiny_config: BertConfig, vocab_dir: Path, tmp_path: Path
 ) -> None:
     source = _model(tiny_config, seed=1)
-    optimizer = torch.optim.SGD(source.parameters())
-    checkpoint = save_checkpoint(
-        tmp_path / "checkpoints",
-        0,
-        5,
-        model=source,
-        optimizer=optimizer,
-        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0),
-        scaler=torch.amp.GradScaler("cpu", enabled=False),
-        keep=1,
-    )
+    checkpoint = _saved(source, tmp_path / "checkpoints", phase_index=0, step=5)
     target = _model(tiny_config, seed=2)
     assert load_initial_weights(checkpoint, target).origin == f"{checkpoint} (training checkpoint)"
     assert torch.equal(_logits(target)[0], _logits(source)[0])
@@ -331,17 +336,7 @@ def test_the_export_command_writes_nvidia_files_with_export_nvidia(
     vocab.mkdir(parents=True)
     (vocab / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
     source = _model(tiny_config, seed=1)
-    optimizer = torch.optim.SGD(source.parameters())
-    checkpoint = save_checkpoint(
-        tmp_path / "checkpoints",
-        1,
-        4,
-        model=source,
-        optimizer=optimizer,
-        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0),
-        scaler=torch.amp.GradScaler("cpu", enabled=False),
-        keep=1,
-    )
+    checkpoint = _saved(source, tmp_path / "checkpoints", phase_index=1, step=4)
     assert bertpretrain_main(["export", "--config", str(job_file), "--checkpoint", str(checkpoint)]) == 0
     export = tmp_path / "checkpoints" / "hf"
     assert (export / "model.safetensors").is_file()
