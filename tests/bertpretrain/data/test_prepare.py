@@ -90,7 +90,12 @@ def test_builtin_python_docs_give_both_phases(tmp_path: Path, capsys: pytest.Cap
             arrays = read_shard(directory / name)
             assert arrays["input_ids"].shape[1] == length and arrays["masked_lm_ids"].shape[1] == predictions
             assert arrays["input_ids"].max() < data.vocab_size
+            assert all(array.dtype == SHARD_DTYPES[key] for key, array in arrays.items())
             rows += len(arrays["input_ids"])
+        with h5py.File(directory / names[2]) as file:
+            # Stored narrow (1,000 ids, 128 or 512 positions), read back in the schema's dtypes.
+            assert file["input_ids"].dtype == file["masked_lm_ids"].dtype == np.uint16
+            assert file["masked_lm_positions"].dtype == (np.uint8 if length == 128 else np.uint16)
         assert rows == made["instances"] == sum(s["instances"] for s in made["shards"])
         assert 0.45 < made["random_next"] / rows < 0.62
         assert made["tokens"] == sum(int(read_shard(directory / n)["input_mask"].sum()) for n in names[2:])

@@ -10,11 +10,14 @@ import numpy as np
 import pytest
 
 from bertpretrain.data.shards import (
+    DYNAMIC_DTYPES,
     SHARD_DTYPES,
     ShardWriter,
     read_attrs,
+    read_datasets,
     read_shard,
     shard_shapes,
+    storage_dtypes,
     write_shard,
 )
 
@@ -111,3 +114,37 @@ def test_shard_writer_leaves_nothing_when_the_block_fails(tmp_path: Path) -> Non
         writer.append(arrays(8))
         writer.append({name: array for name, array in arrays(8).items() if name != "masked_lm_ids"})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_storage_dtypes_are_the_narrowest_that_hold_ids_and_positions() -> None:
+    bert = storage_dtypes(SHARD_DTYPES, 30522, 128)
+    assert (bert["input_ids"], bert["masked_lm_ids"], bert["masked_lm_positions"]) == (
+        np.uint16, np.uint16, np.uint8,
+    )  # fmt: skip
+    assert bert["input_mask"] == bert["segment_ids"] == bert["next_sentence_labels"] == np.int8
+    assert storage_dtypes(SHARD_DTYPES, 65536, 256)["input_ids"] == np.uint16
+    assert storage_dtypes(SHARD_DTYPES, 65536, 256)["masked_lm_positions"] == np.uint8
+    wide = storage_dtypes(SHARD_DTYPES, 65537, 257)
+    assert wide["input_ids"] == np.uint32 and wide["masked_lm_positions"] == np.uint16
+    assert set(storage_dtypes(DYNAMIC_DTYPES, 30522, 128)) == set(DYNAMIC_DTYPES)
+    with pytest.raises(ValueError, match="vocab_size 0"):
+        storage_dtypes(SHARD_DTYPES, 0, 128)
+
+
+def test_narrow_shards_read_back_in_the_schemas_dtypes(tmp_path: Path) -> None:
+    block = arrays(64)
+    block["input_ids"][0, :3] = [0, 30521, 65535]  # the ends of uint16
+    block["masked_lm_positions"][0, :2] = [0, L - 1]
+    path = tmp_path / "shard.hdf5"
+    with ShardWriter(path, storage_dtypes(SHARD_DTYPES, 65536, L), _widths(), block_rows=64) as writer:
+        writer.append(block)
+        writer.finish()
+    with h5py.File(path) as file:
+        assert file["input_ids"].dtype == np.uint16 and file["masked_lm_positions"].dtype == np.uint8
+        assert not file["input_ids"].shuffle and file["input_ids"].fletcher32
+        # What NVIDIA's loader does with each dataset.
+        assert np.array_equal(file["input_ids"][()].astype(np.int64), block["input_ids"])
+    for read in (read_shard(path), read_datasets(path, SHARD_DTYPES)):
+        for name, dtype in SHARD_DTYPES.items():
+            assert read[name].dtype == dtype and np.array_equal(read[name], block[name]), name
+    assert read_datasets(path, ["input_ids"])["input_ids"].dtype == np.uint16  # no schema: as stored

@@ -27,6 +27,7 @@ from bertpretrain.data.shards import (
     ShardWriter,
     read_attrs,
     shard_shapes,
+    storage_dtypes,
     write_shard,
 )
 
@@ -249,7 +250,8 @@ def _make_shard(task: ShardTask) -> dict[str, Any]:
         write_shard(task.path, arrays, _with_rows(counts, masked, rows, pairs))
         return _with_rows(counts, masked, rows, pairs)
     static = parameters["masking"] == "static"
-    dtypes = SHARD_DTYPES if static else DYNAMIC_DTYPES
+    schema = SHARD_DTYPES if static else DYNAMIC_DTYPES
+    dtypes = storage_dtypes(schema, parameters["vocab_size"], params.max_seq_length)
     widths = {
         name: shard_shapes(0, params.max_seq_length, params.max_predictions_per_seq)[name][1]
         for name in dtypes

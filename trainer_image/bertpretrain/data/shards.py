@@ -16,6 +16,14 @@ dataset                  dtype   shape   content
 ``next_sentence_labels`` int8    [N]     1 when B is a random next (Google's convention)
 =======================  ======  ======  ==============================================
 
+The dtypes above are those of the arrays in memory (what :func:`read_shard` and
+:func:`read_datasets` with a schema return). On disk, from :data:`SHARD_FORMAT` 3 on, the data
+stage stores each dataset in the smallest unsigned integer type that holds its values (see
+:func:`storage_dtypes`: ``input_ids`` and ``masked_lm_ids`` uint16 for a vocabulary of at most
+65,536 tokens, ``masked_lm_positions`` uint8 up to 256 positions), so gzip has half to a quarter
+of the bytes to compress. NVIDIA's loader converts every dataset with ``astype(np.int64)``, so it
+reads either.
+
 Position 0 holds ``[CLS]``, which is never masked, so a 0 in ``masked_lm_positions`` after the
 first slot marks padding (NVIDIA's loader relies on this). Padding is 0 whatever the vocabulary's
 ``[PAD]`` id, as in NVIDIA's files; ``input_mask`` tells padding apart.
@@ -37,8 +45,9 @@ import numpy as np
 
 CHUNK_BYTES = 1 << 20
 """Uncompressed bytes per chunk (whole rows): HDF5's default chunk cache holds one chunk."""
-SHARD_FORMAT = 2
-"""Version of the on-disk shard layout, bumped whenever it changes (2: fletcher32 checksums).
+SHARD_FORMAT = 3
+"""Version of the on-disk shard layout, bumped whenever it changes (2: fletcher32 checksums;
+3: ids and positions stored in the smallest unsigned type that holds them, see :func:`storage_dtypes`).
 
 Data preparation's cache key includes it, so shards written by an older version are rebuilt."""
 
@@ -74,6 +83,44 @@ def shard_shapes(
 
 DYNAMIC_DTYPES = {name: SHARD_DTYPES[name] for name in (*SEQUENCE_DATASETS, "next_sentence_labels")}
 """Dynamic masking: the same datasets without ``masked_lm_*``; ``input_ids`` are unmasked."""
+
+
+def _smallest_unsigned(most: int) -> type[np.integer]:
+    """The narrowest of uint8/uint16/uint32 that holds ``0..most``."""
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if most <= np.iinfo(dtype).max:
+            return dtype
+    raise ValueError(f"no unsigned 32-bit type holds {most}")
+
+
+def storage_dtypes(
+    dtypes: Mapping[str, type[np.integer]], vocab_size: int, max_seq_length: int
+) -> dict[str, type[np.integer]]:
+    """The on-disk dtype of each dataset of ``dtypes`` (:data:`SHARD_DTYPES` or :data:`DYNAMIC_DTYPES`).
+
+    Token ids (``input_ids``, ``masked_lm_ids``, in ``[0, vocab_size)``) and masked positions (in
+    ``[0, max_seq_length)``) go to the smallest unsigned type that holds them: for BERT's 30,522
+    tokens and 128 or 512 positions, uint16 ids and uint8/uint16 positions. Deflate's time grows
+    with the bytes it reads, so this halves the work of the largest dataset. The 0/1 datasets keep
+    their int8. Readers convert back (:func:`read_datasets` with a schema; NVIDIA's ``astype``).
+
+    Raises:
+        ValueError: ``vocab_size`` or ``max_seq_length`` is below 1.
+    """
+    if vocab_size < 1 or max_seq_length < 1:
+        raise ValueError(f"vocab_size {vocab_size} and max_seq_length {max_seq_length} must be positive")
+    narrow = {
+        "input_ids": _smallest_unsigned(vocab_size - 1),
+        "masked_lm_ids": _smallest_unsigned(vocab_size - 1),
+        "masked_lm_positions": _smallest_unsigned(max_seq_length - 1),
+    }
+    return {name: narrow.get(name, dtype) for name, dtype in dtypes.items()}
+
+
+def _filters(dtype: np.dtype | type[np.integer]) -> dict[str, Any]:
+    """:data:`_FILTERS`, without the byte shuffle for types of one or two bytes: there it costs
+    time and (measured on token ids in uint16) makes gzip's output larger, not smaller."""
+    return _FILTERS if np.dtype(dtype).itemsize > 2 else {**_FILTERS, "shuffle": False}
 
 
 def write_shard(
@@ -128,13 +175,14 @@ def _chunk_rows(
 class ShardWriter:
     """Writes one shard a block of rows at a time, so that a shard is never held in memory whole.
 
-    ``dtypes`` maps each dataset's name to its dtype and ``widths`` to its row width (absent for
-    one value per row), as in :data:`SHARD_DTYPES`. Datasets start empty and grow by
-    :meth:`append`; chunks hold a power-of-two number of whole rows, at most ``block_rows``, so
-    that appending blocks of ``block_rows`` rows (a multiple of every chunk) only ever writes whole
-    chunks, each compressed once. Filters as :func:`write_shard`. Used as a context manager: the
-    file is written as ``<path>.tmp`` and renamed to ``path`` by :meth:`finish`; leaving the block
-    without it (an error) removes the temporary file.
+    ``dtypes`` maps each dataset's name to its on-disk dtype (as :func:`storage_dtypes` gives, or
+    :data:`SHARD_DTYPES`) and ``widths`` to its row width (absent for one value per row). Datasets
+    start empty and grow by :meth:`append`; chunks hold a power-of-two number of whole rows, at most
+    ``block_rows``, so that appending blocks of ``block_rows`` rows (a multiple of every chunk) only
+    ever writes whole chunks, each compressed once. Filters as :func:`write_shard`, but no byte
+    shuffle for dtypes of one or two bytes. Used as a context manager: the file is written as
+    ``<path>.tmp`` and renamed to ``path`` by :meth:`finish`; leaving the block without it (an
+    error) removes the temporary file.
 
     Raises:
         ValueError: in :meth:`append`, a dataset is missing or the arrays differ in rows.
@@ -157,7 +205,7 @@ class ShardWriter:
             row = (self._widths[name],) if name in self._widths else ()
             self._file.create_dataset(
                 name, shape=(0, *row), maxshape=(None, *row), dtype=dtype,
-                chunks=(_chunk_rows(dtype, row, self._block_rows), *row), **_FILTERS,
+                chunks=(_chunk_rows(dtype, row, self._block_rows), *row), **_filters(dtype),
             )  # fmt: skip
         return self
 
@@ -171,7 +219,8 @@ class ShardWriter:
         for name in self._dtypes:
             dataset = self._file[name]
             dataset.resize(self.rows + count, axis=0)
-            dataset[self.rows :] = arrays[name]
+            # numpy's cast is cheaper than HDF5's conversion; values fit (see storage_dtypes).
+            dataset[self.rows :] = np.asarray(arrays[name]).astype(dataset.dtype, copy=False)
         self.rows += count
 
     def finish(self, attrs: Mapping[str, Any] | None = None) -> None:
@@ -199,10 +248,15 @@ def read_attrs(path: Path) -> dict[str, int | float]:
         return {name: value.item() for name, value in file.attrs.items()}
 
 
-def read_datasets(path: Path, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+def read_datasets(
+    path: Path, names: Iterable[str] | Mapping[str, type[np.integer]] | None = None
+) -> dict[str, np.ndarray]:
     """Datasets of a shard, each read whole (default: every dataset), keyed by name.
 
-    Reading checks every chunk's checksum where the shard has them, and gzip's own check.
+    When ``names`` is a schema (name -> dtype, such as :data:`SHARD_DTYPES`), each dataset stored
+    in a narrower integer type (:func:`storage_dtypes`) is returned in the schema's dtype, so
+    readers see one dtype whatever the shard's format. Reading checks every chunk's checksum where
+    the shard has them, and gzip's own check.
 
     Raises:
         OSError: ``path`` is not a readable HDF5 file, or a dataset cannot be read (a checksum,
@@ -221,7 +275,7 @@ def read_datasets(path: Path, names: Iterable[str] | None = None) -> dict[str, n
             if name not in file:
                 raise KeyError(f"{path}: no dataset {name}")
             try:
-                arrays[name] = file[name][()]
+                arrays[name] = _as_schema(file[name][()], names, name)
             except OSError as error:
                 raise OSError(
                     f"{path}: dataset {name} cannot be read, the file is damaged ({error})"
@@ -229,14 +283,25 @@ def read_datasets(path: Path, names: Iterable[str] | None = None) -> dict[str, n
     return arrays
 
 
+def _as_schema(array: np.ndarray, schema: Iterable[str], name: str) -> np.ndarray:
+    """``array`` in the schema's dtype for ``name`` where it is stored narrower (a safe cast)."""
+    if not isinstance(schema, Mapping) or name not in schema or array.dtype == schema[name]:
+        return array
+    if array.dtype.kind not in "iu" or not np.can_cast(array.dtype, schema[name], "safe"):
+        return array  # left as found, for the caller's dtype check to name
+    return array.astype(schema[name])
+
+
 def read_shard(path: Path) -> dict[str, np.ndarray]:
-    """All six datasets of a shard as NumPy arrays, keyed by dataset name (whole file in memory).
+    """All six datasets of a shard as NumPy arrays in :data:`SHARD_DTYPES`, keyed by dataset name
+    (whole file in memory; datasets stored narrower are converted).
 
     Raises:
         OSError: see :func:`read_datasets`.
         ValueError: a dataset of the schema is missing, or has another dtype.
     """
     arrays = read_datasets(path)
+    arrays = {name: _as_schema(array, SHARD_DTYPES, name) for name, array in arrays.items()}
     for name, dtype in SHARD_DTYPES.items():
         if name not in arrays or arrays[name].dtype != dtype:
             found = arrays[name].dtype if name in arrays else "missing"
