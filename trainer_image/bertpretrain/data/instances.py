@@ -26,14 +26,16 @@ How we differ, and why (documented in ``docs/design.md``):
   whole corpus (as NVIDIA's pipeline, which runs Google's script per shard, does too): memory is
   bounded by a shard, not the corpus. Shards draw their documents from all over the corpus.
 
-Only sentence boundaries are handled in Python (a few operations per sentence); the tokens are
-gathered, truncated and masked with array operations (``bertpretrain.data.masking``).
+Only sentence boundaries are handled in Python (a few operations per pair: the sentence that ends
+a chunk or a random B is found by binary search); the tokens are gathered, truncated and masked
+with array operations (``bertpretrain.data.masking``).
 """
 
 from __future__ import annotations
 
 import array
 import random
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -146,31 +148,33 @@ def _document_pairs(
     chunk_start = first
     i = first
     while i < end:
-        # Sentences are contiguous, so a chunk's length is a difference of starts.
-        if i == end - 1 or sentence_starts[i + 1] - sentence_starts[chunk_start] >= target:
-            chunk = i + 1 - chunk_start
-            a_end = chunk_start + (1 + int(uniform() * (chunk - 1)) if chunk >= 2 else 1)
-            a_lo, a_hi = sentence_starts[chunk_start], sentence_starts[a_end]
-            if chunk == 1 or uniform() < 0.5:
-                for _ in range(10):
-                    other = int(uniform() * num_documents)
-                    if other != document:
-                        break
-                other_first, other_end = document_starts[other], document_starts[other + 1]
-                sentence = other_first + int(uniform() * (other_end - other_first))
-                b_lo = sentence_starts[sentence]
-                b_target = b_lo + target - (a_hi - a_lo)
-                while sentence < other_end - 1 and sentence_starts[sentence + 1] < b_target:
-                    sentence += 1
-                b_hi = sentence_starts[sentence + 1]
-                is_random_next = 1
-                # The chunk's sentences after A went unused: the next chunk starts with them.
-                i = a_end - 1
-            else:
-                b_lo, b_hi = a_hi, sentence_starts[i + 1]
-                is_random_next = 0
-            emit((a_lo, a_hi, b_lo, b_hi, is_random_next))
-            chunk_start = i + 1
+        # The chunk grows to the first sentence i at which it reaches the target, or the document's
+        # last. Sentences are contiguous, so a chunk's length is a difference of starts, which grows
+        # with i: a binary search (in C) finds that i instead of a Python step per sentence.
+        i = bisect_left(sentence_starts, sentence_starts[chunk_start] + target, i + 1, end) - 1
+        chunk = i + 1 - chunk_start
+        a_end = chunk_start + (1 + int(uniform() * (chunk - 1)) if chunk >= 2 else 1)
+        a_lo, a_hi = sentence_starts[chunk_start], sentence_starts[a_end]
+        if chunk == 1 or uniform() < 0.5:
+            for _ in range(10):
+                other = int(uniform() * num_documents)
+                if other != document:
+                    break
+            other_first, other_end = document_starts[other], document_starts[other + 1]
+            sentence = other_first + int(uniform() * (other_end - other_first))
+            b_lo = sentence_starts[sentence]
+            b_target = b_lo + target - (a_hi - a_lo)
+            # B runs to its first sentence that reaches b_target, or the other document's last.
+            sentence = bisect_left(sentence_starts, b_target, sentence + 1, other_end) - 1
+            b_hi = sentence_starts[sentence + 1]
+            is_random_next = 1
+            # The chunk's sentences after A went unused: the next chunk starts with them.
+            i = a_end - 1
+        else:
+            b_lo, b_hi = a_hi, sentence_starts[i + 1]
+            is_random_next = 0
+        emit((a_lo, a_hi, b_lo, b_hi, is_random_next))
+        chunk_start = i + 1
         i += 1
 
 
@@ -229,19 +233,19 @@ def assemble(
     for start in range(0, count, _ROWS_PER_BLOCK):
         rows = slice(start, start + _ROWS_PER_BLOCK)
         length_a = (pairs.a_end[rows] - pairs.a_start[rows])[:, None]
-        length = lengths[rows][:, None]
-        in_a = column <= length_a
+        length = lengths[rows][:, None].astype(column.dtype)
+        # Column c holds tokens[a_start + c - 1] in A, tokens[b_start + c - length_a - 2] in B: the
+        # offset is chosen per row and column, then the column added in place.
         source = np.where(
-            in_a,
-            pairs.a_start[rows][:, None] + column - 1,
-            pairs.b_start[rows][:, None] + column - length_a - 2,
+            column > length_a, pairs.b_start[rows][:, None] - length_a - 2, pairs.a_start[rows][:, None] - 1
         )
-        ids = tokens[np.clip(source, 0, max(len(tokens) - 1, 0))] if len(tokens) else np.zeros_like(source)
-        separator = (column == length_a + 1) | (column == length - 1)
-        ids = np.where(separator, special.sep, ids)
+        source += column
+        # mode="clip" keeps [CLS], [SEP] and padding columns in bounds in the same pass as the gather.
+        ids = tokens.take(source, mode="clip") if len(tokens) else np.zeros_like(source)
         ids[:, 0] = special.cls
+        np.copyto(ids, special.sep, where=(column == length_a + 1) | (column == length - 1))
         real = column < length
-        arrays["input_ids"][rows] = np.where(real, ids, 0)
+        np.multiply(ids, real, out=arrays["input_ids"][rows])
         arrays["input_mask"][rows] = real
-        arrays["segment_ids"][rows] = real & (column > length_a + 1)
+        np.logical_and(real, column > length_a + 1, out=arrays["segment_ids"][rows], casting="unsafe")
     return arrays

@@ -54,12 +54,14 @@ def mask_tokens(
     num_to_predict = np.minimum(
         max_predictions_per_seq, np.maximum(1, np.round(lengths * masked_lm_prob).astype(np.int64))
     )
+    # The chosen columns, L where a slot holds none: L sorts after every real position, then
+    # becomes 0 (padding).
     if continuation is None:
-        chosen = _choose_tokens(candidates, num_to_predict, max_predictions_per_seq, rng)
+        columns = _choose_tokens(candidates, num_to_predict, max_predictions_per_seq, rng)
     else:
         chosen = _choose_words(input_ids, candidates, num_to_predict, continuation, rng)
-    # Column L sorts after every real position, then becomes 0 (padding).
-    positions = np.sort(np.where(chosen, np.arange(length), length), axis=1)[:, :max_predictions_per_seq]
+        columns = np.where(chosen, np.arange(length), length)
+    positions = np.sort(columns, axis=1)[:, :max_predictions_per_seq]
     valid = positions < length
     positions = np.where(valid, positions, 0)
     original = np.where(valid, np.take_along_axis(input_ids, positions, axis=1), 0)
@@ -79,22 +81,22 @@ def mask_tokens(
 def _choose_tokens(
     candidates: np.ndarray, num_to_predict: np.ndarray, max_predictions: int, rng: np.random.Generator
 ) -> np.ndarray:
-    """bool [N, L]: ``num_to_predict`` candidates per row, uniformly at random."""
+    """int [N, P]: the columns of ``num_to_predict`` candidates per row, chosen uniformly at random,
+    in no particular order; L (the row length) in the slots left over.
+
+    Returned as columns, not as a bool [N, L] mask, so that the caller sorts P columns a row, not L."""
     # float32 keys: half the memory traffic of float64. A tie at the cut (keys are 2^-24 apart) is
     # settled by position, a bias far below the sampling noise.
     keys = rng.random(candidates.shape, dtype=np.float32)
     keys[~candidates] = 2.0
     smallest = np.argpartition(keys, max_predictions - 1, axis=1)[:, :max_predictions]
-    ranked = np.take_along_axis(
-        smallest, np.argsort(np.take_along_axis(keys, smallest, axis=1), axis=1), axis=1
-    )
+    smallest_keys = np.take_along_axis(keys, smallest, axis=1)
+    order = np.argsort(smallest_keys, axis=1)
+    ranked = np.take_along_axis(smallest, order, axis=1)
     take = (np.arange(max_predictions) < num_to_predict[:, None]) & (
-        np.take_along_axis(keys, ranked, axis=1) < 2.0
+        np.take_along_axis(smallest_keys, order, axis=1) < 2.0
     )
-    chosen = np.zeros_like(candidates)
-    rows = np.broadcast_to(np.arange(len(candidates))[:, None], ranked.shape)
-    chosen[rows[take], ranked[take]] = True
-    return chosen
+    return np.where(take, ranked, candidates.shape[1])
 
 
 def _choose_words(
