@@ -30,6 +30,9 @@ AWKWARD = [
     # encoder's own marks (\x00, \x01) standing alone; whitespace both agree on.
     ["Split\x1cjoined\x1fand\x85here\x0cthen.", "a \x00 b \x01 c\x00d", "\u2028next\u00a0to\u3000that"],
     ["\x00", "Ending."],
+    # Printable ASCII goes to the tokenizer without its normalizer (lowercased first when uncased):
+    # capitals, a word too long for WordPiece, ASCII punctuation, and DEL (not printable) alone.
+    ["MiXeD CAPS " + "LONG" * 30 + " x", "Tilde~caret^back`tick|pipe", "\x7f", "Ab\x7fCd"],
 ]
 
 
