@@ -536,12 +536,13 @@ class MpiSpec(_Spec):
 class DeepSpeedSpec(_Spec):
     """DeepSpeed as the data-parallel engine, under either launcher (torchrun or mpirun)."""
 
-    zero_stage: Int32 = Field(
+    zero_stage: int = Field(
         1,
         ge=0,
         le=3,
-        description="ZeRO stage: 0 none, 1 optimizer states, 2 and gradients, 3 and parameters "
-        "sharded over the ranks.",
+        json_schema_extra={"format": "int32"},
+        description="ZeRO stage: 1 shards the optimizer states over the ranks, 2 the gradients too, 3 "
+        "the parameters too. 0 (no sharding, what DDP does) is refused: leave deepspeed unset.",
     )
     config: KubernetesObject = Field(
         default_factory=dict,

@@ -85,16 +85,15 @@ def _deepspeed_problems(spec: JobSpec) -> list[tuple[str, str]]:
     if spec.distributed.deepspeed is None:
         return []
     found: list[tuple[str, str]] = []
-    stage = spec.distributed.deepspeed.zero_stage
-    if stage not in deepspeed.TRAINED_STAGES:
+    if spec.distributed.deepspeed.zero_stage not in deepspeed.TRAINED_STAGES:  # 0; the schema bounds it
         stages = ", ".join(map(str, deepspeed.TRAINED_STAGES))
-        reason = (
-            "is DeepSpeed without ZeRO, the plain data parallelism DDP and Horovod already give; "
-            f"leave spec.distributed.deepspeed out, or set zeroStage {stages}"
-            if stage == 0
-            else f"is not run by this trainer; set zeroStage {stages}"
+        found.append(
+            (
+                "spec.distributed.deepspeed.zeroStage",
+                "0 is DeepSpeed without ZeRO, the plain data parallelism DDP and Horovod already give; "
+                f"leave spec.distributed.deepspeed out, or set zeroStage {stages}",
+            )
         )
-        found.append(("spec.distributed.deepspeed.zeroStage", f"{stage} {reason}"))
     if spec.accelerator == "xeon-cpu" and spec.precision == "fp16":
         # DeepSpeed's CPU accelerator refuses fp16 ("Type fp16 is not supported on your device").
         found.append(
