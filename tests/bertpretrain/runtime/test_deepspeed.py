@@ -149,7 +149,10 @@ def test_mpirun_without_a_rendezvous_address_is_refused_by_name(monkeypatch: pyt
     from bertpretrain.runtime.world import World
 
     for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        monkeypatch.delenv(name, raising=False)
+        # Set first, so that monkeypatch removes again what _launcher_variables writes: a RANK left
+        # behind makes every later test in this process a rank of a torch.distributed world.
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     world = World("mpirun", rank=1, world_size=4, local_rank=1, local_world_size=2)
     with pytest.raises(RuntimeError, match="needs MASTER_ADDR and MASTER_PORT"):
         _launcher_variables(world)
