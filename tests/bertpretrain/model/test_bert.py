@@ -19,11 +19,11 @@ from bertpretrain.model import bert as model_module
 from bertpretrain.model.bert import (
     IGNORE_INDEX,
     BertForPreTraining,
-    count_parameters,
     pretraining_loss,
     sdpa_mask,
 )
 from bertpretrain.model.config import BertConfig
+from bertpretrain.runtime.sharding import parameter_count
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -97,7 +97,7 @@ def test_parameter_count_equals_transformers(preset: str, expected: int) -> None
     with torch.device("meta"):
         ours = BertForPreTraining(config)
         theirs = transformers.BertForPreTraining(transformers.BertConfig(**config.to_hf_dict()))
-    assert count_parameters(ours) == count_parameters(theirs) == expected
+    assert parameter_count(ours) == parameter_count(theirs) == expected
 
 
 @pytest.mark.parametrize("direction", ["ours_into_hf", "hf_into_ours"])

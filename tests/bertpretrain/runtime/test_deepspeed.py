@@ -108,7 +108,7 @@ def test_zero_checkpoint_resumes_bitwise(runs: tuple[Path, Path], case: str) -> 
 def test_zero3_checkpoint_holds_whole_weights(runs: tuple[Path, Path]) -> None:
     """Under ZeRO-3 each rank holds a slice of each parameter; the checkpoint (what export and
     phase 2 read) holds them whole, and the parameter count is the whole model's."""
-    from bertpretrain.model.bert import count_parameters
+    from bertpretrain.runtime.sharding import parameter_count
     from bertpretrain.training.checkpoint import load_model_weights
     from tests.bertpretrain.runtime.deepspeed_worker import model
 
@@ -118,7 +118,7 @@ def test_zero3_checkpoint_holds_whole_weights(runs: tuple[Path, Path]) -> None:
     trained = _weights(two, "lamb-3", 0)
     assert all(fresh.state_dict()[name].shape == tensor.shape for name, tensor in trained.items())
     for rank in range(2):
-        assert int((two / f"parameters-lamb-3-rank{rank}.txt").read_text()) == count_parameters(fresh)
+        assert int((two / f"parameters-lamb-3-rank{rank}.txt").read_text()) == parameter_count(fresh)
 
 
 @pytest.mark.slow

@@ -393,8 +393,3 @@ def pretraining_loss(
         nsp_logits.reshape(-1, 2).float(), next_sentence_labels.reshape(-1), ignore_index=IGNORE_INDEX
     )
     return mlm_loss + nsp_loss, mlm_loss, nsp_loss
-
-
-def count_parameters(model: nn.Module) -> int:
-    """Number of parameter elements, tied tensors counted once."""
-    return sum(p.numel() for p in model.parameters())
