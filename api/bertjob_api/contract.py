@@ -72,6 +72,12 @@ PREPARE_COMMAND: Final = "prepare"
 RUN_COMMAND: Final = "run"
 # The whole job in one process, then a fill-mask demonstration: what `bertjob run job.yaml` starts.
 LOCAL_COMMAND: Final = "local"
+# spec.finetune alone, on the job's export or each task's initFrom (`run` and `local` end with it).
+FINETUNE_COMMAND: Final = "finetune"
+# Where fine-tuning writes, below spec.checkpoint.path: FINETUNE_RESULTS (every task's metrics per
+# seed, their median and best) and, for a builtin task, its generated files in <task name>/.
+FINETUNE_DIR: Final = "finetune"
+FINETUNE_RESULTS: Final = "finetune.json"
 
 # Set by the operator in every trainer pod, so that the trainer can report its progress.
 NAME_ENV: Final = "BERTJOB_NAME"
@@ -91,6 +97,10 @@ RETRYABLE_EXIT_CODES: Final = (EXIT_PREEMPTED, EXIT_DISK_FULL)
 
 # `status.progress`: the trainer's log values that it patches, by the status field that holds them
 # (declared by bertjob_api.crd.Progress), besides phase, step, totalSteps and updateTime.
+# `status.results`: one entry per fine-tuning task, patched by the trainer's rank 0 as each task
+# ends (bertjob_api.crd.TaskResult). Like `status.progress`, the operator never writes it.
+RESULTS_FIELD: Final = "results"
+PROGRESS_FIELD: Final = "progress"
 PROGRESS_FIELDS: Final = {
     "loss": "loss",
     "mlm_accuracy": "mlmAccuracy",

@@ -80,6 +80,24 @@ class Progress(_Status):
     update_time: datetime = Field(description="When the trainer reported this.")
 
 
+class TaskResult(_Status):
+    """One fine-tuning task's outcome (spec.finetune), reported by the trainer's rank 0 when the
+    task ends; the figures are also in finetune.json with each seed's."""
+
+    task: str = Field(description="The task's name.")
+    metric: str = Field(description="The headline metric: the first of the task's metrics.")
+    median: float = Field(description="Its median over the seeds (fractions; SQuAD's in percent).")
+    best: float = Field(description="Its best over the seeds.")
+    seeds: int = Field(ge=1, description="Runs with different seeds.")
+    metrics: dict[str, float] = Field(
+        default_factory=dict, description="The median of every metric of the task."
+    )
+    baseline: float | None = Field(
+        None, description="The headline metric's median fine-tuned from random weights (spec baseline)."
+    )
+    summary: str = Field(description="One line for kubectl get, e.g. 'mrpc accuracy 0.842 (3 seeds)'.")
+
+
 class PendingEvent(_Status):
     """An Event about the job, recorded with the change it reports, until the operator posts it."""
 
@@ -108,6 +126,9 @@ class JobStatus(_Status):
     start_time: datetime | None = Field(None, description="When the children were created.")
     completion_time: datetime | None = Field(None, description="When the job succeeded or failed.")
     progress: Progress | None = Field(None, description="Live training progress from the trainer.")
+    results: list[TaskResult] = Field(
+        default_factory=list, description="Fine-tuning results from the trainer, one per task, in spec order."
+    )
     pending_events: dict[str, PendingEvent] = Field(
         default_factory=dict,
         description="Events not yet posted, by the name they are posted under (so never twice).",
@@ -237,6 +258,7 @@ def crd() -> dict[str, Any]:
                             "type": "number",
                             "jsonPath": ".status.progress.sequencesPerSecond",
                         },
+                        {"name": "Result", "type": "string", "jsonPath": ".status.results[0].summary"},
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                     ],
                 }

@@ -10,10 +10,15 @@ derived values once, through :class:`bertjob_api.plan.Plan`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
-from bertjob_api.spec import JobSpec, ModelSpec, PhaseSpec, VolumeSpec
+from bertjob_api.spec import TASK_METRICS, FinetuneTaskSpec, JobSpec, ModelSpec, VolumeSpec
 
 DEFAULT_NUM_SHARDS = 4
+# Fine-tuning defaults by task type: Devlin et al. 2019's (and NVIDIA's scripts') sequence lengths,
+# and the low ends of their learning-rate grids (2e-5 for GLUE, 3e-5 for SQuAD).
+FINETUNE_LEARNING_RATES = {"classification": 2e-5, "squad": 3e-5}
+FINETUNE_SEQ_LENGTHS = {"classification": 128, "squad": 384}
 # The base pod's scratch volume (kustomize/base); a job volume of this name replaces it.
 DEFAULT_VOLUME = VolumeSpec(name="data", mount_path="/data")
 
@@ -87,16 +92,44 @@ def with_defaults(spec: JobSpec) -> JobSpec:
     data = spec.data
     if data.num_shards is None and data.max_shard_mb is None:
         data = data.model_copy(update={"num_shards": DEFAULT_NUM_SHARDS})
-    return spec.model_copy(update={"phases": phases, "export": export, "logging": logging, "data": data})
+    finetune = [_task_defaults(task, world_size) for task in spec.finetune]
+    return spec.model_copy(
+        update={"phases": phases, "export": export, "logging": logging, "data": data, "finetune": finetune}
+    )
 
 
-def micro_batch_size(phase: PhaseSpec, world_size: int) -> int:
+def _task_defaults(task: FinetuneTaskSpec, world_size: int) -> FinetuneTaskSpec:
+    update = {
+        "learning_rate": task.learning_rate or FINETUNE_LEARNING_RATES[task.type],
+        "max_seq_length": task.max_seq_length or FINETUNE_SEQ_LENGTHS[task.type],
+        "metrics": task.metrics or list(TASK_METRICS[task.type][:2]),
+        "micro_batch_size": micro_batch_size(task, task_world_size(task, world_size)),
+    }
+    return task.model_copy(update=update)
+
+
+def task_world_size(task: FinetuneTaskSpec, world_size: int) -> int:
+    """Processes one fine-tuning run of ``task`` spans: all ``world_size`` with parallelism data,
+    one with seeds (each rank runs its own seeds)."""
+    return world_size if task.parallelism == "data" else 1
+
+
+class Batching(Protocol):
+    """What splits into micro-batches: a pretraining phase or a fine-tuning task."""
+
+    @property
+    def global_batch_size(self) -> int: ...
+    @property
+    def micro_batch_size(self) -> int | None: ...
+
+
+def micro_batch_size(phase: Batching, world_size: int) -> int:
     """Sequences per process per forward/backward pass: ``microBatchSize``, or by default
     ``globalBatchSize // world size`` (no gradient accumulation)."""
     return phase.micro_batch_size or max(phase.global_batch_size // world_size, 1)
 
 
-def batch_split_problem(phase: PhaseSpec, world_size: int) -> str | None:
+def batch_split_problem(phase: Batching, world_size: int) -> str | None:
     """What is wrong with splitting ``globalBatchSize`` over ``world_size`` processes, or None
     when it splits into whole micro-batches."""
     micro = micro_batch_size(phase, world_size)
@@ -105,7 +138,7 @@ def batch_split_problem(phase: PhaseSpec, world_size: int) -> str | None:
     return f"{phase.global_batch_size} is not divisible by world size {world_size} x microBatchSize {micro}"
 
 
-def gradient_accumulation_steps(phase: PhaseSpec, world_size: int) -> int:
+def gradient_accumulation_steps(phase: Batching, world_size: int) -> int:
     """Forward/backward passes per optimizer step on each process:
     ``globalBatchSize / (world size x microBatchSize)``.
 

@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from bertjob_api.contract import FINETUNE_DIR
 from bertjob_api.defaults import (
     ModelDims,
     gradient_accumulation_steps,
@@ -85,6 +86,7 @@ class Paths:
     checkpoints: Path  # spec.checkpoint.path: phase<n>/ of each phase
     logs: Path  # spec.logging.path (default <checkpoints>/logs)
     export: Path  # spec.export.path (default <checkpoints>/hf)
+    finetune: Path  # <checkpoints>/finetune: finetune.json, and builtin tasks' files
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,7 @@ class Plan:
             checkpoints=Path(spec.checkpoint.path),
             logs=Path(spec.logging.path),
             export=Path(spec.export.path),
+            finetune=Path(spec.checkpoint.path) / FINETUNE_DIR,
         )
         return cls(spec, world, resolve_model(spec.model), phases, paths)
 

@@ -11,7 +11,14 @@ from typing import Any, Literal
 
 from bertjob_api import deepspeed, kubenames, passthrough
 from bertjob_api.contract import RESERVED_VOLUMES
-from bertjob_api.defaults import batch_split_problem, resolve_model, volumes, with_defaults
+from bertjob_api.defaults import (
+    ModelDims,
+    batch_split_problem,
+    resolve_model,
+    task_world_size,
+    volumes,
+    with_defaults,
+)
 from bertjob_api.spec import BertPretrainJob, JobSpec, SpecError
 
 # Volumes the base pod template mounts itself (kustomize/base): a job volume may not take their names.
@@ -73,7 +80,55 @@ def problems(spec: JobSpec, training: bool = True) -> list[tuple[str, str]]:
             )
     if len(spec.phases) == 2 and spec.phases[1].max_seq_length < spec.phases[0].max_seq_length:
         found.append(("spec.phases[1].maxSeqLength", "phase 2 must not use shorter sequences than phase 1"))
-    return found + _distributed_problems(spec)
+    return found + _distributed_problems(spec) + _finetune_problems(spec, dims)
+
+
+# [CLS] question [SEP] context [SEP]
+_SQUAD_SPECIAL_TOKENS = 3
+
+
+def _finetune_problems(spec: JobSpec, dims: ModelDims) -> list[tuple[str, str]]:
+    """What a fine-tuning task cannot run with: a name used twice, a batch that does not split
+    over its processes, sequences longer than the model's, SQuAD windows with no room for the
+    context or with gaps between them."""
+    found: list[tuple[str, str]] = []
+    seen: dict[str, int] = {}
+    for index, task in enumerate(spec.finetune):
+        where = f"spec.finetune[{index}]"
+        if task.name in seen:
+            found.append((f"{where}.name", f"{task.name} is also spec.finetune[{seen[task.name]}]"))
+        seen.setdefault(task.name, index)
+        problem = batch_split_problem(task, task_world_size(task, spec.topology.world_size))
+        if problem is not None:
+            found.append((f"{where}.globalBatchSize", problem))
+        length = task.max_seq_length or 0  # with_defaults sets it
+        if length > dims.max_position_embeddings:
+            found.append(
+                (
+                    f"{where}.maxSeqLength",
+                    f"{length} exceeds the model's maxPositionEmbeddings {dims.max_position_embeddings}",
+                )
+            )
+        if task.type != "squad":
+            continue
+        window = length - task.max_query_length - _SQUAD_SPECIAL_TOKENS
+        if window < 1:
+            found.append(
+                (
+                    f"{where}.maxQueryLength",
+                    f"{task.max_query_length} leaves no room for the context in maxSeqLength {length} "
+                    f"({_SQUAD_SPECIAL_TOKENS} tokens go to [CLS] and [SEP])",
+                )
+            )
+        elif task.doc_stride > window:
+            found.append(
+                (
+                    f"{where}.docStride",
+                    f"{task.doc_stride} is longer than a window's {window} context tokens (maxSeqLength "
+                    f"- maxQueryLength - {_SQUAD_SPECIAL_TOKENS}): windows would skip text",
+                )
+            )
+    return found
 
 
 def _deepspeed_problems(spec: JobSpec) -> list[tuple[str, str]]:
@@ -212,6 +267,13 @@ def cluster_problems(spec: JobSpec) -> list[tuple[str, str]]:
                     "spec.volumes",
                 )
             )
+    for index, task in enumerate(spec.finetune):
+        for name in ("train", "validation", "init_from"):
+            path = getattr(task, name)
+            if path is not None and not path.startswith("/"):
+                field = f"spec.finetune[{index}].{'initFrom' if name == 'init_from' else name}"
+                problem = f"{kubenames.printable(path)} must be an absolute path in the container"
+                found.append((field, problem))
     return found + pod_problems(spec)
 
 

@@ -20,6 +20,7 @@ from typing import Any, Literal, get_args
 
 import pydantic
 
+from bertjob_api.contract import PROGRESS_FIELD, RESULTS_FIELD
 from bertjob_api.crd import ChildRef, Condition, ConditionType, JobStatus, PendingEvent, Phase
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -27,8 +28,8 @@ TERMINAL_PHASES = ("Succeeded", "Failed")
 MIRRORED = ("Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
 # Kubernetes caps an Event's message at 1 KiB; a condition's message is kept as short.
 MESSAGE_LIMIT = 1024
-# Status fields that someone other than the operator writes.
-FOREIGN_FIELDS = ("progress",)
+# Status fields that the trainer writes (bertjob_api.contract), which the operator leaves alone.
+FOREIGN_FIELDS = (PROGRESS_FIELD, RESULTS_FIELD)
 # Kubernetes caps an object's name at 253 characters (a DNS subdomain).
 NAME_LIMIT = 253
 

@@ -199,6 +199,7 @@ def test_the_printer_columns_point_at_declared_fields(bertjob_schema: dict[str, 
         "Step",
         "Loss",
         "Seq/s",
+        "Result",
         "Age",
     ]
     for column in version["additionalPrinterColumns"]:
@@ -207,6 +208,10 @@ def test_the_printer_columns_point_at_declared_fields(bertjob_schema: dict[str, 
             continue
         node = bertjob_schema
         for part in parts:
-            node = node["properties"][part]
+            name, _, index = part.partition("[")  # results[0]: an item of the list results
+            node = node["properties"][name]
+            if index:
+                assert node["type"] == "array", column
+                node = node["items"]
         assert node["type"] == column["type"], column
     assert version["subresources"] == {"status": {}}
