@@ -24,13 +24,16 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from bertjob_api.contract import LOCAL_COMMAND
+from bertjob_api.contract import FINETUNE_COMMAND, FINETUNE_RESULTS, LOCAL_COMMAND
 from bertjob_api.plan import Plan
 from bertjob_api.spec import BertPretrainJob, JobSpec
 from bertpretrain.common.files import check_writable
 from bertpretrain.data.loader import verify_phases
 from bertpretrain.data.prepare import VOCAB_DIR, PreparedData, prepare
+from bertpretrain.finetune.results import compare
+from bertpretrain.finetune.stage import check_files, finetune
 from bertpretrain.model.huggingface import clean_staging, fill_mask
 from bertpretrain.run import outputs
 from bertpretrain.runtime.parallel import DataParallel, join
@@ -59,17 +62,21 @@ class JobOutputs:
     checkpoints: list[Path]  # the final checkpoint of each phase, in order
     export_dir: Path
     seconds: float
+    finetune: list[dict[str, Any]]  # each task's summary (bertpretrain.finetune.results)
 
 
 def run_job(plan: Plan, finishing: StopSignals | None = None) -> JobOutputs:
     """Run every stage of a job as ``plan`` says (a plan of a spec that passed
-    :func:`bertjob_api.validation.checked`, for the world size detected).
+    :func:`bertjob_api.validation.checked`, for the world size detected): data, phases, export,
+    then the fine-tuning tasks of ``spec.finetune`` on the export (every rank).
 
     ``finishing``: signals to install once this rank's training is done, so that a SIGTERM from
     then on (the pod deleted as the job ends) does not stop the export; the caller restores them.
 
     Raises:
         PermissionError: an output directory cannot be written (naming its field), before any work.
+        bertpretrain.finetune.errors.TaskDataError: a fine-tuning file is missing or bad (naming the
+            file and the row), before any work.
         FileNotFoundError, ValueError: bad corpus, vocabulary, shards or checkpoint (the message
             names the file).
         bertpretrain.common.files.DiskFullError: a checkpoint or the export does not fit.
@@ -80,6 +87,7 @@ def run_job(plan: Plan, finishing: StopSignals | None = None) -> JobOutputs:
     started = time.perf_counter()
     spec = plan.spec
     check_outputs(spec)
+    check_files(plan)
     with contextlib.closing(join(spec.accelerator, spec.tf32, spec.distributed)) as parallel:
         if parallel.world.rank == 0:
             device = parallel.device
@@ -92,7 +100,10 @@ def run_job(plan: Plan, finishing: StopSignals | None = None) -> JobOutputs:
         export_dir = plan.paths.export
         if parallel.world.rank == 0:
             export(spec, checkpoints[-1], data.vocab_dir, export_dir)
-    return JobOutputs(data, checkpoints, export_dir, time.perf_counter() - started)
+        # Fine-tuning writes only below <checkpoint.path>/finetune: a bad task file leaves the
+        # checkpoints and the export as they are.
+        results = finetune(plan, parallel, export_dir)
+    return JobOutputs(data, checkpoints, export_dir, time.perf_counter() - started, results)
 
 
 def export(spec: JobSpec, checkpoint: Path, vocab_dir: Path, out_dir: Path) -> None:
@@ -198,6 +209,10 @@ def _local(job: BertPretrainJob, spec: JobSpec) -> int:
     print(f'\nfill-mask with the exported model (transformers pipeline): "{DEMO_SENTENCE}"')
     for token, score in fill_mask(outputs.export_dir, DEMO_SENTENCE):
         print(f"  {score:6.3f}  {token}")
+    if outputs.finetune:
+        print(f"\nFine-tuned ({plan.paths.finetune / FINETUNE_RESULTS}):")
+        for line in compare(outputs.finetune):
+            print(f"  {line}")
     print(f"\nbertjob: done in {outputs.seconds:.0f} s")
     return 0
 
@@ -252,8 +267,26 @@ def _train(job: BertPretrainJob, spec: JobSpec) -> int:
         finishing.restore()
 
 
+def _finetune(spec: JobSpec) -> int:
+    """``finetune``: the tasks of ``spec.finetune`` alone, on the job's export (or each task's
+    ``initFrom``), under whichever launcher started this process."""
+    if not spec.finetune:
+        print("bertpretrain finetune: the job has no spec.finetune tasks", file=sys.stderr)
+        return 1
+    world = detect_world()
+    plan = Plan.resolve(spec, world.world_size)
+    check_files(plan)
+    export_dir = plan.paths.export if plan.paths.export.is_dir() else None
+    with contextlib.closing(join(spec.accelerator, spec.tf32, spec.distributed)) as parallel:
+        summaries = finetune(plan, parallel, export_dir)
+    if world.rank == 0:
+        for line in compare(summaries):
+            print(f"bertpretrain: {line}", flush=True)
+    return 0
+
+
 def command(name: str, job: BertPretrainJob, spec: JobSpec, checkpoint: str | None, out: str | None) -> int:
-    """Run ``run``, ``local`` or ``export`` (see :func:`bertpretrain.run.main`) for the checked
+    """Run ``run``, ``local``, ``export`` or ``finetune`` (see :func:`bertpretrain.run.main`) for the checked
     ``spec`` of ``job``; returns the exit code, 1 for a diverged loss (a restart would not mend it).
 
     Raises:
@@ -265,6 +298,8 @@ def command(name: str, job: BertPretrainJob, spec: JobSpec, checkpoint: str | No
             return _export(spec, checkpoint, out)
         if name == LOCAL_COMMAND:
             return _local(job, spec)
+        if name == FINETUNE_COMMAND:
+            return _finetune(spec)
         return _train(job, spec)
     except DivergenceError as error:
         print(f"bertpretrain {name}: {error}", file=sys.stderr)

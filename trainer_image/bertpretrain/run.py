@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from bertjob_api.contract import LOCAL_COMMAND, PREPARE_COMMAND, RUN_COMMAND
+from bertjob_api.contract import FINETUNE_COMMAND, LOCAL_COMMAND, PREPARE_COMMAND, RUN_COMMAND
 from bertjob_api.spec import JobSpec, SpecError, load_job
 from bertjob_api.validation import Purpose, checked
 from bertpretrain.common.files import (
@@ -30,6 +30,7 @@ _PURPOSES: dict[str, Purpose] = {
     LOCAL_COMMAND: "training",
     PREPARE_COMMAND: "no-training",
     "export": "no-training",
+    FINETUNE_COMMAND: "no-training",
 }
 
 

@@ -35,7 +35,22 @@ Outputs = tuple[torch.Tensor, torch.Tensor]
 # A micro-batch's statistics from the batch and the model's outputs: a 1-D tensor whose element 0 is
 # the loss to minimise (a mean over the micro-batch, differentiable), the rest whatever the caller
 # counts. The engine weights element 0 for accumulation and back-propagates it.
-Statistics = Callable[[Batch, Outputs], torch.Tensor]
+Statistics = Callable[[Batch, Any], torch.Tensor]
+# How a model is called on a batch (on the device): the pretraining model's call by default; a
+# fine-tuning head's takes only the three encoder inputs.
+Forward = Callable[[Callable[..., Any], Batch], Any]
+
+
+def pretraining_forward(model: Callable[..., Outputs], batch: Batch) -> Outputs:
+    """The pretraining model on ``batch`` (as :func:`bertpretrain.data.loader.to_batch` makes it):
+    its MLM logits at the masked positions and its NSP logits."""
+    return model(
+        batch["input_ids"],
+        batch["token_type_ids"],
+        batch["attention_mask"],
+        batch["masked_lm_positions"],
+        **{name: batch[name] for name in _PACKED_INPUTS if name in batch},
+    )
 
 
 def _cpu_has_native(precision: Precision) -> bool:
@@ -50,13 +65,21 @@ class Engine:
     ``parallel``: this rank's device and data parallelism, from :func:`bertpretrain.runtime.parallel.join`.
     ``precision``: ``bf16`` or ``fp16`` autocast over fp32 parameters (fp16 with a gradient
     scaler), or ``fp32``. ``statistics``: what each micro-batch yields, its element 0 the loss
-    (see :data:`Statistics`). Call :meth:`prepare` with the model, :meth:`wrap_optimizer` on its
-    optimizer before building the schedule, then :meth:`attach` both.
+    (see :data:`Statistics`); ``forward``: how the model is called on a batch (see :data:`Forward`).
+    Call :meth:`prepare` with the model, :meth:`wrap_optimizer` on its optimizer before building the
+    schedule, then :meth:`attach` both.
     """
 
-    def __init__(self, parallel: DataParallel, precision: Precision, statistics: Statistics):
+    def __init__(
+        self,
+        parallel: DataParallel,
+        precision: Precision,
+        statistics: Statistics,
+        forward: Forward = pretraining_forward,
+    ):
         self.parallel = parallel
         self.statistics = statistics
+        self.forward = forward
         self.world = parallel.world
         self.hardware = parallel.device
         self.device = parallel.device.device
@@ -102,7 +125,7 @@ class Engine:
         self.module = model.to(self.device)
         self.wrapped = self.parallel.wrap_model(self.module)
         # Wrap first, then compile: TorchDynamo splits the graph at DDP's buckets (torch docs).
-        self.forward_module: Callable[..., Outputs] = torch.compile(self.wrapped) if compile else self.wrapped
+        self.forward_module: Callable[..., Any] = torch.compile(self.wrapped) if compile else self.wrapped
         return self.module
 
     def wrap_optimizer(
@@ -143,17 +166,11 @@ class Engine:
     def _autocast(self) -> torch.autocast:
         return torch.autocast(self.device.type, self.autocast_dtype, enabled=self.autocast_dtype is not None)
 
-    def _statistics(self, model: Callable[..., Outputs], batch: Batch) -> torch.Tensor:
+    def _statistics(self, model: Callable[..., Any], batch: Batch) -> torch.Tensor:
         """The model's forward pass on ``batch`` under autocast, then :attr:`statistics` of its
         outputs outside autocast (the statistics function computes in the outputs' dtypes)."""
         with self._autocast():
-            outputs = model(
-                batch["input_ids"],
-                batch["token_type_ids"],
-                batch["attention_mask"],
-                batch["masked_lm_positions"],
-                **{name: batch[name] for name in _PACKED_INPUTS if name in batch},
-            )
+            outputs = self.forward(model, batch)
         return self.statistics(batch, outputs)
 
     def forward_backward(self, batch: Batch, accumulation_steps: int) -> torch.Tensor:
@@ -180,6 +197,14 @@ class Engine:
         eval mode."""
         batch = {name: tensor.to(self.device, non_blocking=True) for name, tensor in batch.items()}
         return self._statistics(self.module if model is None else model, batch)
+
+    @torch.no_grad()
+    def predict(self, batch: Batch, model: nn.Module | None = None) -> Any:
+        """The outputs of :attr:`forward` on ``batch`` (moved to the device) under autocast, without
+        gradients, on the unwrapped model or on ``model``: no collective. Call in eval mode."""
+        batch = {name: tensor.to(self.device, non_blocking=True) for name, tensor in batch.items()}
+        with self._autocast():
+            return self.forward(self.module if model is None else model, batch)
 
     def optimizer_step(self) -> tuple[float, bool]:
         """Unscale and clip the gradients, step the optimizer and the schedule, zero the gradients.

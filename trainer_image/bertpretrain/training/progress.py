@@ -95,6 +95,11 @@ class StatusReporter:
         )
         return self._send({"status": {"progress": progress}})
 
+    def send_status(self, fields: Mapping[str, object]) -> bool:
+        """Patch these fields of ``status`` (e.g. ``results``, the fine-tuning results) at once,
+        unthrottled. Returns whether the request was sent and accepted."""
+        return self._send({"status": dict(fields)})
+
     def _send(self, patch: dict[str, object]) -> bool:
         headers = {"Content-Type": "application/merge-patch+json", "Accept": "application/json"}
         try:

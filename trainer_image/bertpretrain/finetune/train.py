@@ -1,0 +1,264 @@
+"""One fine-tuning run: a head on the encoder -> AdamW with linear warm-up and decay -> epochs over
+the training features -> predictions on the validation features -> metrics.
+
+The engine is pretraining's (:class:`bertpretrain.runtime.engine.Engine`): the device, the
+precision, gradient accumulation and the data parallelism (DDP, Horovod or DeepSpeed over every
+rank, or one rank alone for independent seeds) are behind it, so the loop reads as the recipe:
+Devlin et al. 2019's fine-tuning (Adam with weight decay, linear decay after a 10% warm-up,
+dropout 0.1, a few epochs), as Google's ``run_classifier.py``/``run_squad.py`` and NVIDIA's
+scripts run it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+from bertjob_api import deepspeed
+from bertjob_api.defaults import gradient_accumulation_steps, micro_batch_size
+from bertjob_api.spec import FinetuneTaskSpec, JobSpec
+from bertpretrain.common.batch import Batch
+from bertpretrain.model.bert import BertForPreTraining
+from bertpretrain.model.config import BertConfig
+from bertpretrain.model.heads import (
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    classification_loss,
+    span_loss,
+)
+from bertpretrain.runtime.engine import Engine
+from bertpretrain.runtime.parallel import DataParallel
+from bertpretrain.training.checkpoint import load_initial_weights
+from bertpretrain.training.optimizer import param_groups
+from bertpretrain.training.schedule import build_schedule
+
+# BERT's Adam: beta2 0.999 and epsilon 1e-6 (Google's AdamWeightDecayOptimizer).
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-6
+# The encoder inputs every feature set has; the rest are targets.
+INPUTS = ("input_ids", "token_type_ids", "attention_mask")
+
+Init = Literal["pretrained", "random"]
+
+
+@dataclass(frozen=True)
+class TaskData:
+    """A task's features, the same on every rank, and how its predictions are scored.
+
+    ``train`` and ``validation`` map names to tensors of N rows: ``input_ids``, ``token_type_ids``,
+    ``attention_mask`` ``[N, L]`` int64, and the targets (``labels [N]`` for classification,
+    ``start_positions``/``end_positions [N]`` for SQuAD; absent from ``validation``). ``score``
+    turns the model's outputs on every validation row, in order (``[N, C]`` logits, or a pair of
+    ``[N, L]`` start and end logits), into the task's metrics and the predictions they score (a
+    list of ``{"row", "prediction"}`` label names, or SQuAD's ``{id: answer text}``, the official
+    evaluation script's input). ``num_labels`` is None for SQuAD.
+    """
+
+    train: Mapping[str, torch.Tensor]
+    validation: Mapping[str, torch.Tensor]
+    score: Callable[[Any], tuple[dict[str, float], Any]]
+    num_labels: int | None
+    train_file: str
+
+    @property
+    def train_examples(self) -> int:
+        """Training rows (classification examples, or SQuAD windows)."""
+        return int(self.train["input_ids"].shape[0])
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One run's outcome: its ``metrics`` on the validation file, ``steps`` optimizer steps in
+    ``seconds`` of training (evaluation excluded), the mean training loss of its last logging
+    window (nats), and its ``predictions`` on the validation file (see :class:`TaskData`)."""
+
+    init: Init
+    seed: int
+    metrics: dict[str, float]
+    steps: int
+    seconds: float
+    final_loss: float
+    predictions: Any = field(repr=False, default=None)
+
+
+def build_model(
+    task: FinetuneTaskSpec, config: BertConfig, num_labels: int | None, source: Path | None
+) -> nn.Module:
+    """The task's head on an encoder with the weights of ``source`` (any format
+    :func:`bertpretrain.training.checkpoint.load_initial_weights` reads), or on a freshly
+    initialised one (``source`` None: the random-weights baseline); seed torch first.
+
+    Raises:
+        bertpretrain.model.config.CheckpointError: ``source`` cannot be read or does not fit.
+    """
+    pretraining = BertForPreTraining(config)
+    if source is not None:
+        load_initial_weights(source, pretraining)
+    if task.type == "squad":
+        return BertForQuestionAnswering(pretraining.bert, config)
+    assert num_labels is not None
+    return BertForSequenceClassification(pretraining.bert, config, num_labels)
+
+
+def _forward(model: Callable[..., Any], batch: Batch) -> Any:
+    return model(*(batch[name] for name in INPUTS))
+
+
+def _statistics(task: FinetuneTaskSpec) -> Callable[[Batch, Any], torch.Tensor]:
+    if task.type == "squad":
+
+        def squad(batch: Batch, outputs: Any) -> torch.Tensor:
+            start, end = outputs
+            return span_loss(start, end, batch["start_positions"], batch["end_positions"]).reshape(1)
+
+        return squad
+
+    def classification(batch: Batch, outputs: Any) -> torch.Tensor:
+        return classification_loss(outputs, batch["labels"]).reshape(1)
+
+    return classification
+
+
+def _trimmed(batch: Batch) -> Batch:
+    """``batch`` cut to its longest row (padding is at the end of each row): the short sentences of
+    classification tasks then cost what their length does, not maxSeqLength."""
+    length = int(batch["attention_mask"].sum(dim=1).max())
+    return {name: t[:, :length] if t.dim() == 2 else t for name, t in batch.items()}
+
+
+def _rows(features: Mapping[str, torch.Tensor], index: np.ndarray | slice) -> Batch:
+    return {name: tensor[index] for name, tensor in features.items()}
+
+
+def run(
+    spec: JobSpec,
+    task: FinetuneTaskSpec,
+    data: TaskData,
+    config: BertConfig,
+    source: Path | None,
+    seed: int,
+    parallel: DataParallel,
+    label: str,
+    log_every: int,
+    verbose: bool,
+) -> RunResult:
+    """Fine-tune once with ``seed`` over the ranks of ``parallel`` (all of them, data-parallel, or
+    one alone), then score the validation file. Every rank of ``parallel`` calls it; each returns
+    the same result. ``label`` starts each progress line (task, init and seed), printed every
+    ``log_every`` optimizer steps and at the last when ``verbose``.
+
+    The training rows are shuffled per epoch with ``seed``; each optimizer step takes the next
+    ``globalBatchSize`` of them (an epoch's remainder is dropped, as the reference scripts' loaders
+    do), each rank its share as accumulated micro-batches.
+
+    Raises:
+        bertpretrain.finetune.errors.TaskDataError: fewer training rows than one global batch.
+        bertpretrain.model.config.CheckpointError: ``source`` cannot be read or does not fit.
+    """
+    from bertpretrain.finetune.errors import TaskDataError
+
+    world = parallel.world
+    world_size = world.world_size
+    micro = micro_batch_size(task, world_size)
+    accumulation = gradient_accumulation_steps(task, world_size)
+    rows, batch = data.train_examples, task.global_batch_size
+    if rows < batch:
+        raise TaskDataError(
+            data.train_file, f"{rows} training rows, fewer than one globalBatchSize of {batch}"
+        )
+    steps_per_epoch = rows // batch
+    steps = steps_per_epoch * task.epochs
+
+    torch.manual_seed(seed)
+    model = build_model(task, config, data.num_labels, source)
+    engine = Engine(parallel, spec.precision, _statistics(task), _forward)
+    engine.prepare(model)
+    # Dropout differs between ranks; the weights above do not.
+    torch.manual_seed(seed * 1000 + world.rank + 1)
+    assert task.learning_rate is not None  # with_defaults sets it
+    optimizer = engine.wrap_optimizer(
+        torch.optim.AdamW(
+            param_groups(model, task.weight_decay), lr=task.learning_rate, betas=ADAM_BETAS, eps=ADAM_EPS
+        ),
+        accumulation,
+        None
+        if spec.distributed.deepspeed is None or not world.distributed
+        else deepspeed.phase_config(spec, micro, accumulation, world_size),
+    )
+    scheduler = build_schedule(optimizer, "linear", steps, task.warmup_proportion)
+    engine.attach(optimizer, scheduler, spec.optimizer.max_grad_norm)
+    engine.broadcast_state()
+
+    model.train()
+    share = micro * accumulation
+    losses: list[float] = []
+    window_loss = math.nan
+    started = time.perf_counter()
+    window_start, window_rows = started, 0
+    step = 0
+    for epoch in range(task.epochs):
+        order = np.random.default_rng([seed, epoch]).permutation(rows)
+        for index in range(steps_per_epoch):
+            mine = order[index * batch + world.rank * share : index * batch + (world.rank + 1) * share]
+            for part in range(accumulation):
+                micro_batch = _trimmed(_rows(data.train, mine[part * micro : (part + 1) * micro]))
+                losses.append(float(engine.forward_backward(micro_batch, accumulation)[0]))
+            lr, _ = engine.optimizer_step()
+            step += 1
+            window_rows += batch
+            if step % log_every == 0 or step == steps:
+                window_loss = float(np.mean(losses))
+                now = time.perf_counter()
+                rate = window_rows / max(now - window_start, 1e-9)
+                if verbose:
+                    print(
+                        f"{label} epoch {epoch + 1}/{task.epochs} step {step}/{steps} loss "
+                        f"{window_loss:.4f} lr {lr:.2e} seq/s {rate:.1f}",
+                        flush=True,
+                    )
+                losses, window_start, window_rows = [], now, 0
+    seconds = time.perf_counter() - started
+    model.eval()
+    metrics, predictions = data.score(predict(engine, data.validation, micro, task.type == "classification"))
+    init: Init = "random" if source is None else "pretrained"
+    return RunResult(init, seed, metrics, steps, seconds, window_loss, predictions)
+
+
+def predict(engine: Engine, features: Mapping[str, torch.Tensor], batch_size: int, trim: bool) -> Any:
+    """The model's outputs on every row of ``features``, in order, on every rank: each rank runs
+    batches ``rank, rank + world size, ...`` of ``batch_size`` rows, every rank the same number of
+    forward passes (a rank short of one repeats its first, whose outputs are dropped: under ZeRO-3
+    each forward is a collective), and the outputs are gathered. Returns ``[N, C]`` logits, or a
+    ``([N, L], [N, L])`` pair, as fp32 numpy arrays; ``trim`` cuts each batch to its longest row
+    (classification; SQuAD's logits keep their ``L`` columns).
+    """
+    rows = int(features["input_ids"].shape[0])
+    rank, world_size = engine.rank, engine.world_size
+    batches = math.ceil(rows / batch_size)
+    mine = list(range(rank, batches, world_size))
+    rounds = math.ceil(batches / world_size)
+    inputs = {name: features[name] for name in INPUTS}
+    outputs: list[tuple[int, Any]] = []
+    for turn in range(rounds):
+        number = mine[turn] if turn < len(mine) else None
+        start = (number if number is not None else mine[0] if mine else 0) * batch_size
+        batch = _rows(inputs, slice(start, start + batch_size))
+        result = engine.predict(_trimmed(batch) if trim else batch)
+        if number is not None:
+            parts = result if isinstance(result, tuple) else (result,)
+            outputs.append((number, tuple(part.float().cpu().numpy() for part in parts)))
+    gathered = sorted(
+        (pair for ranked in engine.gather(outputs) for pair in ranked),  # type: ignore[attr-defined]
+        key=lambda pair: pair[0],
+    )
+    columns = list(zip(*(parts for _, parts in gathered), strict=True))
+    joined = tuple(np.concatenate(column) for column in columns)
+    return joined[0] if len(joined) == 1 else joined
