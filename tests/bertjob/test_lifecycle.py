@@ -294,6 +294,10 @@ def test_transition(
         # The trainer's progress is never the operator's to write, nor to delete.
         ({"phase": "Running"}, {"phase": "Running", "progress": {"phase": 1, "step": 1, "totalSteps": 2,
                                                                  "updateTime": "2026-01-01T00:00:00Z"}}, {}),
+        # Nor are its fine-tuning results, written once each task ends.
+        ({"phase": "Running", "results": [{"task": "mrpc", "metric": "f1", "median": 0.8, "best": 0.9,
+                                           "seeds": 3, "summary": "mrpc f1 0.8000"}]},
+         {"phase": "Succeeded"}, {"phase": "Succeeded"}),
     ],
 )  # fmt: skip
 def test_status_patch(before: dict[str, Any], after: dict[str, Any], patch: dict[str, Any]) -> None:

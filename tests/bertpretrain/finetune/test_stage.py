@@ -5,6 +5,7 @@ export untouched)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -257,11 +258,10 @@ def test_a_missing_file_stops_the_job_before_training(
 
 
 @pytest.mark.slow
-def test_seeds_mode_runs_each_seed_on_its_own_rank(tmp_path: Path, export: Path) -> None:
+def test_two_ranks_run_seeds_apart_or_one_run_data_parallel(tmp_path: Path, export: Path) -> None:
     train = _write_classification(tmp_path, 48, seed=1)
-    validation = _write_classification(tmp_path, 16, seed=2)
-    task = {
-        "name": "nouns",
+    validation = _write_classification(tmp_path, 18, seed=2)
+    common = {
         "type": "classification",
         "train": str(train),
         "validation": str(validation),
@@ -269,24 +269,16 @@ def test_seeds_mode_runs_each_seed_on_its_own_rank(tmp_path: Path, export: Path)
         "learningRate": 3e-3,
         "globalBatchSize": 8,
         "maxSeqLength": 16,
-        "seeds": 2,
-        "parallelism": "seeds",
     }
-    job = _job(tmp_path, export, [task], processes=2)
+    tasks = [
+        {"name": "apart", **common, "seeds": 2, "parallelism": "seeds"},
+        {"name": "together", **common, "parallelism": "data"},
+    ]
+    job = _job(tmp_path, export, tasks, processes=2)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=2",
-            "-m",
-            "bertpretrain",
-            "finetune",
-            "--config",
-            str(job),
-        ],
+        [*launcher, "-m", "bertpretrain", "finetune", "--config", str(job)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -295,18 +287,96 @@ def test_seeds_mode_runs_each_seed_on_its_own_rank(tmp_path: Path, export: Path)
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
-    # Rank 0 trained seed 7, rank 1 seed 8, each alone (8 rows a step, 6 steps each).
-    assert "rank 0 finetune nouns pretrained seed 7 epoch 2/2 step 12/12" in output, output[-4000:]
-    assert "rank 1 finetune nouns pretrained seed 8 epoch 2/2 step 12/12" in output, output[-4000:]
-    [summary] = _results(tmp_path)["tasks"]
-    accuracies = {run["seed"]: run["metrics"]["accuracy"] for run in summary["runs"]}
+    # Seeds apart: rank 0 trained seed 7, rank 1 seed 8, each alone (8 rows a step, 6 steps an epoch).
+    assert "rank 0 finetune apart pretrained seed 7 epoch 2/2 step 12/12" in output, output[-4000:]
+    assert "rank 1 finetune apart pretrained seed 8 epoch 2/2 step 12/12" in output, output[-4000:]
+    # Data-parallel: one run over both ranks (4 rows each a step), which rank 0 reports.
+    assert "finetune together pretrained seed 7 epoch 2/2 step 12/12" in output, output[-4000:]
+    assert "rank 1 finetune together" not in output and "finetune together pretrained seed 8" not in output
+    apart, together = _results(tmp_path)["tasks"]
+    accuracies = {run["seed"]: run["metrics"]["accuracy"] for run in apart["runs"]}
     assert sorted(accuracies) == [7, 8]
-    figures = summary["summary"]["pretrained"]["accuracy"]
+    figures = apart["summary"]["pretrained"]["accuracy"]
     assert figures["median"] == pytest.approx((accuracies[7] + accuracies[8]) / 2)
     assert figures["best"] == max(accuracies.values())
-    for seed, accuracy in accuracies.items():
-        gold = _gold_labels(validation)
+    assert [run["seed"] for run in together["runs"]] == [7]
+    gold = _gold_labels(validation)
+    for task, seed, run in [
+        ("apart", 7, apart["runs"][0]),
+        ("apart", 8, apart["runs"][1]),
+        ("together", 7, together["runs"][0]),
+    ]:
         predicted = {
-            item["row"]: item["prediction"] for item in _predictions(tmp_path, "nouns", "pretrained", seed)
+            item["row"]: item["prediction"] for item in _predictions(tmp_path, task, "pretrained", seed)
         }
-        assert accuracy == pytest.approx(sum(predicted[row] == gold[row] for row in gold) / len(gold))
+        # Every validation row once, whichever rank predicted it (the data-parallel run splits them).
+        assert sorted(predicted) == sorted(gold)
+        assert run["metrics"]["accuracy"] == pytest.approx(
+            sum(predicted[row] == gold[row] for row in gold) / len(gold)
+        )
+
+
+def _engines() -> dict[str, tuple[list[str], dict[str, Any]]]:
+    """Each data-parallel engine on 2 CPU processes: its launcher and the spec.distributed it needs."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    engines = {"ddp": ([*torchrun, "-m"], {})}
+    if importlib.util.find_spec("deepspeed") is not None:
+        engines["deepspeed-zero3"] = ([*torchrun, "-m"], {"deepspeed": {"zeroStage": 3}})
+    if importlib.util.find_spec("horovod") is not None:
+        horovodrun = str(Path(sys.executable).with_name("horovodrun"))
+        engines["horovod"] = (
+            [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m"],
+            {},
+        )
+    return engines
+
+
+@pytest.mark.slow
+def test_data_parallel_engines_fine_tune_alike(tmp_path: Path, export: Path) -> None:
+    """DDP, DeepSpeed ZeRO-3 and Horovod (those installed) run the same data-parallel fine-tuning:
+    the same losses, and every validation row predicted once (under ZeRO-3 each forward is a
+    collective, so a rank short of a batch repeats one)."""
+    train = _write_classification(tmp_path, 48, seed=1)
+    validation = _write_classification(tmp_path, 18, seed=2)
+    gold = _gold_labels(validation)
+    losses = {}
+    for name, (launcher, distributed) in _engines().items():
+        task = {
+            "name": name,
+            "type": "classification",
+            "train": str(train),
+            "validation": str(validation),
+            "epochs": 2,
+            "learningRate": 3e-3,
+            "globalBatchSize": 8,
+            "maxSeqLength": 16,
+        }
+        job = _job(tmp_path, export, [task], processes=2)
+        document = yaml.safe_load(job.read_text())
+        document["spec"]["distributed"] = distributed
+        job.write_text(yaml.safe_dump(document))
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+        result = subprocess.run(
+            [*launcher, "bertpretrain", "finetune", "--config", str(job)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+            check=False,
+        )
+        output = result.stdout + result.stderr
+        assert result.returncode == 0, output[-4000:]
+        losses[name] = [
+            float(v) for v in re.findall(rf"finetune {name} pretrained seed 7 .* loss ([\d.]+)", output)
+        ]
+        assert len(losses[name]) == 3, output[-4000:]  # steps 5, 10 and 12 of 12
+        [summary] = _results(tmp_path)["tasks"]
+        predicted = {
+            item["row"]: item["prediction"] for item in _predictions(tmp_path, name, "pretrained", 7)
+        }
+        assert sorted(predicted) == sorted(gold)
+        accuracy = sum(predicted[row] == gold[row] for row in gold) / len(gold)
+        assert summary["runs"][0]["metrics"]["accuracy"] == pytest.approx(accuracy)
+    assert len(losses) >= 2, "only DDP is installed"
+    for name, values in losses.items():
+        assert values == pytest.approx(losses["ddp"], abs=2e-3), (name, losses)
