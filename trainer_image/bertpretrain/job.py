@@ -19,6 +19,7 @@ directories and beside the export (:mod:`bertpretrain.common.files`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import sys
 import time
@@ -62,7 +63,7 @@ class JobOutputs:
     checkpoints: list[Path]  # the final checkpoint of each phase, in order
     export_dir: Path
     seconds: float
-    finetune: list[dict[str, Any]]  # each task's summary (bertpretrain.finetune.results)
+    finetune: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # each task's summary
 
 
 def run_job(plan: Plan, finishing: StopSignals | None = None) -> JobOutputs:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
+import pytest
 from kubernetes.client import ApiClient, Configuration, CustomObjectsApi
 
 from bertjob_api.contract import FINETUNE_RESULTS
@@ -34,7 +36,7 @@ TASK = {
 }
 
 
-def _summary() -> dict:
+def _summary() -> dict[str, Any]:
     spec = with_defaults(parse_job(with_value(valid_job(), "spec.finetune", [TASK])).spec)
     runs = [
         RunResult(
@@ -85,7 +87,7 @@ def test_results_land_in_the_jobs_status_beside_the_progress() -> None:
         reporter = StatusReporter(url + JOB_STATUS, total_steps=10)
         assert reporter.report(2, 10, {"loss": 1.5})
         assert reporter.send_status({"results": [results.status_entry(_summary())]})
-        stored = api.get_namespaced_custom_object(
+        stored: Any = api.get_namespaced_custom_object(
             "bertjob.dev", "v1alpha1", "team-a", "bertpretrainjobs", "wiki"
         )
     status = stored["status"]
@@ -93,7 +95,7 @@ def test_results_land_in_the_jobs_status_beside_the_progress() -> None:
     assert [(entry["task"], entry["median"]) for entry in status["results"]] == [("mrpc", 0.8)]
 
 
-def test_outside_a_cluster_nothing_is_reported(monkeypatch) -> None:
+def test_outside_a_cluster_nothing_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "x")
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
     assert results.report([_summary()]) is False

@@ -117,6 +117,28 @@ def _job(tmp_path: Path, export: Path, tasks: list[dict[str, Any]], processes: i
     return path
 
 
+# A small classification task that 2 ranks fine-tune in seconds (48 training rows, 18 validation).
+TWO_RANK_TASK = {
+    "type": "classification",
+    "epochs": 2,
+    "learningRate": 3e-3,
+    "globalBatchSize": 8,
+    "maxSeqLength": 16,
+}
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m"]
+
+
+def _launch(launcher: list[str], job: Path) -> str:
+    """``python -m bertpretrain finetune`` under ``launcher`` (which ends where the module name goes);
+    returns its output, after checking that it succeeded."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    command = [*launcher, "bertpretrain", "finetune", "--config", str(job)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    return output
+
+
 def _results(tmp_path: Path) -> dict[str, Any]:
     return json.loads((tmp_path / "checkpoints" / FINETUNE_DIR / FINETUNE_RESULTS).read_text())
 
@@ -261,32 +283,12 @@ def test_a_missing_file_stops_the_job_before_training(
 def test_two_ranks_run_seeds_apart_or_one_run_data_parallel(tmp_path: Path, export: Path) -> None:
     train = _write_classification(tmp_path, 48, seed=1)
     validation = _write_classification(tmp_path, 18, seed=2)
-    common = {
-        "type": "classification",
-        "train": str(train),
-        "validation": str(validation),
-        "epochs": 2,
-        "learningRate": 3e-3,
-        "globalBatchSize": 8,
-        "maxSeqLength": 16,
-    }
+    common = {**TWO_RANK_TASK, "train": str(train), "validation": str(validation)}
     tasks = [
         {"name": "apart", **common, "seeds": 2, "parallelism": "seeds"},
         {"name": "together", **common, "parallelism": "data"},
     ]
-    job = _job(tmp_path, export, tasks, processes=2)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    result = subprocess.run(
-        [*launcher, "-m", "bertpretrain", "finetune", "--config", str(job)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        check=False,
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-4000:]
+    output = _launch(TORCHRUN, _job(tmp_path, export, tasks, processes=2))
     # Seeds apart: rank 0 trained seed 7, rank 1 seed 8, each alone (8 rows a step, 6 steps an epoch).
     assert "rank 0 finetune apart pretrained seed 7 epoch 2/2 step 12/12" in output, output[-4000:]
     assert "rank 1 finetune apart pretrained seed 8 epoch 2/2 step 12/12" in output, output[-4000:]
@@ -318,10 +320,9 @@ def test_two_ranks_run_seeds_apart_or_one_run_data_parallel(tmp_path: Path, expo
 
 def _engines() -> dict[str, tuple[list[str], dict[str, Any]]]:
     """Each data-parallel engine on 2 CPU processes: its launcher and the spec.distributed it needs."""
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    engines = {"ddp": ([*torchrun, "-m"], {})}
+    engines: dict[str, tuple[list[str], dict[str, Any]]] = {"ddp": (TORCHRUN, {})}
     if importlib.util.find_spec("deepspeed") is not None:
-        engines["deepspeed-zero3"] = ([*torchrun, "-m"], {"deepspeed": {"zeroStage": 3}})
+        engines["deepspeed-zero3"] = (TORCHRUN, {"deepspeed": {"zeroStage": 3}})
     if importlib.util.find_spec("horovod") is not None:
         horovodrun = str(Path(sys.executable).with_name("horovodrun"))
         engines["horovod"] = (
@@ -341,31 +342,12 @@ def test_data_parallel_engines_fine_tune_alike(tmp_path: Path, export: Path) -> 
     gold = _gold_labels(validation)
     losses = {}
     for name, (launcher, distributed) in _engines().items():
-        task = {
-            "name": name,
-            "type": "classification",
-            "train": str(train),
-            "validation": str(validation),
-            "epochs": 2,
-            "learningRate": 3e-3,
-            "globalBatchSize": 8,
-            "maxSeqLength": 16,
-        }
+        task = {**TWO_RANK_TASK, "name": name, "train": str(train), "validation": str(validation)}
         job = _job(tmp_path, export, [task], processes=2)
         document = yaml.safe_load(job.read_text())
         document["spec"]["distributed"] = distributed
         job.write_text(yaml.safe_dump(document))
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-        result = subprocess.run(
-            [*launcher, "bertpretrain", "finetune", "--config", str(job)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=env,
-            check=False,
-        )
-        output = result.stdout + result.stderr
-        assert result.returncode == 0, output[-4000:]
+        output = _launch(launcher, job)
         losses[name] = [
             float(v) for v in re.findall(rf"finetune {name} pretrained seed 7 .* loss ([\d.]+)", output)
         ]

@@ -26,6 +26,7 @@ from bertjob_api import deepspeed
 from bertjob_api.defaults import gradient_accumulation_steps, micro_batch_size
 from bertjob_api.spec import FinetuneTaskSpec, JobSpec
 from bertpretrain.common.batch import Batch
+from bertpretrain.finetune.errors import TaskDataError
 from bertpretrain.model.bert import BertForPreTraining
 from bertpretrain.model.config import BertConfig
 from bertpretrain.model.heads import (
@@ -155,81 +156,97 @@ def run(
     the same result. ``label`` starts each progress line (task, init and seed), printed every
     ``log_every`` optimizer steps and at the last when ``verbose``.
 
-    The training rows are shuffled per epoch with ``seed``; each optimizer step takes the next
-    ``globalBatchSize`` of them (an epoch's remainder is dropped, as the reference scripts' loaders
-    do), each rank its share as accumulated micro-batches.
-
     Raises:
         bertpretrain.finetune.errors.TaskDataError: fewer training rows than one global batch.
         bertpretrain.model.config.CheckpointError: ``source`` cannot be read or does not fit.
     """
-    from bertpretrain.finetune.errors import TaskDataError
-
-    world = parallel.world
-    world_size = world.world_size
-    micro = micro_batch_size(task, world_size)
-    accumulation = gradient_accumulation_steps(task, world_size)
     rows, batch = data.train_examples, task.global_batch_size
     if rows < batch:
         raise TaskDataError(
             data.train_file, f"{rows} training rows, fewer than one globalBatchSize of {batch}"
         )
-    steps_per_epoch = rows // batch
-    steps = steps_per_epoch * task.epochs
-
     torch.manual_seed(seed)
     model = build_model(task, config, data.num_labels, source)
+    engine = _engine(spec, task, model, parallel, steps=(rows // batch) * task.epochs)
+    # Dropout differs between ranks; the weights above do not.
+    torch.manual_seed(seed * 1000 + parallel.world.rank + 1)
+    started = time.perf_counter()
+
+    def say(line: str) -> None:
+        if verbose:
+            print(f"{label} {line}", flush=True)
+
+    steps, final_loss = _train(engine, task, data, seed, say, log_every)
+    seconds = time.perf_counter() - started
+    model.eval()
+    micro = micro_batch_size(task, parallel.world.world_size)
+    metrics, predictions = data.score(predict(engine, data.validation, micro, task.type == "classification"))
+    init: Init = "random" if source is None else "pretrained"
+    return RunResult(init, seed, metrics, steps, seconds, final_loss, predictions)
+
+
+def _engine(
+    spec: JobSpec, task: FinetuneTaskSpec, model: nn.Module, parallel: DataParallel, steps: int
+) -> Engine:
+    """The engine with ``model`` on its device and AdamW with a linear warm-up and decay over
+    ``steps`` optimizer steps attached; every rank starts from rank 0's weights."""
+    world_size = parallel.world.world_size
+    micro, accumulation = micro_batch_size(task, world_size), gradient_accumulation_steps(task, world_size)
     engine = Engine(parallel, spec.precision, _statistics(task), _forward)
     engine.prepare(model)
-    # Dropout differs between ranks; the weights above do not.
-    torch.manual_seed(seed * 1000 + world.rank + 1)
     assert task.learning_rate is not None  # with_defaults sets it
-    optimizer = engine.wrap_optimizer(
-        torch.optim.AdamW(
-            param_groups(model, task.weight_decay), lr=task.learning_rate, betas=ADAM_BETAS, eps=ADAM_EPS
-        ),
-        accumulation,
-        None
-        if spec.distributed.deepspeed is None or not world.distributed
-        else deepspeed.phase_config(spec, micro, accumulation, world_size),
+    adamw = torch.optim.AdamW(
+        param_groups(model, task.weight_decay), lr=task.learning_rate, betas=ADAM_BETAS, eps=ADAM_EPS
     )
+    uses_deepspeed = spec.distributed.deepspeed is not None and parallel.world.distributed
+    config = deepspeed.phase_config(spec, micro, accumulation, world_size) if uses_deepspeed else None
+    optimizer = engine.wrap_optimizer(adamw, accumulation, config)
     scheduler = build_schedule(optimizer, "linear", steps, task.warmup_proportion)
     engine.attach(optimizer, scheduler, spec.optimizer.max_grad_norm)
     engine.broadcast_state()
+    return engine
 
-    model.train()
-    share = micro * accumulation
-    losses: list[float] = []
-    window_loss = math.nan
-    started = time.perf_counter()
-    window_start, window_rows = started, 0
-    step = 0
+
+def _train(
+    engine: Engine,
+    task: FinetuneTaskSpec,
+    data: TaskData,
+    seed: int,
+    say: Callable[[str], object],
+    log_every: int,
+) -> tuple[int, float]:
+    """The epochs: the training rows shuffled per epoch with ``seed``, each optimizer step the next
+    ``globalBatchSize`` of them (an epoch's remainder dropped, as the reference scripts' loaders
+    do), each rank its share as accumulated micro-batches. Every ``log_every`` steps and at the
+    last, ``say``s the mean loss over the ranks since the last line. Returns the steps taken and
+    that last mean loss (nats)."""
+    world_size, rank = engine.world_size, engine.rank
+    micro, accumulation = micro_batch_size(task, world_size), gradient_accumulation_steps(task, world_size)
+    rows, batch, share = data.train_examples, task.global_batch_size, micro * accumulation
+    steps = (rows // batch) * task.epochs
+    engine.module.train()
+    window = torch.zeros(2)  # loss sum, micro-batches
+    window_start, step, mean_loss = time.perf_counter(), 0, math.nan
     for epoch in range(task.epochs):
         order = np.random.default_rng([seed, epoch]).permutation(rows)
-        for index in range(steps_per_epoch):
-            mine = order[index * batch + world.rank * share : index * batch + (world.rank + 1) * share]
+        for first in range(0, rows - batch + 1, batch):
+            mine = order[first + rank * share : first + (rank + 1) * share]
             for part in range(accumulation):
                 micro_batch = _trimmed(_rows(data.train, mine[part * micro : (part + 1) * micro]))
-                losses.append(float(engine.forward_backward(micro_batch, accumulation)[0]))
+                window += torch.tensor([float(engine.forward_backward(micro_batch, accumulation)[0]), 1.0])
             lr, _ = engine.optimizer_step()
             step += 1
-            window_rows += batch
             if step % log_every == 0 or step == steps:
-                window_loss = float(np.mean(losses))
+                total = engine.sum_over_ranks(window.to(engine.device)).cpu()  # a collective
+                mean_loss = float(total[0] / total[1])
                 now = time.perf_counter()
-                rate = window_rows / max(now - window_start, 1e-9)
-                if verbose:
-                    print(
-                        f"{label} epoch {epoch + 1}/{task.epochs} step {step}/{steps} loss "
-                        f"{window_loss:.4f} lr {lr:.2e} seq/s {rate:.1f}",
-                        flush=True,
-                    )
-                losses, window_start, window_rows = [], now, 0
-    seconds = time.perf_counter() - started
-    model.eval()
-    metrics, predictions = data.score(predict(engine, data.validation, micro, task.type == "classification"))
-    init: Init = "random" if source is None else "pretrained"
-    return RunResult(init, seed, metrics, steps, seconds, window_loss, predictions)
+                done = batch * (step % log_every or log_every)
+                say(
+                    f"epoch {epoch + 1}/{task.epochs} step {step}/{steps} loss {mean_loss:.4f} lr {lr:.2e} "
+                    f"seq/s {done / max(now - window_start, 1e-9):.1f}"
+                )
+                window, window_start = torch.zeros(2), now
+    return step, mean_loss
 
 
 def predict(engine: Engine, features: Mapping[str, torch.Tensor], batch_size: int, trim: bool) -> Any:
