@@ -25,7 +25,6 @@ from bertpretrain.data.prepare import VOCAB_DIR
 from bertpretrain.data.vocab import load_tokenizer
 from bertpretrain.finetune import results
 from bertpretrain.finetune.builtin import write_builtin_task
-from bertpretrain.finetune.errors import TaskDataError
 from bertpretrain.finetune.metrics import classification_metrics
 from bertpretrain.finetune.squad import predict_answers, read_squad, squad_features, squad_metrics
 from bertpretrain.finetune.tables import encode_classification, read_classification
@@ -71,7 +70,7 @@ def check_files(plan: Plan) -> None:
     training: a missing file or a bad row stops the job before hours of pretraining, not after.
 
     Raises:
-        TaskDataError: naming the file and the row.
+        bertpretrain.finetune.errors.TaskDataError: naming the file and the row.
     """
     for task in plan.spec.finetune:
         if task.builtin is None:
@@ -80,10 +79,7 @@ def check_files(plan: Plan) -> None:
 
 def _read_examples(task: FinetuneTaskSpec, files: TaskFiles) -> tuple[Any, Any, Any]:
     """``(train examples, validation examples, labels or the validation file's SQuAD version)``."""
-    if task.type == "squad":
-        for path in (files.train, files.validation):
-            if files.format not in ("auto", "squad"):
-                raise TaskDataError(path, f"format {files.format} does not hold SQuAD data")
+    if task.type == "squad":  # the spec refuses a table format for squad
         questions, _ = read_squad(files.train)
         held_out, version_2 = read_squad(files.validation)
         return questions, held_out, version_2
@@ -111,7 +107,7 @@ def load_task(task: FinetuneTaskSpec, files: TaskFiles, tokenizer: Tokenizer) ->
     """The task's features and scorer (:class:`bertpretrain.finetune.train.TaskData`).
 
     Raises:
-        TaskDataError: a file that cannot be used, naming it and the row.
+        bertpretrain.finetune.errors.TaskDataError: a file that cannot be used, naming it and the row.
     """
     train, validation, extra = _read_examples(task, files)
     assert task.max_seq_length is not None and task.metrics is not None  # with_defaults sets them
@@ -174,7 +170,7 @@ def finetune(plan: Plan, parallel: DataParallel, export_dir: Path | None) -> lis
     ``export_dir``: the job's export, fine-tuned by tasks without ``initFrom``.
 
     Raises:
-        TaskDataError: a task's file cannot be used.
+        bertpretrain.finetune.errors.TaskDataError: a task's file cannot be used.
         ValueError: a task has no weights to start from (no export and no ``initFrom``).
         bertpretrain.model.config.CheckpointError: the weights cannot be read or do not fit.
     """
