@@ -34,7 +34,7 @@ import pytest
 import yaml
 from kmock._internal import parsing
 from kmock._internal.k8s import KubernetesObjectNotFoundError
-from kubernetes.client import ApiClient, CustomObjectsApi
+from kubernetes.client import ApiClient, Configuration, CustomObjectsApi
 from kubernetes.config import new_client_from_config
 
 from bertjob_api import crd as bertjob_crd
@@ -296,6 +296,21 @@ def emulator(crds: list[Mapping[str, Any]]) -> Iterator[tuple[str, ApiServer]]:
     finally:
         stop.set()
         thread.join(timeout=WAIT_S)
+
+
+@contextlib.contextmanager
+def one_job(namespace: str, name: str) -> Iterator[tuple[str, CustomObjectsApi]]:
+    """The emulator with our CRD and one BertPretrainJob, ``valid_job()`` as ``namespace/name``
+    (what a trainer reports its progress and results to); yield its URL and a client of it."""
+    from bertjob_testing.jobs import valid_job  # bertjob_testing.jobs is the test data, imported late
+
+    with emulator([bertjob_crd.crd()]) as (url, _):
+        configuration = Configuration()
+        configuration.host = url
+        api = CustomObjectsApi(ApiClient(configuration))
+        job = {**valid_job(), "metadata": {"name": name, "namespace": namespace}}
+        api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, job)
+        yield url, api
 
 
 def free_port() -> int:

@@ -10,14 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.client import ApiClient, Configuration, CustomObjectsApi
 
 from bertjob_api.contract import FINETUNE_RESULTS
-from bertjob_api.crd import crd, resource_schema
+from bertjob_api.crd import resource_schema
 from bertjob_api.defaults import with_defaults
 from bertjob_api.spec import parse_job
 from bertjob_testing.jobs import valid_job, with_value
-from bertjob_testing.kube_emulator import emulator
+from bertjob_testing.kube_emulator import one_job
 from bertpretrain.finetune import results
 from bertpretrain.finetune.stage import TaskFiles
 from bertpretrain.finetune.train import RunResult
@@ -78,12 +77,7 @@ def test_the_status_entry_is_the_headline_metric_and_fits_the_crd() -> None:
 
 
 def test_results_land_in_the_jobs_status_beside_the_progress() -> None:
-    with emulator([crd()]) as (url, _):
-        configuration = Configuration()
-        configuration.host = url
-        api = CustomObjectsApi(ApiClient(configuration))
-        job = {**valid_job(), "metadata": {"name": "wiki", "namespace": "team-a"}}
-        api.create_namespaced_custom_object("bertjob.dev", "v1alpha1", "team-a", "bertpretrainjobs", job)
+    with one_job("team-a", "wiki") as (url, api):
         reporter = StatusReporter(url + JOB_STATUS, total_steps=10)
         assert reporter.report(2, 10, {"loss": 1.5})
         assert reporter.send_status({"results": [results.status_entry(_summary())]})

@@ -12,11 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.client import ApiClient, Configuration, CustomObjectsApi
 
-from bertjob_api.crd import crd, resource_schema
-from bertjob_testing.jobs import valid_job
-from bertjob_testing.kube_emulator import emulator
+from bertjob_api.crd import resource_schema
+from bertjob_testing.kube_emulator import one_job
 from bertpretrain.training.logs import TrainingLog
 from bertpretrain.training.progress import StatusReporter
 from tests.k8s_schema import assert_valid
@@ -193,12 +191,7 @@ def test_outside_a_cluster_nothing_is_reported(tmp_path: Path, missing: str) -> 
 
 
 def test_the_progress_lands_in_the_jobs_status_beside_the_operators_fields() -> None:
-    with emulator([crd()]) as (url, _):
-        configuration = Configuration()
-        configuration.host = url
-        api = CustomObjectsApi(ApiClient(configuration))
-        job = {**valid_job(), "metadata": {"name": "wiki", "namespace": "team-a"}}
-        api.create_namespaced_custom_object("bertjob.dev", "v1alpha1", "team-a", "bertpretrainjobs", job)
+    with one_job("team-a", "wiki") as (url, api):
         api.patch_namespaced_custom_object_status(
             "bertjob.dev", "v1alpha1", "team-a", "bertpretrainjobs", "wiki", {"status": {"phase": "Running"}}
         )
