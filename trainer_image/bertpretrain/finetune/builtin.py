@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+from bertpretrain.common.files import write_atomically
 from bertpretrain.data.corpus.pydocs import BUILTIN_PYTHON_DOCS, python_docs
 from bertpretrain.data.corpus.splitting import sentences
 
@@ -32,6 +31,12 @@ _MIN_WORDS = 6
 _MAX_WORDS = 60
 _HEADER = "sentence\tlabel\n"
 _ORIGIN_PREFIX = f"{BUILTIN_PYTHON_DOCS}: "
+
+
+def builtin_files(out_dir: Path) -> tuple[Path, Path]:
+    """Where :func:`write_builtin_task` writes a task: ``out_dir/train.tsv`` and
+    ``out_dir/validation.tsv``."""
+    return out_dir / "train.tsv", out_dir / "validation.tsv"
 
 
 def write_builtin_task(
@@ -96,9 +101,7 @@ def write_builtin_task(
         validation.extend((s, module) for s in by_split_hash[:n_validation])
         train.extend((s, module) for s in by_split_hash[n_validation:])
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = out_dir / "train.tsv", out_dir / "validation.tsv"
+    paths = builtin_files(Path(out_dir))
     for path, rows in zip(paths, (train, validation), strict=True):
         _write_if_changed(path, _tsv(rows, key))
     return paths
@@ -166,19 +169,11 @@ def _tsv(rows: list[tuple[str, str]], key: bytes) -> bytes:
 
 
 def _write_if_changed(path: Path, content: bytes) -> None:
-    """Write ``content`` to ``path`` through a temporary file and a rename, unless it is there already."""
+    """Write ``content`` to ``path`` (:func:`bertpretrain.common.files.write_atomically`: a
+    temporary, synced, then renamed; its directory made if missing), unless it is there already."""
     try:
         if path.read_bytes() == content:
             return
     except FileNotFoundError:
         pass
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as file:
-            file.write(content)
-        # mkstemp makes the file private (0600); task files are data like any other.
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    write_atomically(path, lambda file: file.write(content), len(content))

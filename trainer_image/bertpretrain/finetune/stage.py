@@ -24,7 +24,7 @@ from bertjob_api.spec import FinetuneTaskSpec
 from bertpretrain.data.prepare import VOCAB_DIR
 from bertpretrain.data.vocab import load_tokenizer
 from bertpretrain.finetune import results
-from bertpretrain.finetune.builtin import write_builtin_task
+from bertpretrain.finetune.builtin import builtin_files, write_builtin_task
 from bertpretrain.finetune.metrics import classification_metrics
 from bertpretrain.finetune.squad import predict_answers, read_squad, squad_features, squad_metrics
 from bertpretrain.finetune.tables import encode_classification, read_classification
@@ -33,8 +33,6 @@ from bertpretrain.model.config import BertConfig
 from bertpretrain.model.huggingface import CONFIG_FILE, read_hf_config
 from bertpretrain.runtime.parallel import Alone, DataParallel
 from bertpretrain.runtime.world import World
-
-TRAIN_FILE = "train.tsv"
 
 
 @dataclass(frozen=True)
@@ -50,8 +48,7 @@ def task_files(task: FinetuneTaskSpec, plan: Plan) -> TaskFiles:
     """The task's files as the spec names them; a builtin task's are written (by the caller of
     :func:`write_builtin`) under ``<checkpoint.path>/finetune/<task>/``."""
     if task.builtin is not None:
-        directory = plan.paths.finetune / task.name
-        return TaskFiles(directory / TRAIN_FILE, directory / "validation.tsv", "tsv")
+        return TaskFiles(*builtin_files(plan.paths.finetune / task.name), "tsv")
     assert task.train is not None and task.validation is not None  # the spec checks it
     return TaskFiles(Path(task.train), Path(task.validation), task.format)
 
