@@ -90,6 +90,15 @@ class RunResult:
     predictions: Any = field(repr=False, default=None)
 
 
+@dataclass(frozen=True)
+class _Split:
+    """A run's batch split over its ranks and its length, derived once from the task."""
+
+    micro_batch_size: int  # rows per rank per forward/backward pass
+    accumulation_steps: int  # forward/backward passes per optimizer step on each rank
+    steps: int  # optimizer steps: the whole global batches of an epoch x epochs
+
+
 def build_model(
     task: FinetuneTaskSpec, config: BertConfig, num_labels: int | None, source: Path | None
 ) -> nn.Module:
@@ -165,9 +174,15 @@ def run(
         raise TaskDataError(
             data.train_file, f"{rows} training rows, fewer than one globalBatchSize of {batch}"
         )
+    world_size = parallel.world.world_size
+    split = _Split(
+        micro_batch_size(task, world_size),
+        gradient_accumulation_steps(task, world_size),
+        (rows // batch) * task.epochs,
+    )
     torch.manual_seed(seed)
     model = build_model(task, config, data.num_labels, source)
-    engine = _engine(spec, task, model, parallel, steps=(rows // batch) * task.epochs)
+    engine = _engine(spec, task, model, parallel, split)
     # Dropout differs between ranks; the weights above do not.
     torch.manual_seed(seed * 1000 + parallel.world.rank + 1)
     started = time.perf_counter()
@@ -176,22 +191,21 @@ def run(
         if verbose:
             print(f"{label} {line}", flush=True)
 
-    steps, final_loss = _train(engine, task, data, seed, say, log_every)
+    final_loss = _train(engine, task, data, split, seed, say, log_every)
     seconds = time.perf_counter() - started
     model.eval()
-    micro = micro_batch_size(task, parallel.world.world_size)
-    metrics, predictions = data.score(predict(engine, data.validation, micro, task.type == "classification"))
+    outputs = predict(engine, data.validation, split.micro_batch_size, task.type == "classification")
+    metrics, predictions = data.score(outputs)
     init: Init = "random" if source is None else "pretrained"
-    return RunResult(init, seed, metrics, steps, seconds, final_loss, predictions)
+    return RunResult(init, seed, metrics, split.steps, seconds, final_loss, predictions)
 
 
 def _engine(
-    spec: JobSpec, task: FinetuneTaskSpec, model: nn.Module, parallel: DataParallel, steps: int
+    spec: JobSpec, task: FinetuneTaskSpec, model: nn.Module, parallel: DataParallel, split: _Split
 ) -> Engine:
-    """The engine with ``model`` on its device and AdamW with a linear warm-up and decay over
-    ``steps`` optimizer steps attached; every rank starts from rank 0's weights."""
-    world_size = parallel.world.world_size
-    micro, accumulation = micro_batch_size(task, world_size), gradient_accumulation_steps(task, world_size)
+    """The engine with ``model`` on its device and AdamW with a linear warm-up and decay over the
+    run's optimizer steps attached; every rank starts from rank 0's weights."""
+    world_size, accumulation = parallel.world.world_size, split.accumulation_steps
     engine = Engine(parallel, spec.precision, _statistics(task), _forward)
     engine.prepare(model)
     assert task.learning_rate is not None  # with_defaults sets it
@@ -199,9 +213,13 @@ def _engine(
         param_groups(model, task.weight_decay), lr=task.learning_rate, betas=ADAM_BETAS, eps=ADAM_EPS
     )
     uses_deepspeed = spec.distributed.deepspeed is not None and parallel.world.distributed
-    config = deepspeed.phase_config(spec, micro, accumulation, world_size) if uses_deepspeed else None
+    config = (
+        deepspeed.phase_config(spec, split.micro_batch_size, accumulation, world_size)
+        if uses_deepspeed
+        else None
+    )
     optimizer = engine.wrap_optimizer(adamw, accumulation, config)
-    scheduler = build_schedule(optimizer, "linear", steps, task.warmup_proportion)
+    scheduler = build_schedule(optimizer, "linear", split.steps, task.warmup_proportion)
     engine.attach(optimizer, scheduler, spec.optimizer.max_grad_norm)
     engine.broadcast_state()
     return engine
@@ -211,19 +229,23 @@ def _train(
     engine: Engine,
     task: FinetuneTaskSpec,
     data: TaskData,
+    split: _Split,
     seed: int,
     say: Callable[[str], object],
     log_every: int,
-) -> tuple[int, float]:
+) -> float:
     """The epochs: the training rows shuffled per epoch with ``seed``, each optimizer step the next
     ``globalBatchSize`` of them (an epoch's remainder dropped, as the reference scripts' loaders
     do), each rank its share as accumulated micro-batches. Every ``log_every`` steps and at the
-    last, ``say``s the mean loss over the ranks since the last line. Returns the steps taken and
-    that last mean loss (nats)."""
-    world_size, rank = engine.world_size, engine.rank
-    micro, accumulation = micro_batch_size(task, world_size), gradient_accumulation_steps(task, world_size)
+    last, ``say``s the mean loss over the ranks since the last line. Returns that last mean loss
+    (nats)."""
+    rank, micro, accumulation, steps = (
+        engine.rank,
+        split.micro_batch_size,
+        split.accumulation_steps,
+        split.steps,
+    )
     rows, batch, share = data.train_examples, task.global_batch_size, micro * accumulation
-    steps = (rows // batch) * task.epochs
     engine.module.train()
     window = torch.zeros(2)  # loss sum, micro-batches
     window_start, step, mean_loss = time.perf_counter(), 0, math.nan
@@ -246,7 +268,7 @@ def _train(
                     f"seq/s {done / max(now - window_start, 1e-9):.1f}"
                 )
                 window, window_start = torch.zeros(2), now
-    return step, mean_loss
+    return mean_loss
 
 
 def predict(engine: Engine, features: Mapping[str, torch.Tensor], batch_size: int, trim: bool) -> Any:
@@ -265,11 +287,12 @@ def predict(engine: Engine, features: Mapping[str, torch.Tensor], batch_size: in
     inputs = {name: features[name] for name in INPUTS}
     outputs: list[tuple[int, Any]] = []
     for turn in range(rounds):
-        number = mine[turn] if turn < len(mine) else None
-        start = (number if number is not None else mine[0] if mine else 0) * batch_size
-        batch = _rows(inputs, slice(start, start + batch_size))
+        # A rank short of a batch repeats its first (rank 0's first, when it has none at all).
+        kept = turn < len(mine)
+        number = mine[turn] if kept else mine[0] if mine else 0
+        batch = _rows(inputs, slice(number * batch_size, (number + 1) * batch_size))
         result = engine.predict(_trimmed(batch) if trim else batch)
-        if number is not None:
+        if kept:
             parts = result if isinstance(result, tuple) else (result,)
             outputs.append((number, tuple(part.float().cpu().numpy() for part in parts)))
     gathered = sorted(
