@@ -166,12 +166,18 @@ class Engine:
     def _autocast(self) -> torch.autocast:
         return torch.autocast(self.device.type, self.autocast_dtype, enabled=self.autocast_dtype is not None)
 
+    def _on_device(self, batch: Batch) -> Batch:
+        return {name: tensor.to(self.device, non_blocking=True) for name, tensor in batch.items()}
+
+    def _outputs(self, model: Callable[..., Any], batch: Batch) -> Any:
+        """:attr:`forward` of ``model`` on ``batch`` (on the device) under autocast."""
+        with self._autocast():
+            return self.forward(model, batch)
+
     def _statistics(self, model: Callable[..., Any], batch: Batch) -> torch.Tensor:
         """The model's forward pass on ``batch`` under autocast, then :attr:`statistics` of its
         outputs outside autocast (the statistics function computes in the outputs' dtypes)."""
-        with self._autocast():
-            outputs = self.forward(model, batch)
-        return self.statistics(batch, outputs)
+        return self.statistics(batch, self._outputs(model, batch))
 
     def forward_backward(self, batch: Batch, accumulation_steps: int) -> torch.Tensor:
         """Forward and backward on one micro-batch, its loss weighted ``1 / accumulation_steps``.
@@ -182,7 +188,7 @@ class Engine:
         """
         self._micro_batches += 1
         sync = self._micro_batches % accumulation_steps == 0
-        batch = {name: tensor.to(self.device, non_blocking=True) for name, tensor in batch.items()}
+        batch = self._on_device(batch)
         with self.parallel.accumulate(self.wrapped, sync):
             stats = self._statistics(self.forward_module, batch)
             self.parallel.backward(stats[0], accumulation_steps, self.scaler)
@@ -195,16 +201,14 @@ class Engine:
         gradients, on the unwrapped model or on ``model`` (a copy of it with whole parameters,
         :func:`bertpretrain.runtime.sharding.whole_copy`): no collective. Call with the model in
         eval mode."""
-        batch = {name: tensor.to(self.device, non_blocking=True) for name, tensor in batch.items()}
-        return self._statistics(self.module if model is None else model, batch)
+        return self._statistics(self.module if model is None else model, self._on_device(batch))
 
     @torch.no_grad()
-    def predict(self, batch: Batch, model: nn.Module | None = None) -> Any:
+    def predict(self, batch: Batch) -> Any:
         """The outputs of :attr:`forward` on ``batch`` (moved to the device) under autocast, without
-        gradients, on the unwrapped model or on ``model``: no collective. Call in eval mode."""
-        batch = {name: tensor.to(self.device, non_blocking=True) for name, tensor in batch.items()}
-        with self._autocast():
-            return self.forward(self.module if model is None else model, batch)
+        gradients, on the unwrapped model: no collective of its own (under ZeRO-3 the forward
+        gathers each layer's parameters from every rank). Call in eval mode."""
+        return self._outputs(self.module, self._on_device(batch))
 
     def optimizer_step(self) -> tuple[float, bool]:
         """Unscale and clip the gradients, step the optimizer and the schedule, zero the gradients.
