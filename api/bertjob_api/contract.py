@@ -95,11 +95,11 @@ EXIT_DISK_FULL: Final = 200
 PERMANENT_EXIT_CODES: Final = (EXIT_FAILURE, EXIT_INVALID_JOB)
 RETRYABLE_EXIT_CODES: Final = (EXIT_PREEMPTED, EXIT_DISK_FULL)
 
-# `status.progress`: the trainer's log values that it patches, by the status field that holds them
-# (declared by bertjob_api.crd.Progress), besides phase, step, totalSteps and updateTime.
 # `status.results`: one entry per fine-tuning task, patched by the trainer's rank 0 as each task
 # ends (bertjob_api.crd.TaskResult). Like `status.progress`, the operator never writes it.
 RESULTS_FIELD: Final = "results"
+# `status.progress`: the trainer's log values that it patches, by the status field that holds them
+# (declared by bertjob_api.crd.Progress), besides phase, step, totalSteps and updateTime.
 PROGRESS_FIELD: Final = "progress"
 PROGRESS_FIELDS: Final = {
     "loss": "loss",

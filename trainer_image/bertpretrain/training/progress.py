@@ -25,7 +25,7 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
-from bertjob_api.contract import NAME_ENV, NAMESPACE_ENV, PROGRESS_FIELDS, status_path
+from bertjob_api.contract import NAME_ENV, NAMESPACE_ENV, PROGRESS_FIELD, PROGRESS_FIELDS, status_path
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -93,11 +93,11 @@ class StatusReporter:
         progress["updateTime"] = (
             datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
         )
-        return self._send({"status": {"progress": progress}})
+        return self.send_status({PROGRESS_FIELD: progress})
 
     def send_status(self, fields: Mapping[str, object]) -> bool:
-        """Patch these fields of ``status`` (e.g. ``results``, the fine-tuning results) at once,
-        unthrottled. Returns whether the request was sent and accepted."""
+        """Patch these fields of ``status`` (``progress``, or ``results``: the fine-tuning results)
+        in one JSON merge patch, unthrottled. Returns whether the request was sent and accepted."""
         return self._send({"status": dict(fields)})
 
     def _send(self, patch: dict[str, object]) -> bool:
