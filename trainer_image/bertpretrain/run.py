@@ -1,4 +1,4 @@
-"""``python -m bertpretrain run|local|prepare|export --config FILE``: the trainer's entry point.
+"""``python -m bertpretrain run|local|prepare|export|finetune --config FILE``: the trainer's entry point.
 
 It reads and checks the job file, then runs the command: ``prepare`` (the data stage) here, the
 others through :mod:`bertpretrain.job`, imported only then: torch, the model and the training loop
@@ -35,7 +35,7 @@ _PURPOSES: dict[str, Purpose] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m bertpretrain run|local|prepare|export --config FILE``: the trainer's entry point.
+    """``python -m bertpretrain run|local|prepare|export|finetune --config FILE``: the trainer's entry point.
 
     ``run``: the whole job; every rank started by torchrun, mpirun or horovodrun runs this; rank 0
     first prints the plan, then every rank which launcher started it and its rank. ``local``: the
@@ -43,16 +43,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     run`` starts). ``prepare``: the data stage
     alone (vocabulary and shards), in this process and its workers. ``export``: a checkpoint
     (``--checkpoint``, default the newest) to Hugging Face format (``--out``, default
-    ``spec.export.path``).
+    ``spec.export.path``). ``finetune``: the tasks of ``spec.finetune`` alone, on the export or
+    each task's ``initFrom`` (``run`` and ``local`` end with them).
 
     Returns the exit code: 0 done (also when SIGTERM came once training was done: the export is
-    finished first); 1 bad input (data, checkpoint, vocabulary, an output directory that cannot be
-    written; the message names the file or field) or a diverged loss, which a restart would not
-    mend; 2 an invalid job file; 128 + the signal number (143 for SIGTERM) when a signal stopped
-    training after a checkpoint; ``DISK_FULL_EXIT_CODE`` (200) when a volume is full or over its
-    quota (the message names the file, the free space and the size needed; the partial file is
-    removed). Kubeflow's ``restartPolicy: ExitCode`` retries the last two (128-255), and the data
-    Job's ``podFailurePolicy`` fails only on 1 and 2.
+    finished first); 1 bad input (data, checkpoint, vocabulary, a fine-tuning file, an output
+    directory that cannot be written; the message names the file or field) or a diverged loss, which
+    a restart would not mend; 2 an invalid job file; 128 + the signal number (143 for SIGTERM) when
+    a signal stopped training after a checkpoint; ``DISK_FULL_EXIT_CODE`` (200) when a volume is
+    full or over its quota (the message names the file, the free space and the size needed; the
+    partial file is removed). Kubeflow's ``restartPolicy: ExitCode`` retries the last two (128-255),
+    and the data Job's ``podFailurePolicy`` fails only on 1 and 2.
     """
     parser = argparse.ArgumentParser(prog="bertpretrain", description="Run a BertPretrainJob's trainer.")
     parser.add_argument("command", choices=list(_PURPOSES))
