@@ -31,6 +31,13 @@ def mpijob_schema() -> dict[str, Any]:
     return _upstream("kubeflow.org_mpijobs.yaml", "v2beta1")
 
 
+@pytest.fixture(scope="session")
+def trainjob_schema() -> dict[str, Any]:
+    """openAPIV3Schema of Kubeflow Trainer v2's TrainJob trainer.kubeflow.org/v1alpha1 (v2.3.0; skips
+    when shared/ is absent)."""
+    return _upstream("trainer.kubeflow.org_trainjobs.yaml", "v1alpha1")
+
+
 def _upstream(filename: str, version: str) -> dict[str, Any]:
     path: Path = UPSTREAM_CRDS / filename
     if not path.is_file():

@@ -79,6 +79,21 @@ FINETUNE_COMMAND: Final = "finetune"
 FINETUNE_DIR: Final = "finetune"
 FINETUNE_RESULTS: Final = "finetune.json"
 
+# Kubeflow Trainer v2 (spec.launcher trainjob). The ClusterTrainingRuntimes the chart installs,
+# one per ML policy; a TrainJob refers to one of them unless spec.trainJob.runtimeRef names another.
+TORCH_RUNTIME: Final = "bertjob-torch"
+MPI_RUNTIME: Final = "bertjob-mpi"
+# Trainer v2's names (kubeflow/trainer pkg/constants/constants.go): `node` is both the replicated job
+# whose pods run the trainer and their container, which Trainer v2 gives the trainer's image,
+# resources and environment (and, under MPI, the hostfile and SSH keys); `launcher` is the MPI
+# runtime's replicated job that runs mpirun.
+TRAINJOB_NODE: Final = "node"
+TRAINJOB_LAUNCHER: Final = "launcher"
+# Trainer v2's torch plugin sets PET_MASTER_PORT to this port (constants.ContainerTrainerPort).
+TRAINJOB_MASTER_PORT: Final = 29500
+# The `manager` of the TrainJob's runtimePatches entry that carries our pod settings.
+RUNTIME_PATCH_MANAGER: Final = f"{GROUP}/operator"
+
 # Set by the operator in every trainer pod, so that the trainer can report its progress.
 NAME_ENV: Final = "BERTJOB_NAME"
 NAMESPACE_ENV: Final = "BERTJOB_NAMESPACE"

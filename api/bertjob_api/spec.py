@@ -30,11 +30,11 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from bertjob_api import kubenames
-from bertjob_api.contract import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from bertjob_api.contract import API_VERSION, GROUP, KIND, MPI_RUNTIME, PLURAL, TORCH_RUNTIME, VERSION
 
 __all__ = ["API_VERSION", "GROUP", "KIND", "PLURAL", "VERSION"]
 
-LauncherName = Literal["pytorchjob", "mpijob"]
+LauncherName = Literal["pytorchjob", "mpijob", "trainjob"]
 Accelerator = Literal["nvidia-gpu", "habana-hpu", "xeon-cpu"]
 Precision = Literal["bf16", "fp16", "fp32"]
 ModelPreset = Literal["bert-tiny", "bert-mini", "bert-small", "bert-medium", "bert-base", "bert-large"]
@@ -533,6 +533,41 @@ class MpiSpec(_Spec):
     )
 
 
+MlPolicy = Literal["torch", "mpi"]
+# The ClusterTrainingRuntime the chart installs for each ML policy (charts/bertjob).
+DEFAULT_RUNTIMES: dict[str, str] = {"torch": TORCH_RUNTIME, "mpi": MPI_RUNTIME}
+
+
+class RuntimeRefSpec(_Spec):
+    """A Kubeflow Trainer v2 runtime that a platform team installed, instead of the chart's."""
+
+    name: DnsSubdomain = Field(description="The runtime's name.")
+    kind: Literal["ClusterTrainingRuntime", "TrainingRuntime"] = Field(
+        "ClusterTrainingRuntime",
+        description="ClusterTrainingRuntime, or TrainingRuntime (in the job's own namespace).",
+    )
+
+
+class TrainJobSpec(_Spec):
+    """How the trainjob launcher runs the job on Kubeflow Trainer v2 (a TrainJob and its runtime)."""
+
+    ml_policy: MlPolicy = Field(
+        "torch",
+        description="The runtime's ML policy: torch (torchrun, DDP or DeepSpeed; Trainer v2 sets the "
+        "PET_* variables) or mpi (mpirun over Trainer v2's hostfile, Horovod or DeepSpeed).",
+    )
+    runtime_ref: RuntimeRefSpec | None = Field(
+        None,
+        description="A runtime of that ML policy to run on. Default: the chart's ClusterTrainingRuntime "
+        f"{TORCH_RUNTIME} or {MPI_RUNTIME}.",
+    )
+
+    @property
+    def runtime(self) -> RuntimeRefSpec:
+        """``runtimeRef``, else the chart's ClusterTrainingRuntime for ``mlPolicy``."""
+        return self.runtime_ref or RuntimeRefSpec(name=DEFAULT_RUNTIMES[self.ml_policy])
+
+
 class DeepSpeedSpec(_Spec):
     """DeepSpeed as the data-parallel engine, under either launcher (torchrun or mpirun)."""
 
@@ -744,7 +779,10 @@ class JobSpec(_Spec):
         min_length=1, description="Trainer container image."
     )
     launcher: LauncherName = Field(
-        "pytorchjob", description="pytorchjob (torchrun, DDP) or mpijob (mpirun, Horovod)."
+        "pytorchjob",
+        description="pytorchjob (Kubeflow training operator v1: torchrun, DDP), mpijob (mpi-operator: "
+        "mpirun, Horovod) or trainjob (Kubeflow Trainer v2: a TrainJob on a torch or MPI runtime, "
+        "spec.trainJob). docs/launchers.md says which to choose.",
     )
     accelerator: Accelerator = Field("nvidia-gpu", description="nvidia-gpu, habana-hpu or xeon-cpu.")
     topology: Topology = Field(default_factory=Topology, description="Nodes and processes per node.")
@@ -785,7 +823,10 @@ class JobSpec(_Spec):
     elastic: ElasticSpec | None = Field(
         None, description="Elastic training between minNodes and maxNodes. Default: a fixed world."
     )
-    mpi: MpiSpec = Field(default_factory=MpiSpec, description="mpijob launcher settings.")
+    mpi: MpiSpec = Field(
+        default_factory=MpiSpec, description="mpijob launcher settings (and trainjob's mpi policy)."
+    )
+    train_job: TrainJobSpec = Field(default_factory=TrainJobSpec, description="trainjob launcher settings.")
     prepare: PrepareSpec = Field(default_factory=PrepareSpec, description="Data preparation as its own Job.")
     finetune: list[FinetuneTaskSpec] = Field(
         default_factory=list,

@@ -10,7 +10,7 @@ from pathlib import PurePosixPath
 from typing import Any, Literal
 
 from bertjob_api import deepspeed, kubenames, passthrough
-from bertjob_api.contract import RESERVED_VOLUMES
+from bertjob_api.contract import RESERVED_VOLUMES, TRAINJOB_LAUNCHER, TRAINJOB_NODE
 from bertjob_api.defaults import (
     ModelDims,
     batch_split_problem,
@@ -19,7 +19,7 @@ from bertjob_api.defaults import (
     volumes,
     with_defaults,
 )
-from bertjob_api.spec import BertPretrainJob, JobSpec, SpecError
+from bertjob_api.spec import BertPretrainJob, JobSpec, MpiSpec, SpecError
 
 # Volumes the base pod template mounts itself (kustomize/base): a job volume may not take their names.
 TOLERATION_OPERATORS = ("Exists", "Equal")
@@ -194,6 +194,8 @@ def _distributed_problems(spec: JobSpec) -> list[tuple[str, str]]:
             )
         )
     found += _deepspeed_problems(spec)
+    if spec.launcher == "trainjob":
+        found += trainjob_problems(spec)
     elastic = spec.elastic
     if elastic is None:
         return found
@@ -223,6 +225,63 @@ def _distributed_problems(spec: JobSpec) -> list[tuple[str, str]]:
                 "set nodes to 2 or more, or use launcher pytorchjob",
             )
         )
+    return found
+
+
+# Where Trainer v2 keeps what a PyTorchJob or MPIJob holds per job: the runtime, which every TrainJob
+# on it shares (kubeflow/trainer pkg/apis/trainer/v1alpha1: a TrainJob's runtimePatches carry no such
+# pod field, and it has no runPolicy but suspend and activeDeadlineSeconds).
+_RUNTIME_FIELDS = {
+    "spec.runPolicy.cleanPodPolicy": ("run_policy", "clean_pod_policy"),
+    "spec.runPolicy.ttlSecondsAfterFinished": ("run_policy", "ttl_seconds_after_finished"),
+    "spec.runPolicy.backoffLimit": ("run_policy", "backoff_limit"),
+    "spec.runPolicy.schedulingPolicy": ("run_policy", "scheduling_policy"),
+    "spec.pod.priorityClassName": ("pod", "priority_class_name"),
+    "spec.pod.schedulerName": ("pod", "scheduler_name"),
+    "spec.pod.imagePullPolicy": ("pod", "image_pull_policy"),
+}
+# Trainer v2's torch plugin sets these itself and its webhook refuses a TrainJob that sets them
+# (kubeflow/trainer pkg/constants: TorchRunReservedEnvNames).
+TORCHRUN_RESERVED_ENV = (
+    "PET_NNODES",
+    "PET_NPROC_PER_NODE",
+    "PET_NODE_RANK",
+    "PET_MASTER_ADDR",
+    "PET_MASTER_PORT",
+)
+# Open MPI's separator in OMPI_MCA_mca_base_env_list, which forwards the variables to the ranks.
+MPI_ENV_LIST_SEPARATOR = ";"
+
+
+def trainjob_problems(spec: JobSpec) -> list[tuple[str, str]]:
+    """What launcher trainjob (Kubeflow Trainer v2) cannot run: elastic training (Trainer v2 has no
+    elastic policy), horovodrun, fields that live in the Trainer v2 runtime rather than in a
+    TrainJob, and environment variables that Trainer v2 or Open MPI's forwarding reserve."""
+    found: list[tuple[str, str]] = []
+    if spec.elastic is not None:
+        found.append(("spec.elastic", "Kubeflow Trainer v2 has no elastic training; use launcher pytorchjob"))
+    policy = spec.train_job.ml_policy
+    if policy == "mpi" and spec.mpi.command != "mpirun":
+        found.append(("spec.mpi.command", "Trainer v2's MPI runtime starts the ranks with mpirun"))
+    if policy == "mpi" and spec.mpi.ssh_auth_mount_path != MpiSpec().ssh_auth_mount_path:
+        found.append(
+            ("spec.mpi.sshAuthMountPath", "under launcher trainjob the runtime's mlPolicy.mpi sets it")
+        )
+    for field, (part, name) in _RUNTIME_FIELDS.items():
+        if getattr(getattr(spec, part), name) is not None:
+            found.append((field, "a TrainJob cannot carry it: set it in the Trainer v2 runtime instead"))
+    for index, env in enumerate(spec.pod.env):
+        name = str(env.get("name", ""))
+        if policy == "torch" and name in TORCHRUN_RESERVED_ENV:
+            found.append((f"spec.pod.env[{index}].name", f"{name} is set by Trainer v2's torch plugin"))
+        if policy == "mpi" and MPI_ENV_LIST_SEPARATOR in name:
+            found.append(
+                (
+                    f"spec.pod.env[{index}].name",
+                    f"{kubenames.shown(name)} holds {MPI_ENV_LIST_SEPARATOR!r}, which separates the "
+                    "variables Open MPI forwards to the ranks",
+                )
+            )
     return found
 
 
@@ -360,6 +419,12 @@ def derived_names(job: BertPretrainJob) -> dict[str, str]:
     if spec.launcher == "mpijob":
         names[f"{name}-launcher"] = "mpi-operator's launcher Job"
         names[f"{name}-worker-{workers - 1}"] = "mpi-operator's last Worker pod"
+    elif spec.launcher == "trainjob":
+        # JobSet names a pod <jobset>-<replicated job>-<job index>-<pod index>, its hostname.
+        names[f"{name}-{TRAINJOB_NODE}-0-{workers - 1}"] = "Trainer v2's last node pod"
+        if spec.train_job.ml_policy == "mpi":
+            names[f"{name}-{TRAINJOB_LAUNCHER}-0-0"] = "Trainer v2's MPI launcher pod"
+            names[f"{name}-mpi-ssh-auth"] = "Trainer v2's SSH key Secret"
     else:
         if spec.elastic is None:
             names[f"{name}-master-0"] = "the training operator's Master Service"

@@ -2,7 +2,8 @@
 
 A running job takes only changes to the training job's run policy that Kubeflow's operators act on
 while the job runs: ``suspend`` (pods deleted, resumed later from the last checkpoint),
-``ttlSecondsAfterFinished``, ``activeDeadlineSeconds`` and ``backoffLimit``. Everything else
+``ttlSecondsAfterFinished``, ``activeDeadlineSeconds`` and ``backoffLimit`` (a TrainJob: ``suspend``
+alone, its launcher's ``safe_fields``). Everything else
 (model, data, phases, image, topology, pods...) would change a job half-way through training,
 so it is refused and reaches no child. A spec that is invalid as a whole is refused whole: not even
 its safe fields are applied. The accepted spec stays in the job's ConfigMap; children made later
@@ -35,10 +36,11 @@ def changed_fields(old: object, new: object, prefix: str = "spec") -> list[str]:
     return [] if old == new else [prefix]
 
 
-def split(fields: list[str]) -> tuple[list[str], list[str]]:
-    """``fields`` as (safe to apply, refused)."""
-    safe = [field for field in fields if field in SAFE_FIELDS]
-    return safe, [field for field in fields if field not in SAFE_FIELDS]
+def split(fields: list[str], safe_fields: tuple[str, ...] = SAFE_FIELDS) -> tuple[list[str], list[str]]:
+    """``fields`` as (safe to apply, refused); ``safe_fields`` are those the child's launcher applies
+    to a running child (all of :data:`SAFE_FIELDS` for Kubeflow's jobs, suspend alone for a TrainJob)."""
+    safe = [field for field in fields if field in safe_fields]
+    return safe, [field for field in fields if field not in safe_fields]
 
 
 def safe_run_policy(spec: object) -> dict[str, Any]:

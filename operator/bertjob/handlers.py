@@ -200,17 +200,18 @@ def prepare_finished(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 
 @metrics.observed("mirror")
 def mirror_child(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Copy a training job's Kubeflow conditions into its BertPretrainJob's phase and conditions."""
-    conditions = lifecycle.child_conditions(body.get("status") or {}, lifecycle.now())
-    job = read_owner(memo.api, body) if conditions else None
+    """Copy a training job's conditions into its BertPretrainJob's phase and conditions."""
+    launcher = launchers.of_kind(body.get("apiVersion"), body.get("kind"))
+    conditions = launcher.conditions(body.get("status") or {}, lifecycle.now()) if launcher else []
+    job = read_owner(memo.api, body) if launcher and conditions else None
     if job is None:
         return
     current = lifecycle.of(job)
     # Until the job's status names this child, a status patch of the create handler may follow ours.
     if _ref(body) not in current.children:
         return
-    # The child's own runPolicy holds the suspend as applied (a refused change never reaches it).
-    suspended = changes.suspended(body.get("spec"))
+    # The child's own spec holds the suspend as applied (a refused change never reaches it).
+    suspended = launcher is not None and launcher.suspended(body.get("spec"))
     _write(memo.api, job, current, lifecycle.follow_child(current, conditions, suspended, lifecycle.now()))
 
 
@@ -268,7 +269,7 @@ def change(api: ApiClient, job: Mapping[str, Any], old: Any, new: Any) -> None:
             if accepted
             else changes.changed_fields(old, new)
         )
-        refused = changes.split(fields)[1]
+        refused = changes.split(fields, _launcher_of(accepted or candidate).safe_fields)[1]
         valid = True
         why = "not applied to a job that has started"
     except SpecError as error:
@@ -279,8 +280,8 @@ def change(api: ApiClient, job: Mapping[str, Any], old: Any, new: Any) -> None:
     if valid and current.phase not in lifecycle.TERMINAL_PHASES:
         for ref in current.children:
             target = {"apiVersion": ref.api_version, "kind": ref.kind, "metadata": _meta(job, ref.name)}
-            if _trains(ref):
-                patch_child(api, target, changes.training_patch(spec))
+            if launcher := launchers.of_kind(ref.api_version, ref.kind):
+                patch_child(api, target, launcher.policy_patch(spec))
             elif current.phase in ("Preparing", "Suspended") and not any(map(_trains, current.children)):
                 patch_child(api, target, changes.prepare_patch(spec))
     at = lifecycle.now()
@@ -389,6 +390,11 @@ def _ref(obj: Mapping[str, Any]) -> ChildRef:
     return ChildRef(api_version=obj["apiVersion"], kind=obj["kind"], name=obj["metadata"]["name"])
 
 
+def _launcher_of(document: Mapping[str, Any]) -> launchers.Launcher:
+    """The launcher of a job document (its ``spec.launcher``, defaulted)."""
+    return launchers.get(str(document["spec"].get("launcher") or "pytorchjob"))
+
+
 def _trains(ref: ChildRef) -> bool:
     return is_training_child({"apiVersion": ref.api_version, "kind": ref.kind})
 
@@ -400,7 +406,8 @@ def _problems(error: SpecError) -> str:
 def _has_conditions(body: kopf.Body, **_: Any) -> bool:
     """Whether :func:`mirror_child` has anything to mirror from a training job: without, it returns
     at once, and the filter spares kopf the hop to a thread and back (a created child's first event)."""
-    return lifecycle.has_child_conditions(body.get("status") or {})
+    launcher = launchers.of_kind(body.get("apiVersion"), body.get("kind"))
+    return launcher is not None and launcher.has_conditions(body.get("status") or {})
 
 
 def _has_outcome(body: kopf.Body, **_: Any) -> bool:

@@ -217,6 +217,53 @@ def has_child_conditions(child_status: Mapping[str, Any]) -> bool:
     )
 
 
+# Kubeflow Trainer v2's TrainJob condition types (kubeflow/trainer pkg/apis/trainer/v1alpha1/
+# trainjob_types.go; Created in the releases before v2.3.0), as the job's own condition types.
+TRAINJOB_CONDITIONS: dict[str, ConditionType] = {
+    "Created": "Created",
+    "Complete": "Succeeded",
+    "Failed": "Failed",
+    "Suspended": "Suspended",
+}
+
+
+def trainjob_conditions(child_status: Mapping[str, Any], at: datetime) -> list[Condition]:
+    """A TrainJob's status as the job's conditions: its conditions by :data:`TRAINJOB_CONDITIONS`
+    (Complete becomes Succeeded), and Running, which a TrainJob does not report: True while one of
+    its child Jobs (``status.jobsStatus``) has all its pods ready and the TrainJob has not ended,
+    False once the Jobs are listed and none is, or it ended. A missing time reads as ``at``."""
+    items = child_status.get("conditions")
+    renamed = [
+        {**item, "type": TRAINJOB_CONDITIONS[item["type"]]}
+        for item in (items if isinstance(items, list) else [])
+        if isinstance(item, Mapping) and item.get("type") in TRAINJOB_CONDITIONS
+    ]
+    found = child_conditions({"conditions": renamed}, at)
+    jobs = [item for item in child_status.get("jobsStatus") or [] if isinstance(item, Mapping)]
+    if not jobs:
+        return found
+    ended = any(item.type in TERMINAL_PHASES and item.status == "True" for item in found)
+    ready = sorted(str(item.get("name")) for item in jobs if _count(item.get("ready")) > 0)
+    if ready and not ended:
+        running = condition("Running", "JobsReady", f"ready: {', '.join(ready)}", at)
+    else:
+        why = "TrainJobFinished" if ended else "NoJobReady"
+        running = condition("Running", why, "no child Job has all its pods ready", at, status=False)
+    return [*found, running]
+
+
+def has_trainjob_conditions(child_status: Mapping[str, Any]) -> bool:
+    """Whether :func:`trainjob_conditions` finds anything in ``child_status``."""
+    return bool(child_status.get("jobsStatus")) or any(
+        isinstance(item, Mapping) and item.get("type") in TRAINJOB_CONDITIONS
+        for item in child_status.get("conditions") or []
+    )
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def child_phase(conditions: Sequence[Condition]) -> Phase | None:
     """The phase a training child's conditions put the job in: an outcome wins over Running
     (Restarting counts as Running), Running over Created; None before Kubeflow has written any."""

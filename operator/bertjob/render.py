@@ -54,7 +54,15 @@ PREPARE_FATAL_EXIT_CODES = list(PERMANENT_EXIT_CODES)
 # The strategic merge's lists merged by a key (as Kubernetes' patchMergeKey, except volumeMounts,
 # which Kubernetes merges by mountPath and we by name, as the base's volumes); every other list is
 # replaced. A pod's containers are named in full: see merge().
-MERGE_KEYS = {"containers": "name", "volumes": "name", "volumeMounts": "name", "env": "name"}
+MERGE_KEYS = {
+    "containers": "name",
+    "volumes": "name",
+    "volumeMounts": "name",
+    "env": "name",
+    # A TrainJob's (Trainer v2 declares both lists as maps by these keys).
+    "runtimePatches": "manager",
+    "replicatedJobs": "name",
+}
 COMPLETE_LISTS = frozenset({"containers"})
 
 Component = Literal["config", "progress", "prepare", "train"]
@@ -123,7 +131,7 @@ def render(job: BertPretrainJob) -> list[dict[str, Any]]:
        only) and the RoleBinding ``<name>-progress`` giving it to the pods' service account;
     4. with ``spec.prepare.enabled``, the batch/v1 Job ``<name>-prepare`` (``python -m bertpretrain
        prepare``) in the trainer's pod, with ``spec.prepare.resources``;
-    5. the launcher's child ``<name>`` (a PyTorchJob or an MPIJob).
+    5. the launcher's child ``<name>`` (a PyTorchJob, an MPIJob or a TrainJob).
 
     Each carries :func:`job_labels` with its :func:`component`. Applies
     :func:`bertjob_api.validation.cluster_job` (defaults and every check) first.

@@ -16,6 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from bertjob import launchers
 from bertjob.render import component, kustomize_build, render
 from bertjob_api.spec import Accelerator, BertPretrainJob, LauncherName, SpecError, load_job
 from bertjob_api.validation import cluster_job
@@ -40,7 +41,11 @@ def _document(name: str) -> dict[str, Any]:
 
 
 def _replicas(child: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The child's replicas by role; a TrainJob's ``node`` pods as one replica of ``numNodes``."""
     spec = child["spec"]
+    if child["kind"] == "TrainJob":
+        template = launchers.get("trainjob").trainer_template(child)
+        return {"Node": {"replicas": spec["trainer"]["numNodes"], "template": template}}
     return dict(spec.get("pytorchReplicaSpecs") or spec["mpiReplicaSpecs"])
 
 
@@ -75,7 +80,10 @@ def test_a_local_only_example_is_refused_as_a_cluster_job(name: str) -> None:
 
 @pytest.mark.parametrize("name", CLUSTER)
 def test_every_cluster_example_renders_into_objects_the_cluster_accepts(
-    name: str, pytorchjob_schema: dict[str, Any], mpijob_schema: dict[str, Any]
+    name: str,
+    pytorchjob_schema: dict[str, Any],
+    mpijob_schema: dict[str, Any],
+    trainjob_schema: dict[str, Any],
 ) -> None:
     job = load_job(EXAMPLES / name)
     spec = job.spec
@@ -86,7 +94,8 @@ def test_every_cluster_example_renders_into_objects_the_cluster_accepts(
     assert component(child) == "train"
     for obj in rendered[:-1]:
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
-    assert_valid(child, pytorchjob_schema if spec.launcher == "pytorchjob" else mpijob_schema)
+    schemas = {"pytorchjob": pytorchjob_schema, "mpijob": mpijob_schema, "trainjob": trainjob_schema}
+    assert_valid(child, schemas[spec.launcher])
     replicas = _replicas(child)
     for role, replica in replicas.items():
         template = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": role.lower()}}
@@ -97,6 +106,8 @@ def test_every_cluster_example_renders_into_objects_the_cluster_accepts(
     assert sum(replica["replicas"] for replica in trainers.values()) == spec.topology.nodes
     if spec.launcher == "pytorchjob":
         assert child["spec"]["nprocPerNode"] == str(spec.topology.processes_per_node)
+    elif spec.launcher == "trainjob":
+        assert child["spec"]["trainer"]["numProcPerNode"] == spec.topology.processes_per_node
     else:
         assert child["spec"]["slotsPerWorker"] == spec.topology.processes_per_node
     claims = {
@@ -181,6 +192,10 @@ def test_every_example_says_what_it_is_and_how_to_run_it(name: str) -> None:
     # The pod (or Job) whose log follows training, under the names the Kubeflow operators give.
     if job.spec.launcher == "mpijob":
         assert f"kubectl logs -f job/{job.metadata.name}-launcher" in header
+    elif job.spec.launcher == "trainjob":
+        # JobSet's Job <jobset>-<replicated job>-<index>: the first node's, or the MPI launcher's.
+        replicated = "node" if job.spec.train_job.ml_policy == "torch" else "launcher"
+        assert f"kubectl logs -f job/{job.metadata.name}-{replicated}-0" in header
     else:
         role = "worker" if job.spec.elastic is not None else "master"
         assert f"kubectl logs -f {job.metadata.name}-{role}-0" in header

@@ -7,9 +7,9 @@ under ``kustomize/components/``, and supplies the job's own patch, a strategic-m
 and env entries by their name, never by their position in the base's lists). The patch is rendered
 from the jinja2 templates in ``templates/`` (StrictUndefined; every value from the job goes through
 ``tojson``), so no value can change its structure. A launcher also names the pod template that
-runs the trainer (the data-preparation Job copies it). The child's status is read by
-:mod:`bertjob.lifecycle`, the same for every launcher (Kubeflow's JobCondition list). One module
-per launcher.
+runs the trainer (the data-preparation Job copies it), how its status reads as the job's conditions
+(:mod:`bertjob.lifecycle`: Kubeflow's JobCondition list, or Trainer v2's TrainJob status) and which
+run-policy changes reach it while it runs. One module per launcher.
 """
 
 from __future__ import annotations
@@ -17,12 +17,15 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 import jinja2
 
+from bertjob import changes, lifecycle
 from bertjob_api.contract import JOB_CONFIG_VOLUME
+from bertjob_api.crd import Condition
 from bertjob_api.spec import Accelerator, JobSpec, SpecError, VolumeSpec
 
 MergePatch = dict[str, Any]
@@ -72,6 +75,52 @@ class Launcher(Protocol):
     def trainer_template(self, child: Mapping[str, Any]) -> dict[str, Any]:
         """The pod template (``template`` of a replica) of ``child`` whose container runs the trainer."""
         ...
+
+    safe_fields: tuple[str, ...]
+    """The fields of ``spec.runPolicy`` (dotted paths) applied to a running child; other changes
+    are refused (:mod:`bertjob.changes`)."""
+
+    def policy_patch(self, spec: object) -> dict[str, Any]:
+        """The merge patch that gives a running child the :attr:`safe_fields` of ``spec`` (a job's
+        spec as the API server holds it)."""
+        ...
+
+    def suspended(self, child_spec: object) -> bool:
+        """Whether the child's ``spec`` (as read back) holds it suspended."""
+        ...
+
+    def conditions(self, child_status: Mapping[str, Any], at: datetime) -> list[Condition]:
+        """The child's ``status`` as the job's own conditions (:mod:`bertjob.lifecycle`); a time the
+        child does not give reads as ``at``."""
+        ...
+
+    def has_conditions(self, child_status: Mapping[str, Any]) -> bool:
+        """Whether :meth:`conditions` finds anything in ``child_status``, without building them (a
+        filter run on kopf's event loop for every event of every training job)."""
+        ...
+
+
+class KubeflowJob:
+    """What the training operator's PyTorchJob and mpi-operator's MPIJob share: Kubeflow's
+    ``runPolicy`` and JobCondition list."""
+
+    safe_fields = changes.SAFE_FIELDS
+
+    def policy_patch(self, spec: object) -> dict[str, Any]:
+        """:func:`bertjob.changes.training_patch`: the job's safe run-policy fields."""
+        return changes.training_patch(spec)
+
+    def suspended(self, child_spec: object) -> bool:
+        """Whether the child's ``runPolicy.suspend`` is true."""
+        return changes.suspended(child_spec)
+
+    def conditions(self, child_status: Mapping[str, Any], at: datetime) -> list[Condition]:
+        """:func:`bertjob.lifecycle.child_conditions`."""
+        return lifecycle.child_conditions(child_status, at)
+
+    def has_conditions(self, child_status: Mapping[str, Any]) -> bool:
+        """:func:`bertjob.lifecycle.has_child_conditions`."""
+        return lifecycle.has_child_conditions(child_status)
 
 
 # Extended resource each accelerator's device plugin advertises, one device per process.
@@ -221,8 +270,9 @@ def _registry() -> dict[str, Launcher]:
     # Imported here: the launcher modules import this module's types.
     from bertjob.launchers.mpijob import MPIJobLauncher
     from bertjob.launchers.pytorchjob import PyTorchJobLauncher
+    from bertjob.launchers.trainjob import TrainJobLauncher
 
-    return {"pytorchjob": PyTorchJobLauncher(), "mpijob": MPIJobLauncher()}
+    return {"pytorchjob": PyTorchJobLauncher(), "mpijob": MPIJobLauncher(), "trainjob": TrainJobLauncher()}
 
 
 LAUNCHERS: dict[str, Launcher] = _registry()
@@ -238,3 +288,15 @@ def get(name: str) -> Launcher:
         return LAUNCHERS[name]
     except KeyError:
         raise SpecError("<spec>", [("spec.launcher", f"{name} is not implemented")]) from None
+
+
+def of_kind(api_version: object, kind: object) -> Launcher | None:
+    """The launcher whose child has ``apiVersion`` and ``kind``; None for another kind."""
+    return next(
+        (
+            launcher
+            for launcher in LAUNCHERS.values()
+            if (launcher.child.api_version, launcher.child.kind) == (api_version, kind)
+        ),
+        None,
+    )

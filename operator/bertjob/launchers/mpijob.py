@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
-from bertjob.launchers import ChildKind, MergePatch, PodNames, job_patch, pod_context
+from bertjob.launchers import ChildKind, KubeflowJob, MergePatch, PodNames, job_patch, pod_context
 from bertjob_api.contract import JOB_PATH, NAME_ENV, NAMESPACE_ENV, RUN_COMMAND, TRAINER_MODULE
 from bertjob_api.spec import Accelerator, ElasticSpec, JobSpec
 
@@ -48,7 +48,7 @@ DEEPSPEED_MASTER_PORT = 29500
 MPIRUN_BINDING: dict[Accelerator, list[str]] = {"xeon-cpu": ["--map-by", "socket", "--bind-to", "socket"]}
 
 
-class MPIJobLauncher:
+class MPIJobLauncher(KubeflowJob):
     """Renders ``spec`` as an MPIJob; see :class:`bertjob.launchers.Launcher`."""
 
     child = ChildKind(group="kubeflow.org", version="v2beta1", kind="MPIJob", plural="mpijobs")

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from bertjob.launchers import ChildKind, MergePatch, PodNames, job_patch, pod_context
+from bertjob.launchers import ChildKind, KubeflowJob, MergePatch, PodNames, job_patch, pod_context
 from bertjob_api.spec import ElasticSpec, JobSpec
 
 # The container name in kustomize/base/pytorchjob.yaml, which the patch finds the container by.
@@ -31,7 +31,7 @@ REPLICA_SPECS = "pytorchReplicaSpecs"
 RDZV_BACKEND = "c10d"
 
 
-class PyTorchJobLauncher:
+class PyTorchJobLauncher(KubeflowJob):
     """Renders ``spec`` as a PyTorchJob; see :class:`bertjob.launchers.Launcher`."""
 
     child = ChildKind(group="kubeflow.org", version="v1", kind="PyTorchJob", plural="pytorchjobs")
