@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bertjob import changes, lifecycle
+from bertjob import changes, launchers, lifecycle
 from bertjob_api.crd import JobStatus
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
@@ -124,3 +124,21 @@ def test_children_render_from_the_accepted_spec_with_the_applied_run_policy() ->
     assert {key: value for key, value in document["spec"].items() if key != "runPolicy"} == {
         key: value for key, value in ACCEPTED.items() if key != "runPolicy"
     }
+
+
+def test_a_trainjob_takes_suspend_alone() -> None:
+    """Trainer v2's TrainJob has suspend, and an activeDeadlineSeconds that cannot change (the CRD's
+    rule self == oldSelf): the other safe fields are refused for it, and its patch is spec.suspend."""
+    trainjob = launchers.get("trainjob")
+    fields = ["spec.runPolicy.suspend", "spec.runPolicy.activeDeadlineSeconds", "spec.image"]
+
+    assert changes.split(fields, trainjob.safe_fields) == (
+        ["spec.runPolicy.suspend"],
+        ["spec.runPolicy.activeDeadlineSeconds", "spec.image"],
+    )
+    assert changes.split(fields, launchers.get("pytorchjob").safe_fields) == (fields[:2], fields[2:])
+    spec = {"runPolicy": {"suspend": True, "activeDeadlineSeconds": 60}}
+    assert trainjob.policy_patch(spec) == {"spec": {"suspend": True}}
+    assert trainjob.suspended({"suspend": True}) is True
+    assert trainjob.suspended({"runPolicy": {"suspend": True}}) is False
+    assert launchers.get("mpijob").suspended({"runPolicy": {"suspend": True}}) is True

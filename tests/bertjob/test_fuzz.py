@@ -45,6 +45,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from bertjob import launchers
 from bertjob.cli import main
 from bertjob.render import render
 from bertjob_api.crd import resource_schema
@@ -125,6 +126,28 @@ BASES: dict[str, dict[str, Any]] = {
     "pytorchjob-elastic": _variant(
         {**BATCHES, "spec.topology.nodes": 2, "spec.elastic": {"minNodes": 1, "maxNodes": 3}}
     ),
+    # Trainer v2 refuses what its runtime holds (priorityClassName, schedulerName, imagePullPolicy).
+    "trainjob-torch-3-nodes-pod": _variant(
+        {
+            **BATCHES,
+            "spec.launcher": "trainjob",
+            "spec.topology.nodes": 3,
+            "spec.pod": POD,
+            "spec.queueName": "team-a",
+        }
+    ),
+    "trainjob-mpi-2-nodes-prepare": _variant(
+        {
+            **BATCHES,
+            "spec.launcher": "trainjob",
+            "spec.trainJob": {"mlPolicy": "mpi", "runtimeRef": {"name": "platform-mpi"}},
+            "spec.accelerator": "xeon-cpu",
+            "spec.topology": {"nodes": 2, "processesPerNode": 2},
+            "spec.prepare": {"enabled": True, "resources": {"requests": {"cpu": 2}}},
+            "spec.pod": POD,
+            "spec.runPolicy": {"activeDeadlineSeconds": 86400, "suspend": True},
+        }
+    ),
     **{
         name: example(f"{name}.yaml")
         for name in (
@@ -132,6 +155,7 @@ BASES: dict[str, dict[str, Any]] = {
             "bert-large-1x8xa100",
             "bert-large-gaudi",
             "bert-large-xeon-mpijob",
+            "bert-base-trainjob",
             "bert-tiny-local",  # refused: its paths are relative, for `bertjob run`
         )
     },
@@ -454,6 +478,8 @@ def _without_nulls(value: Any) -> Any:
 
 def _pods(child: dict[str, Any]) -> dict[str, dict[str, Any]]:
     spec = child["spec"]
+    if child["kind"] == "TrainJob":
+        return {"node": launchers.get("trainjob").trainer_template(child)}
     replicas = spec.get("pytorchReplicaSpecs") or spec["mpiReplicaSpecs"]
     return {name: replica["template"] for name, replica in replicas.items()}
 
@@ -517,7 +543,7 @@ def _check(job: Mutated, schemas: dict[str, dict[str, Any]], note: Any = event) 
 
 
 def _child_kind(job: BertPretrainJob) -> str:
-    return {"pytorchjob": "PyTorchJob", "mpijob": "MPIJob"}[job.spec.launcher]
+    return launchers.get(job.spec.launcher).child.kind
 
 
 class Schemas(dict[str, dict[str, Any]]):
@@ -528,8 +554,15 @@ class Schemas(dict[str, dict[str, Any]]):
 
 
 @pytest.fixture(scope="module")
-def schemas(pytorchjob_schema: dict[str, Any], mpijob_schema: dict[str, Any]) -> Schemas:
-    return Schemas(PyTorchJob=pytorchjob_schema, MPIJob=mpijob_schema, BertPretrainJob=resource_schema())
+def schemas(
+    pytorchjob_schema: dict[str, Any], mpijob_schema: dict[str, Any], trainjob_schema: dict[str, Any]
+) -> Schemas:
+    return Schemas(
+        PyTorchJob=pytorchjob_schema,
+        MPIJob=mpijob_schema,
+        TrainJob=trainjob_schema,
+        BertPretrainJob=resource_schema(),
+    )
 
 
 # -- The tests -----------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from bertjob import launchers
 from bertjob.launchers import mpijob
 from bertjob.render import kustomize_build
 from bertjob_api.contract import (
@@ -111,6 +112,44 @@ def test_every_combination_builds_by_hand(
         assert "args" not in container
         forwarded = {command[i + 1] for i, arg in enumerate(command) if arg == "-x"}
         assert {var["name"] for var in container["env"]} <= forwarded, "ranks must get the Launcher's env"
+
+
+@pytest.mark.parametrize("accelerator", DEVICES)
+@pytest.mark.parametrize("overlay", ["single-node", "multi-node"])
+def test_every_trainjob_combination_builds_by_hand(
+    tmp_path: Path, overlay: str, accelerator: str, trainjob_schema: dict[str, Any]
+) -> None:
+    """By hand, components/trainjob is a TrainJob on the chart's torch runtime whose node pods are
+    the base's trainer pod (the operator's own patch aside)."""
+    [job] = _build_by_hand(tmp_path, overlay, "trainjob", accelerator)
+
+    assert job["kind"] == "TrainJob"
+    assert "config.kubernetes.io/local-config" not in job["metadata"].get("annotations", {})
+    assert_valid(job, trainjob_schema)
+    trainer = job["spec"]["trainer"]
+    assert trainer["numNodes"] == (1 if overlay == "single-node" else 2)
+    assert trainer["numProcPerNode"] == (2 if accelerator == "xeon-cpu" else 1)
+    device = DEVICES[accelerator]
+    assert trainer.get("resourcesPerNode", {}).get("limits", {}) == ({device: 1} if device else {})
+    assert {NAME_ENV, NAMESPACE_ENV} <= {var["name"] for var in trainer["env"]}
+    pod = launchers.get("trainjob").trainer_template(job)
+    assert pod["spec"]["securityContext"] == {
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    [container] = pod["spec"]["containers"]
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert [volume["name"] for volume in pod["spec"]["volumes"]] == [
+        JOB_CONFIG_VOLUME,
+        DATA_VOLUME,
+        SHM_VOLUME,
+        TMP_VOLUME,
+    ]
+    template = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": pod}
+    kubernetes_validate.validate(template, "1.33", strict=True)
 
 
 def test_the_by_hand_mpijob_runs_the_launchers_trainer_command(tmp_path: Path) -> None:

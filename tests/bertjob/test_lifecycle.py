@@ -194,6 +194,100 @@ def test_child_conditions_mirror_kubeflows_types_only() -> None:
     assert len(found[-1].message) == lifecycle.MESSAGE_LIMIT
 
 
+# --- a Trainer v2 TrainJob's status ----------------------------------------------------------------
+
+
+def _trainjob_condition(type_: str, status: str = "True", reason: str = "") -> dict[str, Any]:
+    """A metav1.Condition as Trainer v2's controller writes it into a TrainJob's status."""
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason or type_,
+        "message": f"TrainJob is {type_.lower()}",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }
+
+
+def _jobs(ready: int, active: int = 1) -> list[dict[str, Any]]:
+    """``status.jobsStatus``: the counts of the `node` replicated job's child Jobs."""
+    return [{"name": "node", "ready": ready, "succeeded": 0, "failed": 0, "active": active, "suspended": 0}]
+
+
+@pytest.mark.parametrize(
+    ("status", "expected", "phase"),
+    [
+        ({}, {}, None),
+        (
+            {"conditions": [_trainjob_condition("Created", reason="JobsCreationSucceeded")]},
+            {"Created": "True"},
+            "Pending",
+        ),
+        ({"jobsStatus": _jobs(ready=0)}, {"Running": "False"}, None),
+        ({"jobsStatus": _jobs(ready=1)}, {"Running": "True"}, "Running"),
+        (
+            {"conditions": [_trainjob_condition("Complete")], "jobsStatus": _jobs(ready=1)},
+            {"Succeeded": "True", "Running": "False"},
+            "Succeeded",
+        ),
+        (
+            {
+                "conditions": [_trainjob_condition("Failed", reason="DeadlineExceeded")],
+                "jobsStatus": _jobs(0, 0),
+            },
+            {"Failed": "True", "Running": "False"},
+            "Failed",
+        ),
+        (
+            {"conditions": [_trainjob_condition("Suspended", reason="Suspended")], "jobsStatus": _jobs(0, 0)},
+            {"Suspended": "True", "Running": "False"},
+            None,
+        ),
+        (
+            {"conditions": [_trainjob_condition("Suspended", "False", "Resumed")]},
+            {"Suspended": "False"},
+            None,
+        ),
+        # Kubeflow v1's type is not a TrainJob's: a TrainJob never reports Running itself.
+        ({"conditions": [_trainjob_condition("Running"), _trainjob_condition("Succeeded")]}, {}, None),
+    ],
+)
+def test_trainjob_status_reads_as_our_conditions(
+    status: dict[str, Any], expected: dict[str, str], phase: Phase | None
+) -> None:
+    found = lifecycle.trainjob_conditions(status, AT)
+
+    assert {item.type: item.status for item in found} == expected
+    assert lifecycle.child_phase(found) == phase
+    assert lifecycle.has_trainjob_conditions(status) == bool(expected)
+
+
+def test_a_trainjobs_times_and_reasons_are_kept() -> None:
+    status = {"conditions": [_trainjob_condition("Failed", reason="DeadlineExceeded")]}
+
+    [failed] = lifecycle.trainjob_conditions(status, AT)
+
+    assert (failed.reason, failed.message, failed.last_transition_time) == (
+        "DeadlineExceeded",
+        "TrainJob is failed",
+        T0,
+    )
+
+
+def test_a_running_trainjob_keeps_its_running_conditions_time() -> None:
+    """Running is derived, with the time of the event that showed it: followed again, an unchanged
+    Running keeps the time it first became true (with_condition)."""
+    first = lifecycle.follow_child(
+        JobStatus(phase="Pending"), lifecycle.trainjob_conditions({"jobsStatus": _jobs(1)}, T0), False, T0
+    )
+    again = lifecycle.follow_child(
+        first, lifecycle.trainjob_conditions({"jobsStatus": _jobs(1)}, AT), False, AT
+    )
+
+    assert again.phase == "Running"
+    [running] = [item for item in again.conditions if item.type == "Running"]
+    assert running.last_transition_time == T0
+
+
 # --- the user: suspend, and changes to the spec ---------------------------------------------------
 
 

@@ -344,6 +344,32 @@ EVERYTHING = {
                 changes={"spec.elastic": ELASTIC, "spec.distributed": {"gradientCompression": "bf16"}},
             ),
         ),
+        ("trainjob-single-node", _job(changes={"spec.launcher": "trainjob"})),
+        (
+            "trainjob-multi-node",
+            _job(
+                nodes=3,
+                accelerator="habana-hpu",
+                changes={
+                    "spec.launcher": "trainjob",
+                    "spec.queueName": "team-a",
+                    "spec.prepare": {"enabled": True},
+                },
+            ),
+        ),
+        (
+            "trainjob-mpi",
+            _job(
+                nodes=2,
+                accelerator="xeon-cpu",
+                changes={
+                    "spec.launcher": "trainjob",
+                    "spec.trainJob": {"mlPolicy": "mpi"},
+                    "spec.distributed": {"deepspeed": {"zeroStage": 1}},
+                    "spec.pod": {"env": [{"name": "OMP_NUM_THREADS", "value": "16"}]},
+                },
+            ),
+        ),
         (
             "mpijob-elastic",
             _job(

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from bertjob import launchers
 from bertjob_api import contract
 from bertjob_api.crd import Progress
 
@@ -64,6 +65,12 @@ def _pods(document: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
     """(where, pod spec) of every pod template in a document."""
     if document["kind"] == "Job":
         yield f"{document['metadata']['name']} (Job)", document["spec"]["template"]["spec"]
+    if document["kind"] == "TrainJob":
+        # The node pods as Trainer v2 makes them from the TrainJob's trainer and runtime patch.
+        yield (
+            f"{document['metadata']['name']} node",
+            launchers.get("trainjob").trainer_template(document)["spec"],
+        )
     for role, replica in _replicas(document).items():
         yield f"{document['metadata']['name']} {role}", replica["template"]["spec"]
 
@@ -129,6 +136,24 @@ def test_the_pytorchjob_runs_the_contracts_command_and_restarts_on_its_codes() -
     assert master["restartPolicy"] == "ExitCode"
 
 
+def test_the_trainjob_runs_the_contracts_command_on_the_charts_runtime_and_patches_its_node() -> None:
+    trainjob = _one(BASE / "trainjob.yaml")
+    spec = trainjob["spec"]
+    assert spec["runtimeRef"]["name"] == contract.TORCH_RUNTIME
+    assert spec["trainer"]["command"] == [
+        "python",
+        "-m",
+        contract.LAUNCH_MODULE,
+        "--module",
+        *TRAINER_COMMAND[2:],
+    ]
+    [patch] = spec["runtimePatches"]
+    assert patch["manager"] == contract.RUNTIME_PATCH_MANAGER
+    [node] = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    [container] = node["template"]["spec"]["template"]["spec"]["containers"]
+    assert node["name"] == container["name"] == contract.TRAINJOB_NODE
+
+
 def test_the_mpijob_launcher_runs_the_contracts_command_with_its_variables() -> None:
     replicas = _replicas(_one(BASE / "mpijob.yaml"))
     command = replicas["Launcher"]["template"]["spec"]["containers"][0]["command"]
@@ -188,7 +213,14 @@ def test_rendered_trainer_pods_keep_the_contract(golden: list[dict[str, Any]]) -
                 assert mounts[contract.SHM_VOLUME] == contract.SHM_MOUNT_PATH, where
                 job_config = volumes[contract.JOB_CONFIG_VOLUME]["configMap"]
                 assert job_config["name"] == config_map["metadata"]["name"], where
-    assert commands and mounting, "no container runs the trainer, or none mounts the job file"
+    # An MPI-policy TrainJob has no command: its runtime's launcher runs the trainer, as
+    # tests/charts/test_trainingruntimes.py checks.
+    runtime_runs_it = any(
+        doc["kind"] == "TrainJob" and "command" not in doc["spec"]["trainer"] for doc in golden
+    )
+    assert (commands or runtime_runs_it) and mounting, (
+        "no container runs the trainer, or none mounts the job file"
+    )
 
 
 def _pods_of(documents: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
