@@ -46,6 +46,18 @@ def test_validate_checks_as_the_operator_would(capsys):
     assert "spec.data.shards: runs/bert-tiny-local/data must be an absolute path" in capsys.readouterr().err
 
 
+def test_render_and_validate_cover_the_trainjob_launcher(tmp_path, capsys):
+    document = with_value(valid_job(), "spec.launcher", "trainjob")
+    assert main(["render", str(_write(tmp_path, document))]) == 0
+    rendered = [obj for obj in yaml.safe_load_all(capsys.readouterr().out) if obj]
+    assert rendered[-1]["kind"] == "TrainJob"
+    assert rendered[-1]["spec"]["runtimeRef"]["name"] == "bertjob-torch"
+
+    document = with_value(document, "spec.runPolicy", {"backoffLimit": 3})
+    assert main(["validate", str(_write(tmp_path, document))]) == 2
+    assert "spec.runPolicy.backoffLimit: a TrainJob cannot carry it" in capsys.readouterr().err
+
+
 HOLE = "__hole__"
 
 
