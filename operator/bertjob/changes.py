@@ -51,6 +51,21 @@ def safe_run_policy(spec: object) -> dict[str, Any]:
     return {name: policy.get(name) for name in SAFE_RUN_POLICY}
 
 
+def applicable(
+    spec: object, accepted_spec: object, safe_fields: tuple[str, ...] = SAFE_FIELDS
+) -> dict[str, Any]:
+    """The run policy a change of ``accepted_spec`` to ``spec`` applies, as a spec (``runPolicy``
+    only): the fields of ``safe_fields`` as ``spec`` has them, the other safe fields as
+    ``accepted_spec`` has them (a TrainJob's launcher refuses all but suspend)."""
+    now, before = safe_run_policy(spec), safe_run_policy(accepted_spec)
+    return {
+        "runPolicy": {
+            name: now[name] if f"spec.runPolicy.{name}" in safe_fields else before[name]
+            for name in SAFE_RUN_POLICY
+        }
+    }
+
+
 def suspended(spec: object) -> bool:
     """Whether ``spec.runPolicy.suspend`` is true."""
     return safe_run_policy(spec)["suspend"] is True

@@ -269,11 +269,12 @@ def change(api: ApiClient, job: Mapping[str, Any], old: Any, new: Any) -> None:
             if accepted
             else changes.changed_fields(old, new)
         )
-        refused = changes.split(fields, _launcher_of(accepted or candidate).safe_fields)[1]
+        safe_fields = _launcher_of(accepted or candidate).safe_fields
+        refused = changes.split(fields, safe_fields)[1]
         valid = True
         why = "not applied to a job that has started"
     except SpecError as error:
-        valid, refused = False, changes.changed_fields(old, new)
+        valid, refused, safe_fields = False, changes.changed_fields(old, new), ()
         why = f"invalid spec ({_problems(error)}), nothing applied"
     spec = job.get("spec")
     # The safe fields are patched whole each time: the children then follow the spec as it is now.
@@ -283,7 +284,9 @@ def change(api: ApiClient, job: Mapping[str, Any], old: Any, new: Any) -> None:
             if launcher := launchers.of_kind(ref.api_version, ref.kind):
                 patch_child(api, target, launcher.policy_patch(spec))
             elif current.phase in ("Preparing", "Suspended") and not any(map(_trains, current.children)):
-                patch_child(api, target, changes.prepare_patch(spec))
+                # Recorded for the training job made later: what its launcher takes of the change.
+                applied = changes.applicable(spec, (accepted or {}).get("spec", spec), safe_fields)
+                patch_child(api, target, changes.prepare_patch(applied))
     at = lifecycle.now()
     updated = lifecycle.spec_change(current, refused, why, job["metadata"].get("generation"), at)
     if valid and changes.suspended(spec) != (current.phase == "Suspended"):

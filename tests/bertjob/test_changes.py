@@ -142,3 +142,19 @@ def test_a_trainjob_takes_suspend_alone() -> None:
     assert trainjob.suspended({"suspend": True}) is True
     assert trainjob.suspended({"runPolicy": {"suspend": True}}) is False
     assert launchers.get("mpijob").suspended({"runPolicy": {"suspend": True}}) is True
+
+
+def test_a_change_refused_for_a_trainjob_is_not_recorded_for_it_on_the_data_job() -> None:
+    """While the data Job runs, the safe fields are recorded on it for the training job made later:
+    a TrainJob's launcher records suspend alone, the other fields as accepted."""
+    accepted = {"runPolicy": {"activeDeadlineSeconds": 60}}
+    spec = {"runPolicy": {"activeDeadlineSeconds": 120, "suspend": True}}
+
+    applied = changes.applicable(spec, accepted, launchers.get("trainjob").safe_fields)
+    recorded = json.loads(
+        changes.prepare_patch(applied)["metadata"]["annotations"][changes.APPLIED_ANNOTATION]
+    )
+
+    assert (recorded["activeDeadlineSeconds"], recorded["suspend"]) == (60, True)
+    everything = changes.applicable(spec, accepted, launchers.get("pytorchjob").safe_fields)
+    assert everything["runPolicy"]["activeDeadlineSeconds"] == 120
