@@ -35,6 +35,7 @@ OPERATOR_RULES = {
     ("batch", "jobs"): {"create", "get", "list", "watch", "patch"},
     ("kubeflow.org", "pytorchjobs"): {"create", "get", "list", "watch", "patch"},
     ("kubeflow.org", "mpijobs"): {"create", "get", "list", "watch", "patch"},
+    ("trainer.kubeflow.org", "trainjobs"): {"create", "get", "list", "watch", "patch"},
 }
 
 

@@ -17,8 +17,10 @@ import pytest
 import yaml
 
 from bertjob.monitoring import PORT_ENV
+from bertjob_api.contract import MPI_RUNTIME, TORCH_RUNTIME
 from bertjob_api.crd import chart_template, crd
 from bertjob_testing.jobs import REPO
+from bertjob_testing.kube_emulator import UPSTREAM_CRDS
 from tests.helm_chart import (
     BAD_VALUES,
     CHART,
@@ -35,11 +37,12 @@ from tests.helm_chart import (
     settings,
     values_schema,
 )
-from tests.k8s_schema import assert_valid
+from tests.k8s_schema import assert_valid, load_crd_schema
 
 Helm = Callable[..., subprocess.CompletedProcess[str]]
 Render = Callable[..., list[dict[str, Any]]]
 
+CLUSTER_TRAINING_RUNTIMES = UPSTREAM_CRDS / "trainer.kubeflow.org_clustertrainingruntimes.yaml"
 VALUES_FILES = [None, *CI_VALUES]
 VALUES_IDS = ["defaults", *(path.name.removesuffix("-values.yaml") for path in CI_VALUES)]
 
@@ -125,6 +128,11 @@ CI_INTENT: dict[str, Callable[[list[dict[str, Any]]], bool]] = {
     "existing-serviceaccount": lambda o: (
         "ServiceAccount" not in _kinds(o) and _pod_spec(o)["serviceAccountName"] != f"{RELEASE}-operator"
     ),
+    # Without helm seeing Trainer v2's CRD (no --api-versions here), so only because install is true.
+    "trainingruntimes": lambda o: (
+        sorted(obj["metadata"]["name"] for obj in o if obj["kind"] == "ClusterTrainingRuntime")
+        == sorted([TORCH_RUNTIME, MPI_RUNTIME])
+    ),
 }
 
 
@@ -144,6 +152,12 @@ def test_every_rendered_object_validates(render: Render, values_file: Path | Non
     for obj in objects:
         if obj["kind"] == "ServiceMonitor":
             assert_valid(obj, SERVICE_MONITOR_SCHEMA)
+        elif obj["kind"] == "ClusterTrainingRuntime":
+            if not CLUSTER_TRAINING_RUNTIMES.is_file():
+                pytest.skip(
+                    f"{CLUSTER_TRAINING_RUNTIMES} is absent: the upstream Kubeflow CRDs are not checked out"
+                )
+            assert_valid(obj, load_crd_schema(CLUSTER_TRAINING_RUNTIMES, "v1alpha1"))
         else:
             kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
 
@@ -151,7 +165,13 @@ def test_every_rendered_object_validates(render: Render, values_file: Path | Non
 @pytest.mark.parametrize("values_file", VALUES_FILES, ids=VALUES_IDS)
 def test_namespaced_objects_name_their_namespace(render: Render, values_file: Path | None) -> None:
     # `helm template` output is applied without Helm (manifests/): nothing may rely on -n.
-    cluster_scoped = {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "Namespace"}
+    cluster_scoped = {
+        "CustomResourceDefinition",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Namespace",
+        "ClusterTrainingRuntime",
+    }
     for obj in render(files=_files(values_file)):
         if obj["kind"] not in cluster_scoped:
             assert obj["metadata"].get("namespace"), f"{obj['kind']} {obj['metadata']['name']}"

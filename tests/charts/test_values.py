@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from bertjob.monitoring import PORT_ENV
+from bertjob_api.contract import MPI_RUNTIME, TORCH_RUNTIME
 from tests.helm_chart import (
     RELEASE,
     by_key,
@@ -95,6 +96,8 @@ EGRESS = [{"to": [{"ipBlock": {"cidr": "10.0.0.10/32"}}], "ports": [{"port": 644
 ENV = [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
 IMAGE = ("Deployment", OPERATOR, f"{CONTAINER}.image")
 SERVICE_MONITOR = {"metrics": {"serviceMonitor": {"enabled": True}}}
+# A pod of a ClusterTrainingRuntime's replicated job {0}.
+RUNTIME_POD = "spec.template.spec.replicatedJobs[{0}].template.spec.template.spec"
 
 CASES = [
     Case(
@@ -353,6 +356,33 @@ CASES = [
         lambda o: one(o, "NetworkPolicy")["spec"]["egress"],
         EGRESS,
         base={"networkPolicy": {"enabled": True}},
+    ),
+    Case(
+        "trainingRuntimes.install",
+        {"trainingRuntimes": {"install": True}},
+        {("ClusterTrainingRuntime", TORCH_RUNTIME, ""), ("ClusterTrainingRuntime", MPI_RUNTIME, "")},
+        lambda o: sorted(obj["metadata"]["name"] for obj in o if obj["kind"] == "ClusterTrainingRuntime"),
+        sorted([TORCH_RUNTIME, MPI_RUNTIME]),
+    ),
+    Case(
+        "trainingRuntimes.image",
+        {"trainingRuntimes": {"image": "registry.example.com/mirror/trainer:1.2.3"}},
+        {
+            ("ClusterTrainingRuntime", TORCH_RUNTIME, f"{RUNTIME_POD.format(0)}.containers[0].image"),
+            ("ClusterTrainingRuntime", MPI_RUNTIME, f"{RUNTIME_POD.format(0)}.containers[0].image"),
+            ("ClusterTrainingRuntime", MPI_RUNTIME, f"{RUNTIME_POD.format(1)}.containers[0].image"),
+        },
+        lambda o: sorted(
+            {
+                container["image"]
+                for obj in o
+                if obj["kind"] == "ClusterTrainingRuntime"
+                for job in obj["spec"]["template"]["spec"]["replicatedJobs"]
+                for container in job["template"]["spec"]["template"]["spec"]["containers"]
+            }
+        ),
+        ["registry.example.com/mirror/trainer:1.2.3"],
+        base={"trainingRuntimes": {"install": True}},
     ),
 ]
 

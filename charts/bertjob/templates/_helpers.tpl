@@ -113,4 +113,9 @@ when it serves only some namespaces.
 - apiGroups: [kubeflow.org]
   resources: [pytorchjobs, mpijobs]
   verbs: [create, get, list, watch, patch]
+# Kubeflow Trainer v2 (launcher trainjob). The runtimes a TrainJob names are never read:
+# Trainer v2 resolves them itself.
+- apiGroups: [trainer.kubeflow.org]
+  resources: [trainjobs]
+  verbs: [create, get, list, watch, patch]
 {{- end }}
