@@ -228,17 +228,38 @@ def _distributed_problems(spec: JobSpec) -> list[tuple[str, str]]:
     return found
 
 
-# Where Trainer v2 keeps what a PyTorchJob or MPIJob holds per job: the runtime, which every TrainJob
-# on it shares (kubeflow/trainer pkg/apis/trainer/v1alpha1: a TrainJob's runtimePatches carry no such
-# pod field, and it has no runPolicy but suspend and activeDeadlineSeconds).
-_RUNTIME_FIELDS = {
-    "spec.runPolicy.cleanPodPolicy": ("run_policy", "clean_pod_policy"),
-    "spec.runPolicy.ttlSecondsAfterFinished": ("run_policy", "ttl_seconds_after_finished"),
-    "spec.runPolicy.backoffLimit": ("run_policy", "backoff_limit"),
-    "spec.runPolicy.schedulingPolicy": ("run_policy", "scheduling_policy"),
-    "spec.pod.priorityClassName": ("pod", "priority_class_name"),
-    "spec.pod.schedulerName": ("pod", "scheduler_name"),
-    "spec.pod.imagePullPolicy": ("pod", "image_pull_policy"),
+# What a PyTorchJob or an MPIJob holds per job and a TrainJob cannot (kubeflow/trainer
+# pkg/apis/trainer/v1alpha1/trainjob_types.go: no runPolicy but suspend and activeDeadlineSeconds, and
+# runtimePatches that carry no such pod field), with where Trainer v2 keeps it instead.
+_NOT_IN_A_TRAINJOB = {
+    "spec.runPolicy.cleanPodPolicy": (
+        ("run_policy", "clean_pod_policy"),
+        "a TrainJob has none (the runtime's JobSet decides what becomes of the pods)",
+    ),
+    "spec.runPolicy.ttlSecondsAfterFinished": (
+        ("run_policy", "ttl_seconds_after_finished"),
+        "a TrainJob has none (set ttlSecondsAfterFinished in the runtime's JobSet template)",
+    ),
+    "spec.runPolicy.backoffLimit": (
+        ("run_policy", "backoff_limit"),
+        "a TrainJob has none (restarts are the runtime's JobSet failurePolicy.maxRestarts)",
+    ),
+    "spec.runPolicy.schedulingPolicy": (
+        ("run_policy", "scheduling_policy"),
+        "a TrainJob has none (gang scheduling is the runtime's podGroupPolicy)",
+    ),
+    "spec.pod.priorityClassName": (
+        ("pod", "priority_class_name"),
+        "a TrainJob's runtimePatches cannot set it (set it in the runtime's pod template)",
+    ),
+    "spec.pod.schedulerName": (
+        ("pod", "scheduler_name"),
+        "a TrainJob's runtimePatches cannot set it (set it in the runtime's pod template)",
+    ),
+    "spec.pod.imagePullPolicy": (
+        ("pod", "image_pull_policy"),
+        "a TrainJob's runtimePatches cannot set it (set it in the runtime's pod template)",
+    ),
 }
 # Trainer v2's torch plugin sets these itself and its webhook refuses a TrainJob that sets them
 # (kubeflow/trainer pkg/constants: TorchRunReservedEnvNames).
@@ -267,9 +288,16 @@ def trainjob_problems(spec: JobSpec) -> list[tuple[str, str]]:
         found.append(
             ("spec.mpi.sshAuthMountPath", "under launcher trainjob the runtime's mlPolicy.mpi sets it")
         )
-    for field, (part, name) in _RUNTIME_FIELDS.items():
+    for field, ((part, name), where) in _NOT_IN_A_TRAINJOB.items():
         if getattr(getattr(spec, part), name) is not None:
-            found.append((field, "a TrainJob cannot carry it: set it in the Trainer v2 runtime instead"))
+            found.append((field, where))
+    if policy == "mpi" and spec.distributed.gradient_compression == "bf16":
+        found.append(
+            (
+                "spec.distributed.gradientCompression",
+                "bf16 is not available under Trainer v2's MPI policy: Horovod compresses to fp16 only",
+            )
+        )
     for index, env in enumerate(spec.pod.env):
         name = str(env.get("name", ""))
         if policy == "torch" and name in TORCHRUN_RESERVED_ENV:

@@ -55,7 +55,7 @@ def test_render_and_validate_cover_the_trainjob_launcher(tmp_path, capsys):
 
     document = with_value(document, "spec.runPolicy", {"backoffLimit": 3})
     assert main(["validate", str(_write(tmp_path, document))]) == 2
-    assert "spec.runPolicy.backoffLimit: a TrainJob cannot carry it" in capsys.readouterr().err
+    assert "spec.runPolicy.backoffLimit: a TrainJob has none" in capsys.readouterr().err
 
 
 HOLE = "__hole__"

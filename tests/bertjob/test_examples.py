@@ -18,7 +18,7 @@ import yaml
 
 from bertjob import launchers
 from bertjob.render import component, kustomize_build, render
-from bertjob_api.spec import Accelerator, BertPretrainJob, LauncherName, SpecError, load_job
+from bertjob_api.spec import Accelerator, BertPretrainJob, LauncherName, SpecError, load_job, parse_job
 from bertjob_api.validation import cluster_job
 from bertjob_testing.jobs import EXAMPLES
 from tests.k8s_schema import assert_valid
@@ -125,6 +125,29 @@ def test_every_cluster_example_renders_into_objects_the_cluster_accepts(
             v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v
         }
         assert mounted == claims
+
+
+@pytest.mark.parametrize(
+    "name", [name for name in CLUSTER if load_job(EXAMPLES / name).spec.launcher == "pytorchjob"]
+)
+def test_a_pytorchjob_example_moves_to_trainer_v2_by_its_launcher_field_alone(name: str) -> None:
+    """Moving to Kubeflow Trainer v2 is one field: the same job with launcher trainjob renders, and its
+    node pods run the PyTorchJob's torchrun command in the PyTorchJob's pod."""
+    document = _document(name)
+    pytorchjob = render(load_job(EXAMPLES / name))[-1]
+    document["spec"]["launcher"] = "trainjob"
+
+    trainjob = render(parse_job(document))[-1]
+
+    node = launchers.get("trainjob").trainer_template(trainjob)
+    [master] = pytorchjob["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"]
+    [container] = node["spec"]["containers"]
+    assert container["command"] == master["command"]
+    assert container["resources"] == master["resources"]
+    assert (
+        node["spec"]["volumes"]
+        == pytorchjob["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["volumes"]
+    )
 
 
 def test_the_examples_cover_every_accelerator_launcher_and_topology() -> None:

@@ -265,6 +265,10 @@ def test_the_data_job_runs_in_the_trainjobs_node_pod() -> None:
             {"spec.trainJob": {"mlPolicy": "mpi"}, "spec.pod": {"env": [{"name": "A;B", "value": "1"}]}},
             "spec.pod.env[0].name",
         ),
+        (
+            {"spec.trainJob": {"mlPolicy": "mpi"}, "spec.distributed": {"gradientCompression": "bf16"}},
+            "spec.distributed.gradientCompression",
+        ),
     ],
 )
 def test_what_a_trainjob_cannot_carry_is_refused_naming_the_field(
@@ -275,7 +279,12 @@ def test_what_a_trainjob_cannot_carry_is_refused_naming_the_field(
 
     assert field in [path for path, _ in refused.value.problems]
     # The same spec is fine for the launcher that has the field (the refusal is trainjob's).
-    if field not in ("spec.elastic", "spec.mpi.command", "spec.pod.env[0].name"):
+    if field not in (
+        "spec.elastic",
+        "spec.mpi.command",
+        "spec.pod.env[0].name",
+        "spec.distributed.gradientCompression",
+    ):
         render(parse_job(_job(nodes=2, changes=changes)))
 
 
