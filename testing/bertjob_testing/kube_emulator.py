@@ -43,7 +43,13 @@ from bertjob_api.spec import GROUP, PLURAL, VERSION
 WAIT_S = 30
 # Kubeflow's CRDs live in the shared checkout beside the repository, not in it.
 UPSTREAM_CRDS = Path(__file__).resolve().parents[3] / "shared" / "upstream-crds"
-KUBEFLOW_CRD_FILES = {"pytorchjob": "kubeflow.org_pytorchjobs.yaml", "mpijob": "kubeflow.org_mpijobs.yaml"}
+# The upstream CRD of each launcher's training job (``spec.launcher``): Kubeflow's training operator
+# (PyTorchJob), mpi-operator (MPIJob) and Kubeflow Trainer v2.3.0 (TrainJob).
+KUBEFLOW_CRD_FILES = {
+    "pytorchjob": "kubeflow.org_pytorchjobs.yaml",
+    "mpijob": "kubeflow.org_mpijobs.yaml",
+    "trainjob": "trainer.kubeflow.org_trainjobs.yaml",
+}
 OPERATOR_TOKEN = "operator-token"
 T = TypeVar("T")
 

@@ -1,5 +1,6 @@
 """What the operator's end-to-end tests share: the launchers, the children's resources, a job's
-children as the emulator stores them, and job documents by name."""
+children as the emulator stores them, job documents by name, and a TrainJob's status as Kubeflow
+Trainer v2 writes it."""
 
 from __future__ import annotations
 
@@ -9,8 +10,14 @@ from bertjob.render import JOB_LABEL
 from bertjob_testing.jobs import valid_job, with_value
 from bertjob_testing.kube_emulator import Cluster
 
+# The launchers whose child reports Kubeflow's JobCondition list (tests/kubeflow_env.kubeflow_condition);
+# a TrainJob reports Trainer v2's status instead (trainjob_status), tested in test_trainjob_e2e.py.
 LAUNCHERS = ["pytorchjob", "mpijob"]
-CHILD_RESOURCES = {"pytorchjob": "kubeflow.org/v1/pytorchjobs", "mpijob": "kubeflow.org/v2beta1/mpijobs"}
+CHILD_RESOURCES = {
+    "pytorchjob": "kubeflow.org/v1/pytorchjobs",
+    "mpijob": "kubeflow.org/v2beta1/mpijobs",
+    "trainjob": "trainer.kubeflow.org/v1alpha1/trainjobs",
+}
 # Resources a job's children may be of.
 OWNED = (
     "v1/configmaps",
@@ -38,6 +45,7 @@ def children_of(cluster: Cluster, name: str) -> dict[str, list[dict[str, Any]]]:
 
 
 PYTORCHJOBS = CHILD_RESOURCES["pytorchjob"]
+TRAINJOBS = CHILD_RESOURCES["trainjob"]
 
 
 def named_job(name: str, launcher: str = "pytorchjob", **fields: Any) -> dict[str, Any]:
@@ -46,3 +54,58 @@ def named_job(name: str, launcher: str = "pytorchjob", **fields: Any) -> dict[st
     for dotted, value in fields.items():
         document = with_value(document, dotted.replace("__", "."), value)
     return document
+
+
+# What Kubeflow Trainer v2's TrainJob controller writes, by condition type and reason: (status,
+# message). Types and reasons: kubeflow/trainer pkg/apis/trainer/v1alpha1/trainjob_types.go
+# (Suspended with reason Suspended or Resumed, Failed with reason DeadlineExceeded) and the JobSet
+# conditions it copies (pkg/runtime/framework/plugins/jobset: Complete with JobSet's reason
+# AllJobsCompleted, Failed with FailedJobs). The Suspended messages are Trainer v2's
+# (pkg/constants/constants.go); the others stand in for JobSet's and the deadline's.
+TRAINJOB_CONDITIONS = {
+    ("Suspended", "Suspended"): ("True", "TrainJob is suspended"),
+    ("Suspended", "Resumed"): ("False", "TrainJob is resumed"),
+    ("Complete", "AllJobsCompleted"): ("True", "jobset completed successfully"),
+    ("Failed", "FailedJobs"): ("True", "jobset failed due to one or more failed jobs"),
+    ("Failed", "DeadlineExceeded"): ("True", "TrainJob exceeded its activeDeadlineSeconds"),
+}
+TRAINJOB_TIME = "2026-01-01T00:00:00Z"
+
+
+def trainjob_condition(type_: str, reason: str) -> dict[str, str]:
+    """A TrainJob condition (metav1.Condition: type, status, reason, message, lastTransitionTime)
+    as Trainer v2's controller writes it, for one of :data:`TRAINJOB_CONDITIONS`.
+
+    Raises:
+        KeyError: Trainer v2 writes no condition of that type with that reason.
+    """
+    status, message = TRAINJOB_CONDITIONS[(type_, reason)]
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": TRAINJOB_TIME,
+    }
+
+
+def trainjob_status(
+    *conditions: tuple[str, str],
+    job: str = "node",
+    ready: int = 0,
+    active: int = 0,
+    succeeded: int = 0,
+    failed: int = 0,
+    suspended: int = 0,
+) -> dict[str, Any]:
+    """A TrainJob's ``status`` as Trainer v2 writes it: ``conditions`` (type, reason) by
+    :func:`trainjob_condition`, and ``jobsStatus`` with one entry for the replicated job ``job``
+    (``node``, Trainer v2's constants.Node), counting its child Jobs as JobSet's
+    ReplicatedJobStatus does and Trainer v2 copies it (kubeflow/trainer
+    pkg/runtime/framework/plugins/jobset/jobset.go; every field required by the v2.3.0 CRD).
+    ``ready`` counts Jobs whose pods are all ready, ``active`` Jobs with a running or pending pod."""
+    counts = {"active": active, "failed": failed, "ready": ready, "succeeded": succeeded}
+    return {
+        "conditions": [trainjob_condition(type_, reason) for type_, reason in conditions],
+        "jobsStatus": [{"name": job, **counts, "suspended": suspended}],
+    }

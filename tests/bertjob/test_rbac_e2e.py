@@ -2,8 +2,9 @@
 in both of its scopes.
 
 The emulator records every request made with the operator's token; these tests drive jobs
-through every path that calls the API (children created, a data Job completed, the child's
-conditions mirrored, a spec change, a name conflict), then compare the verbs used per resource
+through every path that calls the API, for every launcher (PyTorchJob, MPIJob and Trainer v2's
+TrainJob: children created, a data Job completed, the child's status mirrored, a spec change that
+suspends the child, a name conflict), then compare the verbs used per resource
 with the chart's rules:
 
 - every namespace (the session's ``cluster``, ``kopf run --all-namespaces``): the ClusterRole of
@@ -30,7 +31,7 @@ from bertjob.render import JOB_LABEL, render
 from bertjob_api.spec import parse_job
 from bertjob_testing.jobs import REPO
 from bertjob_testing.kube_emulator import Call, Cluster, cluster_crds, running_cluster
-from tests.bertjob.e2e import CHILD_RESOURCES
+from tests.bertjob.e2e import CHILD_RESOURCES, trainjob_status
 from tests.bertjob.e2e import named_job as _job
 from tests.helm_chart import CHART, helm_or_skip
 from tests.kubeflow_env import kubeflow_condition
@@ -43,6 +44,9 @@ WITHOUT_A_CALL = {
     ("bertjob.dev", "bertpretrainjobs/finalizers"): {"update"},
     ("bertjob.dev", "bertpretrainjobs/status"): {"get"},
 }
+# A training job's status once it runs: Kubeflow's JobConditions, or a TrainJob's ready node Job.
+KUBEFLOW_RUNNING = {"conditions": [kubeflow_condition("Created"), kubeflow_condition("Running")]}
+RUNNING = {"trainjob": trainjob_status(ready=1, active=1)}
 WATCHED = ("a", "b")
 UNWATCHED = "c"
 
@@ -127,7 +131,7 @@ def _drive_every_path(cluster: Cluster, namespaces: tuple[str, ...]) -> None:
             ]
             cluster.report("batch/v1/jobs", data_job["metadata"]["name"], complete, namespace)
         _all_reach(cluster, jobs, "Pending")
-        running = {"conditions": [kubeflow_condition("Created"), kubeflow_condition("Running")]}
+        running = RUNNING.get(name, KUBEFLOW_RUNNING)
         for namespace, job in jobs.items():
             cluster.report(resource, job, running, namespace)
         _all_reach(cluster, jobs, "Running")
