@@ -47,7 +47,8 @@ def _upstream(filename: str, version: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """kmock's Kubernetes emulator on 127.0.0.1 with our CRD and Kubeflow's PyTorchJob and MPIJob
-    CRDs, and the operator (`kopf run`) running against it; one for the whole session."""
+    """kmock's Kubernetes emulator on 127.0.0.1 with our CRD, Kubeflow's PyTorchJob and MPIJob CRDs and
+    Trainer v2's TrainJob CRD, and the operator (`kopf run`) running against it; one for the whole
+    session."""
     with running_cluster(tmp_path_factory.mktemp("e2e"), cluster_crds()) as running:
         yield running
