@@ -22,6 +22,38 @@ Sources (read for these functions; Apache-2.0, The Kubeflow Authors):
   hostfile, one ``<name>-worker-<i>.<name>.<namespace>.svc slots=<slotsPerWorker>`` line per
   Worker for Open MPI; ``updateDiscoverHostsInConfigMap``: ``discover_hosts.sh``, one
   ``echo <host>`` per running Worker; both mounted on the Launcher at ``/etc/mpi``).
+- Trainer v2 (v2.3.0, whose TrainJob and ClusterTrainingRuntime CRDs are in ``../shared/upstream-crds``;
+  the stored copies read here are later commits of kubeflow/trainer, and the functions follow what
+  they agree on):
+
+  - ``pkg/runtime/framework/plugins/jobset/builder.go`` (``Trainer``, read at 54efa72e): the
+    TrainJob's ``trainer`` (image, ``command`` and ``args`` where set, ``resourcesPerNode``, ``env``
+    upserted by name) is applied to the containers named ``node`` of the replicated jobs labelled
+    ``trainer.kubeflow.org/trainjob-ancestor-step: trainer``, and only those. A stored copy at
+    08595084 applies it to every ``node`` container instead (the unmerged kubeflow/trainer#2653);
+    the project's integration test ``test/integration/controller/trainjob_controller_test.go``
+    (an MPI TrainJob: its env on the node pods, only the MPI variables on the launcher's ``node``
+    container), kubeflow/trainer#4030 (tested on v2.1.0) and the open #4050 (2026-09, after
+    v2.3.0) say the released behaviour is the first.
+  - ``pkg/runtime/framework/plugins/torch/torch.go`` (``EnforceMLPolicy``, read at 06b555d6 and
+    85eed65a): in the trainer's ``node`` container, after the TrainJob's env, ``PET_NNODES`` = the
+    trainer's node count (``trainer.numNodes``, else the runtime's ``mlPolicy.numNodes``),
+    ``PET_NPROC_PER_NODE`` = ``trainer.numProcPerNode`` (else the runtime's, else ``auto``; an
+    integer stays as it is when ``resourcesPerNode`` has limits or requests, and becomes 1 when it
+    has neither: ``calculateNumProcPerNode``), ``PET_NODE_RANK`` from the pod's
+    ``batch.kubernetes.io/job-completion-index`` annotation (the Indexed Job's completion index),
+    ``PET_MASTER_ADDR`` = ``<trainjob>-node-0-0.<trainjob>``, ``PET_MASTER_PORT`` =
+    ``constants.ContainerTrainerPort`` (29500).
+  - ``pkg/runtime/framework/plugins/mpi/mpi.go`` (``EnforceMLPolicy``, ``buildHostFileConfigMap``,
+    read at 0242577c): node count = ``trainer.numNodes`` (less one, at least 1, with
+    ``runLauncherAsNode``, the launcher then being a node too); slots = ``trainer.numProcPerNode``,
+    else the runtime's ``mpi.numProcPerNode``; the hostfile, one ``<trainjob>-node-0-<i>.<trainjob>
+    slots=<slots>`` line per node pod, mounted at ``/etc/mpi`` in the launcher's ``node``
+    container, whose env gets ``OMPI_MCA_orte_default_hostfile=/etc/mpi/hostfile``,
+    ``OMPI_MCA_orte_keep_fqdn_hostnames=true``, ``OMPI_MCA_orte_set_default_slots=<slots>`` and
+    ``OMPI_MCA_plm_rsh_args=-o ConnectionAttempts=10`` (``pkg/constants/constants.go``).
+  - A TrainJob's ``runtimePatches`` are merged into the runtime's template before the plugins run
+    (containers and env by name), so their env precedes the trainer's.
 """
 
 from __future__ import annotations
@@ -169,3 +201,207 @@ def kubeflow_condition(type_: str, status: str = "True") -> dict[str, Any]:
         "lastUpdateTime": "2026-01-01T00:00:00Z",
         "lastTransitionTime": "2026-01-01T00:00:00Z",
     }
+
+
+TRAINJOB_NODE = "node"
+TRAINJOB_LAUNCHER = "launcher"
+TRAINJOB_ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
+TRAINJOB_ANCESTOR_TRAINER = "trainer"
+TRAINJOB_TRAINER_PORT = 29500
+MPI_HOSTFILE_ENV = "OMPI_MCA_orte_default_hostfile"
+
+
+def _replicated_job(runtime: dict[str, Any], name: str) -> dict[str, Any]:
+    """The runtime's replicated job ``name``.
+
+    Raises:
+        KeyError: the runtime has none of that name.
+    """
+    jobs = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    for job in jobs:
+        if job["name"] == name:
+            return dict(job)
+    raise KeyError(f"the runtime has no replicated job {name!r}: {[job['name'] for job in jobs]}")
+
+
+def _node_container(job: dict[str, Any]) -> dict[str, Any]:
+    containers = job["template"]["spec"]["template"]["spec"]["containers"]
+    return dict(next(c for c in containers if c["name"] == TRAINJOB_NODE))
+
+
+def _runs_the_trainer(job: dict[str, Any]) -> bool:
+    """Whether builder.go's ``Trainer`` applies the TrainJob's trainer to this replicated job."""
+    labels = job["template"].get("metadata", {}).get("labels", {})
+    return bool(labels.get(TRAINJOB_ANCESTOR_LABEL) == TRAINJOB_ANCESTOR_TRAINER)
+
+
+def _literal(env: list[dict[str, Any]]) -> dict[str, str]:
+    # valueFrom variables are the kubelet's to resolve: left out, as in pytorchjob_pod_env.
+    return {var["name"]: str(var["value"]) for var in env if "value" in var}
+
+
+def _patched_env(trainjob: dict[str, Any], job_name: str) -> dict[str, str]:
+    """The literal env the TrainJob's runtimePatches give the ``node`` container of ``job_name``."""
+    env: dict[str, str] = {}
+    for patch in trainjob["spec"].get("runtimePatches", []):
+        spec = patch.get("trainingRuntimeSpec", {}).get("template", {}).get("spec", {})
+        for job in spec.get("replicatedJobs", []):
+            if job.get("name") != job_name:
+                continue
+            pod = job.get("template", {}).get("spec", {}).get("template", {}).get("spec", {})
+            for container in pod.get("containers", []):
+                if container.get("name") == TRAINJOB_NODE:
+                    env.update(_literal(container.get("env", [])))
+    return env
+
+
+def _container_env(trainjob: dict[str, Any], runtime: dict[str, Any], job_name: str) -> dict[str, str]:
+    """The ``node`` container's literal env in replicated job ``job_name`` before the ML plugins:
+    the runtime's, then the TrainJob's patches, then (in the trainer's job) the trainer's."""
+    job = _replicated_job(runtime, job_name)
+    env = _literal(_node_container(job).get("env", []))
+    env.update(_patched_env(trainjob, job_name))
+    if _runs_the_trainer(job):
+        env.update(_literal(trainjob["spec"].get("trainer", {}).get("env", [])))
+    return env
+
+
+def _command(trainjob: dict[str, Any], runtime: dict[str, Any], job_name: str) -> list[str]:
+    """The ``node`` container's command line in replicated job ``job_name``: builder.go's
+    ``Trainer`` sets the trainer's ``command`` and ``args``, each where given, in the trainer's job."""
+    job = _replicated_job(runtime, job_name)
+    container = _node_container(job)
+    command, args = container.get("command", []), container.get("args", [])
+    if _runs_the_trainer(job):
+        trainer = trainjob["spec"].get("trainer", {})
+        command = trainer["command"] if trainer.get("command") is not None else command
+        args = trainer["args"] if trainer.get("args") is not None else args
+    return [*command, *args]
+
+
+def _num_nodes(trainjob: dict[str, Any], runtime: dict[str, Any]) -> int:
+    trainer = trainjob["spec"].get("trainer", {})
+    return int(trainer.get("numNodes", runtime["spec"].get("mlPolicy", {}).get("numNodes", 1)))
+
+
+def _torch_proc_per_node(trainjob: dict[str, Any], runtime: dict[str, Any]) -> str:
+    """``PET_NPROC_PER_NODE`` as torch.go computes it for an integer count.
+
+    Raises:
+        ValueError: the count is a string (``auto``, ``cpu``, ``gpu``), which Trainer v2 resolves
+            from the resources per node: not modelled here (the operator always gives a number).
+    """
+    trainer = trainjob["spec"].get("trainer", {})
+    policy = runtime["spec"].get("mlPolicy", {}).get("torch") or {}
+    count = trainer.get("numProcPerNode", policy.get("numProcPerNode", "auto"))
+    if isinstance(count, str):
+        raise ValueError(f"numProcPerNode {count!r} is resolved from resources: not modelled")
+    resources = trainer.get("resourcesPerNode")
+    if resources is not None and resources.get("limits") is None and resources.get("requests") is None:
+        return "1"
+    return str(int(count))
+
+
+def trainjob_node_env(
+    trainjob: dict[str, Any],
+    runtime: dict[str, Any],
+    node_rank: int,
+    master_addr: str = "127.0.0.1",
+    master_port: int | None = None,
+) -> dict[str, str]:
+    """The environment of the ``node`` container of node pod ``node_rank`` (its Indexed Job's
+    completion index) of the TrainJob ``trainjob`` on the torch runtime ``runtime`` (a
+    ClusterTrainingRuntime or TrainingRuntime): the runtime's literal variables, the TrainJob's
+    runtime patches' and trainer's (``valueFrom`` ones, which the kubelet resolves, left out), then,
+    under a torch policy, the ``PET_*`` variables Trainer v2's torch plugin adds, with
+    ``master_addr`` for the first node pod's name and ``master_port`` (default 29500) for its port.
+
+    Raises:
+        KeyError: the runtime has no ``node`` replicated job.
+        ValueError: ``node_rank`` is not one of the TrainJob's nodes; or the process count is a
+            string (see :func:`_torch_proc_per_node`).
+    """
+    nodes = _num_nodes(trainjob, runtime)
+    if not 0 <= node_rank < nodes:
+        raise ValueError(f"node rank {node_rank} of a TrainJob of {nodes} nodes")
+    env = _container_env(trainjob, runtime, TRAINJOB_NODE)
+    torch = runtime["spec"].get("mlPolicy", {}).get("torch") is not None
+    if not torch or not _runs_the_trainer(_replicated_job(runtime, TRAINJOB_NODE)):
+        return env  # no torch policy, or no trainer container for it: no PET_* at all
+    env.update(
+        PET_NNODES=str(nodes),
+        PET_NPROC_PER_NODE=_torch_proc_per_node(trainjob, runtime),
+        PET_NODE_RANK=str(node_rank),
+        PET_MASTER_ADDR=master_addr,
+        PET_MASTER_PORT=str(master_port or TRAINJOB_TRAINER_PORT),
+    )
+    return env
+
+
+def trainjob_node_command(trainjob: dict[str, Any], runtime: dict[str, Any]) -> list[str]:
+    """The command line (``command`` then ``args``) of the node pods' ``node`` container: the
+    TrainJob trainer's ``command`` and ``args`` where set (when the runtime's ``node`` job runs the
+    trainer), else the runtime's.
+
+    Raises:
+        KeyError: the runtime has no ``node`` replicated job.
+    """
+    return _command(trainjob, runtime, TRAINJOB_NODE)
+
+
+def _mpi_nodes_and_slots(trainjob: dict[str, Any], runtime: dict[str, Any]) -> tuple[int, int]:
+    """(pods in the hostfile, slots per pod), as mpi.go counts them."""
+    policy = runtime["spec"]["mlPolicy"]["mpi"]
+    trainer = trainjob["spec"].get("trainer", {})
+    slots = int(trainer.get("numProcPerNode", policy.get("numProcPerNode", 1)))
+    nodes = _num_nodes(trainjob, runtime)
+    if policy.get("runLauncherAsNode"):
+        return max(nodes - 1, 1) + 1, slots
+    return nodes, slots
+
+
+def trainjob_mpi_hostfile(trainjob: dict[str, Any], runtime: dict[str, Any], host: str = "localhost") -> str:
+    """Trainer v2's Open MPI hostfile for the TrainJob ``trainjob`` on the MPI runtime
+    ``runtime`` with every node pod on ``host``: one line, ``<host> slots=<pods x slots>``, for the
+    reason :func:`mpijob_hostfile` gives (Trainer v2 writes one line per pod).
+
+    Raises:
+        KeyError: the runtime has no MPI policy.
+    """
+    pods, slots = _mpi_nodes_and_slots(trainjob, runtime)
+    return f"{host} slots={pods * slots}\n"
+
+
+def trainjob_mpi_launcher_env(
+    trainjob: dict[str, Any], runtime: dict[str, Any], hostfile: str
+) -> dict[str, str]:
+    """The environment of the launcher pod's ``node`` container (the one that runs mpirun): its
+    literal variables as :func:`trainjob_node_env` gathers them (the TrainJob trainer's only when
+    the runtime labels the launcher's job as the trainer's), then the Open MPI variables of
+    Trainer v2's MPI plugin, the hostfile at ``hostfile`` instead of ``/etc/mpi/hostfile``.
+
+    Raises:
+        KeyError: the runtime has no ``launcher`` replicated job or no MPI policy.
+    """
+    env = _container_env(trainjob, runtime, TRAINJOB_LAUNCHER)
+    _, slots = _mpi_nodes_and_slots(trainjob, runtime)
+    env.update(
+        {
+            MPI_HOSTFILE_ENV: hostfile,
+            "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
+            "OMPI_MCA_orte_set_default_slots": str(slots),
+            "OMPI_MCA_plm_rsh_args": "-o ConnectionAttempts=10",
+        }
+    )
+    return env
+
+
+def trainjob_mpi_launcher_command(trainjob: dict[str, Any], runtime: dict[str, Any]) -> list[str]:
+    """The command line (``command`` then ``args``) of the launcher pod's ``node`` container: the
+    runtime's, or the TrainJob trainer's where set when the runtime labels the launcher's job as
+    the trainer's.
+
+    Raises:
+        KeyError: the runtime has no ``launcher`` replicated job.
+    """
+    return _command(trainjob, runtime, TRAINJOB_LAUNCHER)

@@ -17,6 +17,11 @@ from tests.kubeflow_env import (
     mpijob_launcher_command,
     pytorchjob_pod_command,
     pytorchjob_pod_env,
+    trainjob_mpi_hostfile,
+    trainjob_mpi_launcher_command,
+    trainjob_mpi_launcher_env,
+    trainjob_node_command,
+    trainjob_node_env,
 )
 
 # torchrun run by bertpretrain.launch, which passes a rank's exit code through.
@@ -196,3 +201,186 @@ def test_elastic_horovod_discovers_its_hosts() -> None:
     assert mpijob_discover_hosts(child) == "#!/bin/sh\necho localhost:2\necho 127.0.0.1:2\n"
     with pytest.raises(ValueError, match="2 Workers, but only 1 host names"):
         mpijob_discover_hosts(child, hosts=("localhost",))
+
+
+ANCESTOR = {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
+MPIRUN = ["mpirun", "python", "-m", "bertpretrain", "run", "--config", "/etc/bertjob/job.yaml"]
+
+
+def _replicated_job(name: str, labels: dict[str, str], **container: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "template": {
+            "metadata": {"labels": labels},
+            "spec": {"template": {"spec": {"containers": [{"name": "node", "image": "rt", **container}]}}},
+        },
+    }
+
+
+def _torch_runtime(node_labels: dict[str, str] = ANCESTOR) -> dict[str, Any]:
+    """A ClusterTrainingRuntime shaped as the chart's bertjob-torch, with env of its own."""
+    env = [{"name": "RUNTIME_ONLY", "value": "r"}, {"name": "SHARED", "value": "runtime"}]
+    node = _replicated_job("node", node_labels, command=["runtime-command"], env=env)
+    return {
+        "spec": {"mlPolicy": {"numNodes": 1, "torch": {}}, "template": {"spec": {"replicatedJobs": [node]}}}
+    }
+
+
+def _mpi_runtime(launcher_labels: dict[str, str] | None = None, **policy: Any) -> dict[str, Any]:
+    """A ClusterTrainingRuntime shaped as the chart's bertjob-mpi."""
+    node = _replicated_job("node", ANCESTOR, command=["/usr/sbin/sshd", "-De"])
+    env = [{"name": "LAUNCHER_ONLY", "value": "l"}]
+    launcher = _replicated_job("launcher", launcher_labels or {}, command=MPIRUN, env=env)
+    mpi = {
+        "numProcPerNode": 1,
+        "mpiImplementation": "OpenMPI",
+        "sshAuthMountPath": "/home/mpiuser/.ssh",
+        **policy,
+    }
+    return {
+        "spec": {
+            "mlPolicy": {"numNodes": 1, "mpi": mpi},
+            "template": {"spec": {"replicatedJobs": [node, launcher]}},
+        }
+    }
+
+
+def _trainjob(nodes: int, processes: int, **changes: Any) -> dict[str, Any]:
+    child = _child(
+        nodes,
+        processes,
+        launcher="trainjob",
+        pod={"env": [{"name": "OMP_NUM_THREADS", "value": "4"}, {"name": "SHARED", "value": "job"}]},
+        **changes,
+    )
+    assert child["kind"] == "TrainJob"
+    return child
+
+
+def test_node_1_of_a_two_node_trainjob_gets_the_torch_plugins_world() -> None:
+    child = _trainjob(2, 1)
+
+    env = trainjob_node_env(child, _torch_runtime(), 1)
+
+    # torch.go: the runtime's env, the trainer's upserted over it, then the PET_* variables.
+    assert env == {
+        "RUNTIME_ONLY": "r",
+        "SHARED": "job",
+        "OMP_NUM_THREADS": "4",
+        "PET_NNODES": "2",
+        "PET_NPROC_PER_NODE": "1",
+        "PET_NODE_RANK": "1",
+        "PET_MASTER_ADDR": "127.0.0.1",
+        "PET_MASTER_PORT": "29500",
+    }  # BERTJOB_NAME and BERTJOB_NAMESPACE come from the downward API (valueFrom): left out
+    assert (
+        trainjob_node_env(child, _torch_runtime(), 0, master_addr="m", master_port=1234)["PET_MASTER_PORT"]
+        == "1234"
+    )
+    with pytest.raises(ValueError, match="node rank 2 of a TrainJob of 2 nodes"):
+        trainjob_node_env(child, _torch_runtime(), 2)
+
+
+def test_the_process_count_is_one_when_resources_say_nothing() -> None:
+    child = _trainjob(1, 3)
+    child["spec"]["trainer"]["resourcesPerNode"] = {}
+
+    # calculateNumProcPerNode: neither limits nor requests.
+    assert trainjob_node_env(child, _torch_runtime(), 0)["PET_NPROC_PER_NODE"] == "1"
+    del child["spec"]["trainer"]["resourcesPerNode"]
+    assert trainjob_node_env(child, _torch_runtime(), 0)["PET_NPROC_PER_NODE"] == "3"
+    child["spec"]["trainer"]["numProcPerNode"] = "auto"
+    with pytest.raises(ValueError, match="not modelled"):
+        trainjob_node_env(child, _torch_runtime(), 0)
+
+
+def test_a_node_job_without_the_trainer_label_gets_nothing_of_the_trainjob() -> None:
+    child = _trainjob(2, 1)
+
+    assert trainjob_node_env(child, _torch_runtime(node_labels={}), 0) == {
+        "RUNTIME_ONLY": "r",
+        "SHARED": "runtime",
+    }
+    assert trainjob_node_command(child, _torch_runtime(node_labels={})) == ["runtime-command"]
+
+
+def test_torchrun_reads_the_trainjob_world_from_the_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    child = _trainjob(3, 2)
+    runtime = _torch_runtime()
+
+    assert trainjob_node_command(child, runtime) == TORCHRUN
+    args = _torchrun(monkeypatch, trainjob_node_env(child, runtime, 2), trainjob_node_command(child, runtime))
+
+    assert (args.nnodes, args.nproc_per_node, args.node_rank) == ("3", "2", 2)
+    assert (args.master_addr, args.master_port, args.rdzv_backend) == ("127.0.0.1", 29500, "static")
+    assert (args.module, args.training_script) == (True, "bertpretrain")
+
+
+def test_the_trainjob_hostfile_puts_every_node_slot_on_one_host() -> None:
+    child = _trainjob(2, 3, trainJob={"mlPolicy": "mpi"}, accelerator="xeon-cpu", phases=_phases(6))
+
+    assert trainjob_mpi_hostfile(child, _mpi_runtime()) == "localhost slots=6\n"
+    assert trainjob_mpi_hostfile(child, _mpi_runtime(), host="node-a") == "node-a slots=6\n"
+    # mpi.go: a launcher run as a node takes one of the nodes, but never the last one.
+    assert trainjob_mpi_hostfile(child, _mpi_runtime(runLauncherAsNode=True)) == "localhost slots=6\n"
+    del child["spec"]["trainer"]["numProcPerNode"]
+    assert trainjob_mpi_hostfile(child, _mpi_runtime(numProcPerNode=4)) == "localhost slots=8\n"
+
+
+def test_the_mpi_launcher_gets_the_hostfile_but_not_the_trainer() -> None:
+    child = _trainjob(2, 2, trainJob={"mlPolicy": "mpi"}, accelerator="xeon-cpu", phases=_phases(4))
+
+    env = trainjob_mpi_launcher_env(child, _mpi_runtime(), "/tmp/hostfile")
+
+    assert env == {
+        "LAUNCHER_ONLY": "l",
+        "OMPI_MCA_orte_default_hostfile": "/tmp/hostfile",
+        "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
+        "OMPI_MCA_orte_set_default_slots": "2",
+        "OMPI_MCA_plm_rsh_args": "-o ConnectionAttempts=10",
+    }
+    assert trainjob_mpi_launcher_command(child, _mpi_runtime()) == MPIRUN
+
+
+def test_a_launcher_labelled_as_the_trainer_gets_the_trainer_env() -> None:
+    child = _trainjob(2, 1, trainJob={"mlPolicy": "mpi"}, accelerator="xeon-cpu", phases=_phases(2))
+
+    env = trainjob_mpi_launcher_env(child, _mpi_runtime(launcher_labels=ANCESTOR), "/h")
+
+    assert env["OMPI_MCA_mca_base_env_list"] == "BERTJOB_NAME;BERTJOB_NAMESPACE;OMP_NUM_THREADS;SHARED"
+    assert (env["OMP_NUM_THREADS"], env["SHARED"], env["OMPI_MCA_rmaps_base_mapping_policy"]) == (
+        "4",
+        "job",
+        "socket",
+    )
+    assert "command" not in child["spec"]["trainer"]  # mpirun stays the launcher's command
+    assert trainjob_mpi_launcher_command(child, _mpi_runtime(launcher_labels=ANCESTOR)) == MPIRUN
+
+
+def test_runtime_patches_reach_the_launcher() -> None:
+    child = _trainjob(2, 1, trainJob={"mlPolicy": "mpi"}, accelerator="xeon-cpu", phases=_phases(2))
+    patch = {
+        "manager": "someone",
+        "trainingRuntimeSpec": {
+            "template": {
+                "spec": {
+                    "replicatedJobs": [
+                        _replicated_job(
+                            "launcher",
+                            {},
+                            env=[{"name": "PATCHED", "value": "p"}, {"name": "LAUNCHER_ONLY", "value": "x"}],
+                        )
+                    ]
+                }
+            }
+        },
+    }
+    child["spec"]["runtimePatches"].append(patch)
+
+    env = trainjob_mpi_launcher_env(child, _mpi_runtime(), "/h")
+
+    assert (env["PATCHED"], env["LAUNCHER_ONLY"]) == ("p", "x")
+    # The node pods (no torch policy here: no PET_*) get the trainer's env and not the launcher's patch.
+    node = trainjob_node_env(child, _mpi_runtime(), 1)
+    assert node == {var["name"]: var["value"] for var in child["spec"]["trainer"]["env"] if "value" in var}
+    assert "PATCHED" not in node
