@@ -224,15 +224,18 @@ def _replicated_job(runtime: dict[str, Any], name: str) -> dict[str, Any]:
     raise KeyError(f"the runtime has no replicated job {name!r}: {[job['name'] for job in jobs]}")
 
 
-def _node_container(job: dict[str, Any]) -> dict[str, Any]:
-    containers = job["template"]["spec"]["template"]["spec"]["containers"]
-    return dict(next(c for c in containers if c["name"] == TRAINJOB_NODE))
+def _container(job: dict[str, Any]) -> dict[str, Any]:
+    """The replicated job's one container (the chart's runtimes have one per pod)."""
+    [container] = job["template"]["spec"]["template"]["spec"]["containers"]
+    return dict(container)
 
 
 def _runs_the_trainer(job: dict[str, Any]) -> bool:
-    """Whether builder.go's ``Trainer`` applies the TrainJob's trainer to this replicated job."""
+    """Whether builder.go's ``Trainer`` applies the TrainJob's trainer to this replicated job's
+    container: the job is labelled as the trainer's and the container is named ``node``."""
     labels = job["template"].get("metadata", {}).get("labels", {})
-    return bool(labels.get(TRAINJOB_ANCESTOR_LABEL) == TRAINJOB_ANCESTOR_TRAINER)
+    trainer = labels.get(TRAINJOB_ANCESTOR_LABEL) == TRAINJOB_ANCESTOR_TRAINER
+    return bool(trainer and _container(job)["name"] == TRAINJOB_NODE)
 
 
 def _literal(env: list[dict[str, Any]]) -> dict[str, str]:
@@ -240,8 +243,9 @@ def _literal(env: list[dict[str, Any]]) -> dict[str, str]:
     return {var["name"]: str(var["value"]) for var in env if "value" in var}
 
 
-def _patched_env(trainjob: dict[str, Any], job_name: str) -> dict[str, str]:
-    """The literal env the TrainJob's runtimePatches give the ``node`` container of ``job_name``."""
+def _patched_env(trainjob: dict[str, Any], job_name: str, container_name: str) -> dict[str, str]:
+    """The literal env the TrainJob's runtimePatches give container ``container_name`` of
+    replicated job ``job_name`` (Trainer v2's webhook refuses a patch of a ``node`` container's)."""
     env: dict[str, str] = {}
     for patch in trainjob["spec"].get("runtimePatches", []):
         spec = patch.get("trainingRuntimeSpec", {}).get("template", {}).get("spec", {})
@@ -250,27 +254,28 @@ def _patched_env(trainjob: dict[str, Any], job_name: str) -> dict[str, str]:
                 continue
             pod = job.get("template", {}).get("spec", {}).get("template", {}).get("spec", {})
             for container in pod.get("containers", []):
-                if container.get("name") == TRAINJOB_NODE:
+                if container.get("name") == container_name:
                     env.update(_literal(container.get("env", [])))
     return env
 
 
 def _container_env(trainjob: dict[str, Any], runtime: dict[str, Any], job_name: str) -> dict[str, str]:
-    """The ``node`` container's literal env in replicated job ``job_name`` before the ML plugins:
-    the runtime's, then the TrainJob's patches, then (in the trainer's job) the trainer's."""
+    """The container's literal env in replicated job ``job_name`` before the ML plugins: the
+    runtime's, then the TrainJob's patches, then (the trainer's ``node`` container) the trainer's."""
     job = _replicated_job(runtime, job_name)
-    env = _literal(_node_container(job).get("env", []))
-    env.update(_patched_env(trainjob, job_name))
+    container = _container(job)
+    env = _literal(container.get("env", []))
+    env.update(_patched_env(trainjob, job_name, container["name"]))
     if _runs_the_trainer(job):
         env.update(_literal(trainjob["spec"].get("trainer", {}).get("env", [])))
     return env
 
 
 def _command(trainjob: dict[str, Any], runtime: dict[str, Any], job_name: str) -> list[str]:
-    """The ``node`` container's command line in replicated job ``job_name``: builder.go's
-    ``Trainer`` sets the trainer's ``command`` and ``args``, each where given, in the trainer's job."""
+    """The container's command line in replicated job ``job_name``: builder.go's ``Trainer`` sets
+    the trainer's ``command`` and ``args``, each where given, in the trainer's ``node`` container."""
     job = _replicated_job(runtime, job_name)
-    container = _node_container(job)
+    container = _container(job)
     command, args = container.get("command", []), container.get("args", [])
     if _runs_the_trainer(job):
         trainer = trainjob["spec"].get("trainer", {})
@@ -375,15 +380,19 @@ def trainjob_mpi_hostfile(trainjob: dict[str, Any], runtime: dict[str, Any], hos
 def trainjob_mpi_launcher_env(
     trainjob: dict[str, Any], runtime: dict[str, Any], hostfile: str
 ) -> dict[str, str]:
-    """The environment of the launcher pod's ``node`` container (the one that runs mpirun): its
-    literal variables as :func:`trainjob_node_env` gathers them (the TrainJob trainer's only when
-    the runtime labels the launcher's job as the trainer's), then the Open MPI variables of
-    Trainer v2's MPI plugin, the hostfile at ``hostfile`` instead of ``/etc/mpi/hostfile``.
+    """The environment of the launcher pod's container (the one that runs mpirun): its literal
+    variables as :func:`trainjob_node_env` gathers them (the runtime's, the TrainJob's runtime
+    patches of it, and the trainer's only for a ``node`` container of a job labelled as the
+    trainer's), then, for a container named ``node``, the Open MPI variables of Trainer v2's MPI
+    plugin, with the hostfile at ``hostfile`` instead of ``/etc/mpi/hostfile`` (mpi.go sets them,
+    and mounts the hostfile, in containers of that name only).
 
     Raises:
         KeyError: the runtime has no ``launcher`` replicated job or no MPI policy.
     """
     env = _container_env(trainjob, runtime, TRAINJOB_LAUNCHER)
+    if _container(_replicated_job(runtime, TRAINJOB_LAUNCHER))["name"] != TRAINJOB_NODE:
+        return env
     _, slots = _mpi_nodes_and_slots(trainjob, runtime)
     env.update(
         {
@@ -396,12 +405,17 @@ def trainjob_mpi_launcher_env(
     return env
 
 
-def trainjob_mpi_launcher_command(trainjob: dict[str, Any], runtime: dict[str, Any]) -> list[str]:
-    """The command line (``command`` then ``args``) of the launcher pod's ``node`` container: the
-    runtime's, or the TrainJob trainer's where set when the runtime labels the launcher's job as
-    the trainer's.
+def trainjob_mpi_launcher_command(
+    trainjob: dict[str, Any], runtime: dict[str, Any], hostfile: str = MPI_HOSTFILE
+) -> list[str]:
+    """The command line (``command`` then ``args``) of the launcher pod's container, with Trainer
+    v2's ``/etc/mpi/hostfile`` replaced by ``hostfile``: the runtime's, or the TrainJob trainer's
+    where set when the runtime labels the launcher's job as the trainer's and names its container
+    ``node``.
 
     Raises:
         KeyError: the runtime has no ``launcher`` replicated job.
     """
-    return _command(trainjob, runtime, TRAINJOB_LAUNCHER)
+    return [
+        hostfile if arg == MPI_HOSTFILE else arg for arg in _command(trainjob, runtime, TRAINJOB_LAUNCHER)
+    ]

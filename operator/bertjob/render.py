@@ -256,7 +256,7 @@ def _build_child(job: BertPretrainJob, launcher: Launcher, pods: PodNames) -> di
     name, namespace = job.metadata.name, job.metadata.namespace
     patch = launcher.patch(job.spec, name=name, namespace=namespace, pods=pods)
     try:
-        return dict(merge(built, patch))
+        return launcher.finish(job.spec, dict(merge(built, patch)))
     except MergeError as error:
         raise RenderError(
             f"the kustomize build of {root} {parts} does not take the job's patch: {error}"

@@ -207,12 +207,14 @@ ANCESTOR = {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
 MPIRUN = ["mpirun", "python", "-m", "bertpretrain", "run", "--config", "/etc/bertjob/job.yaml"]
 
 
-def _replicated_job(name: str, labels: dict[str, str], **container: Any) -> dict[str, Any]:
+def _replicated_job(
+    name: str, labels: dict[str, str], container: str = "node", **fields: Any
+) -> dict[str, Any]:
     return {
         "name": name,
         "template": {
             "metadata": {"labels": labels},
-            "spec": {"template": {"spec": {"containers": [{"name": "node", "image": "rt", **container}]}}},
+            "spec": {"template": {"spec": {"containers": [{"name": container, "image": "rt", **fields}]}}},
         },
     }
 
@@ -226,11 +228,14 @@ def _torch_runtime(node_labels: dict[str, str] = ANCESTOR) -> dict[str, Any]:
     }
 
 
-def _mpi_runtime(launcher_labels: dict[str, str] | None = None, **policy: Any) -> dict[str, Any]:
-    """A ClusterTrainingRuntime shaped as the chart's bertjob-mpi."""
+def _mpi_runtime(
+    launcher_labels: dict[str, str] | None = None, launcher_container: str = "node", **policy: Any
+) -> dict[str, Any]:
+    """A ClusterTrainingRuntime shaped as Trainer v2's own MPI runtimes (the launcher's container
+    named node), or as the chart's bertjob-mpi with ``launcher_container="launcher"``."""
     node = _replicated_job("node", ANCESTOR, command=["/usr/sbin/sshd", "-De"])
     env = [{"name": "LAUNCHER_ONLY", "value": "l"}]
-    launcher = _replicated_job("launcher", launcher_labels or {}, command=MPIRUN, env=env)
+    launcher = _replicated_job("launcher", launcher_labels or {}, launcher_container, command=MPIRUN, env=env)
     mpi = {
         "numProcPerNode": 1,
         "mpiImplementation": "OpenMPI",
@@ -368,6 +373,7 @@ def test_runtime_patches_reach_the_launcher() -> None:
                         _replicated_job(
                             "launcher",
                             {},
+                            "launcher",
                             env=[{"name": "PATCHED", "value": "p"}, {"name": "LAUNCHER_ONLY", "value": "x"}],
                         )
                     ]
@@ -377,10 +383,32 @@ def test_runtime_patches_reach_the_launcher() -> None:
     }
     child["spec"]["runtimePatches"].append(patch)
 
-    env = trainjob_mpi_launcher_env(child, _mpi_runtime(), "/h")
+    env = trainjob_mpi_launcher_env(child, _mpi_runtime(launcher_container="launcher"), "/h")
 
     assert (env["PATCHED"], env["LAUNCHER_ONLY"]) == ("p", "x")
     # The node pods (no torch policy here: no PET_*) get the trainer's env and not the launcher's patch.
-    node = trainjob_node_env(child, _mpi_runtime(), 1)
+    node = trainjob_node_env(child, _mpi_runtime(launcher_container="launcher"), 1)
     assert node == {var["name"]: var["value"] for var in child["spec"]["trainer"]["env"] if "value" in var}
     assert "PATCHED" not in node
+
+
+def test_the_charts_launcher_container_gets_the_operators_patch_and_no_plugin_env() -> None:
+    """The chart's launcher container is named launcher: Trainer v2's MPI plugin leaves it alone
+    (the runtime mounts the hostfile itself, and mpirun names it), and the operator's runtime patch
+    gives it the trainer's environment."""
+    child = _trainjob(2, 1, trainJob={"mlPolicy": "mpi"}, accelerator="xeon-cpu", phases=_phases(2))
+    runtime = _mpi_runtime(launcher_container="launcher")
+    runtime["spec"]["template"]["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["spec"][
+        "containers"
+    ][0]["command"] = ["mpirun", "--hostfile", "/etc/mpi/hostfile", "python"]
+
+    env = trainjob_mpi_launcher_env(child, runtime, "/h")
+
+    trainer = {var["name"]: var["value"] for var in child["spec"]["trainer"]["env"] if "value" in var}
+    assert env == {"LAUNCHER_ONLY": "l", **trainer}
+    assert trainjob_mpi_launcher_command(child, runtime, "/tmp/h") == [
+        "mpirun",
+        "--hostfile",
+        "/tmp/h",
+        "python",
+    ]

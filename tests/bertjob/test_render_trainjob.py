@@ -218,6 +218,32 @@ def test_mpi_ranks_get_what_the_mpijob_launcher_forwards(accelerator: str, deeps
             assert variable not in env
 
 
+@pytest.mark.parametrize("policy", ["torch", "mpi"])
+def test_the_mpi_launcher_gets_the_environment_its_ranks_need(
+    policy: str, trainjob_schema: dict[str, Any]
+) -> None:
+    """Trainer v2 gives the TrainJob's environment only to the nodes (the replicated job labelled
+    trainer): under the MPI policy a second patch gives it to the runtime's launcher container,
+    whose mpirun forwards it to the ranks."""
+    child = _trainjob({"spec.trainJob": {"mlPolicy": policy}, "spec.pod": {"env": POD["env"]}}, nodes=2)
+    [patch] = child["spec"]["runtimePatches"]
+    jobs = {
+        job["name"]: job["template"]["spec"]["template"]
+        for job in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    }
+
+    assert_valid(child, trainjob_schema)
+    if policy == "torch":
+        assert set(jobs) == {"node"}
+        return
+    assert set(jobs) == {"node", "launcher"}
+    [container] = jobs["launcher"]["spec"]["containers"]
+    assert container == {"name": "launcher", "env": child["spec"]["trainer"]["env"]}
+    assert jobs["launcher"]["metadata"]["labels"][JOB_LABEL] == "demo"
+    listed = _env(container)["OMPI_MCA_mca_base_env_list"].split(";")
+    assert set(listed) <= set(_env(container)), "Open MPI forwards nothing after a variable it lacks"
+
+
 def test_the_data_job_runs_in_the_trainjobs_node_pod() -> None:
     rendered = render(
         parse_job(_job(changes={"spec.launcher": "trainjob", "spec.prepare": {"enabled": True}}))

@@ -20,6 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from bertjob.launchers import mpijob
 from bertjob_api.contract import (
     JOB_PATH,
     MPI_RUNTIME,
@@ -234,16 +235,33 @@ def test_the_mpi_runtime_launches_mpirun_after_the_nodes_run_sshd(installed: dic
     assert jobset["successPolicy"] == {"operator": "All", "targetReplicatedJobs": [TRAINJOB_LAUNCHER]}
     assert jobset["network"] == {"publishNotReadyAddresses": True}
 
-    # The launcher's container is named node: Trainer v2 mounts the hostfile only in containers so named.
+    # The launcher's container is not named node: Trainer v2 refuses a runtime patch of a node
+    # container's env, and the operator patches the job's env into this one for mpirun to forward.
+    # So it mounts what Trainer v2's MPI plugin adds to its pod (mounted only in node containers).
     launcher = _container(runtime, TRAINJOB_LAUNCHER)
-    assert launcher["name"] == TRAINJOB_NODE
+    assert launcher["name"] == TRAINJOB_LAUNCHER
+    mounts = {mount["name"]: mount["mountPath"] for mount in launcher["volumeMounts"]}
+    assert mounts == {
+        "mpi-ssh-auth": mpi["sshAuthMountPath"],
+        "mpi-hostfile": posixpath.dirname(mpijob.HOSTFILE),
+    }
     command = launcher["command"]
-    assert command[0] == "mpirun"
     # No process count: one rank per hostfile slot, numProcPerNode slots per node.
     assert not {"-np", "-n", "--np", "-c"} & set(command)
-    assert command[1:] == ["python", "-m", TRAINER_MODULE, RUN_COMMAND, "--config", JOB_PATH]
+    assert command == [
+        "mpirun",
+        "--hostfile",
+        mpijob.HOSTFILE,
+        "python",
+        "-m",
+        TRAINER_MODULE,
+        RUN_COMMAND,
+        "--config",
+        JOB_PATH,
+    ]
     base = _base_container("mpijob.yaml", "Launcher")["command"]
-    assert command[1:] == base[base.index("python") :], "the ranks run what the MPIJob's ranks run"
+    assert command[:3] == base[:3], "mpirun over the same hostfile path as the MPIJob's"
+    assert command[3:] == base[base.index("python") :], "the ranks run what the MPIJob's ranks run"
 
     sshd = _container(runtime, TRAINJOB_NODE)["command"]
     assert sshd == _base_container("mpijob.yaml", "Worker")["command"]
@@ -269,10 +287,11 @@ def test_permanent_exit_codes_fail_the_jobset_and_others_restart_it(
         assert spec["backoffLimit"] == 0, job_name
         assert spec["template"]["spec"]["restartPolicy"] == "Never", "podFailurePolicy needs Never"
         fail, ignore = spec["podFailurePolicy"]["rules"]
+        [container] = spec["template"]["spec"]["containers"]
         assert fail == {
             "action": "FailJob",
             "onExitCodes": {
-                "containerName": TRAINJOB_NODE,
+                "containerName": container["name"],
                 "operator": "In",
                 "values": list(PERMANENT_EXIT_CODES),
             },

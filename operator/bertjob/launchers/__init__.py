@@ -76,6 +76,11 @@ class Launcher(Protocol):
         """The pod template (``template`` of a replica) of ``child`` whose container runs the trainer."""
         ...
 
+    def finish(self, spec: JobSpec, child: dict[str, Any]) -> dict[str, Any]:
+        """``child`` (the build with :meth:`patch` merged in) completed with what is made from the
+        merged object itself; returns a new object or ``child`` unchanged."""
+        ...
+
     safe_fields: tuple[str, ...]
     """The fields of ``spec.runPolicy`` (dotted paths) applied to a running child; other changes
     are refused (:mod:`bertjob.changes`)."""
@@ -105,6 +110,10 @@ class KubeflowJob:
     ``runPolicy`` and JobCondition list."""
 
     safe_fields = changes.SAFE_FIELDS
+
+    def finish(self, spec: JobSpec, child: dict[str, Any]) -> dict[str, Any]:
+        """``child`` as it is: the patch makes all of a Kubeflow job."""
+        return child
 
     def policy_patch(self, spec: object) -> dict[str, Any]:
         """:func:`bertjob.changes.training_patch`: the job's safe run-policy fields."""

@@ -9,12 +9,14 @@ ClusterTrainingRuntime the chart installs for ``spec.trainJob.mlPolicy``: ``bert
   command, torchrun as the PyTorchJob runs it (``python -m bertpretrain.launch``), which reads the
   ``PET_*`` variables Trainer v2's torch plugin gives every ``node`` pod. Under the MPI policy the
   TrainJob has no command: the runtime's launcher runs mpirun and its nodes sshd, and a TrainJob's
-  command would replace both (Trainer v2 gives it to every container named ``node``;
-  kubeflow/trainer#4030). Open MPI then forwards the variables the ranks need, which the launcher's
-  ``mpirun -x`` names for an MPIJob, from ``OMPI_MCA_mca_base_env_list``.
+  command would replace the nodes' (Trainer v2 gives it to the ``node`` containers of the replicated
+  job labelled trainer; kubeflow/trainer#4030). Open MPI then forwards the variables the ranks need,
+  which the launcher's ``mpirun -x`` names for an MPIJob, from ``OMPI_MCA_mca_base_env_list``; the
+  runtime's ``launcher`` container gets them from a second runtime patch (:meth:`finish`).
 - ``runtimePatches``: one entry, managed by ``bertjob.dev/operator``, that gives the runtime's
   ``node`` pods what the other launchers' pod templates hold: labels, service account, security
-  contexts, volumes and mounts, node selector, tolerations, affinity and image pull secrets.
+  contexts, volumes and mounts, node selector, tolerations, affinity and image pull secrets (and
+  under the MPI policy the ``launcher`` pods their labels and environment).
 - ``suspend`` and ``activeDeadlineSeconds`` from ``spec.runPolicy``; Trainer v2 has no other
   run-policy field (the runtime's JobSet holds restarts and gang scheduling), and
   :func:`bertjob_api.validation.trainjob_problems` refuses those.
@@ -25,6 +27,7 @@ reads it.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -35,6 +38,7 @@ from bertjob_api.contract import (
     NAME_ENV,
     NAMESPACE_ENV,
     RUNTIME_PATCH_MANAGER,
+    TRAINJOB_LAUNCHER,
     TRAINJOB_MASTER_PORT,
     TRAINJOB_NODE,
 )
@@ -110,15 +114,31 @@ class TrainJobLauncher:
             job_spec["activeDeadlineSeconds"] = spec.run_policy.active_deadline_seconds
         return {"metadata": {"name": name, "namespace": namespace, "labels": labels}, "spec": job_spec}
 
+    def finish(self, spec: JobSpec, child: dict[str, Any]) -> dict[str, Any]:
+        """Under the MPI policy, ``child`` with a runtime patch of the ``launcher`` replicated job:
+        its pods get the node pods' labels and its ``launcher`` container the trainer's environment
+        as built (the accelerator's and the job's variables, and :func:`mpi_env`), which mpirun
+        forwards to the ranks. Trainer v2 gives the TrainJob's environment only to the replicated
+        job labelled trainer (the nodes, which run sshd and whose ranks start over ssh without it)
+        and refuses a runtime patch of a container named ``node``, so the runtime's launcher
+        container has its own name."""
+        if spec.train_job.ml_policy != "mpi":
+            return child
+        finished = copy.deepcopy(child)
+        jobs = _replicated_jobs(finished)
+        [node] = [job for job in jobs if job["name"] == TRAINJOB_NODE]
+        labels = dict(node["template"]["spec"]["template"]["metadata"]["labels"])
+        container = {"name": TRAINJOB_LAUNCHER, "env": copy.deepcopy(finished["spec"]["trainer"]["env"])}
+        pod = {"metadata": {"labels": labels}, "spec": {"containers": [container]}}
+        jobs.append({"name": TRAINJOB_LAUNCHER, "template": {"spec": {"template": pod}}})
+        return finished
+
     def trainer_template(self, child: Mapping[str, Any]) -> dict[str, Any]:
         """The ``node`` pods' template as Trainer v2 makes it from ``child``'s trainer and our
         runtime patch (the runtime's own fields aside): a pod of one ``node`` container with the
         trainer's image, command, environment and resources per node."""
-        spec = child["spec"]
-        trainer = spec["trainer"]
-        [patch] = [entry for entry in spec["runtimePatches"] if entry["manager"] == RUNTIME_PATCH_MANAGER]
-        jobs = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
-        [node] = [job for job in jobs if job["name"] == TRAINJOB_NODE]
+        trainer = child["spec"]["trainer"]
+        [node] = [job for job in _replicated_jobs(child) if job["name"] == TRAINJOB_NODE]
         template = node["template"]["spec"]["template"]
         pod = dict(template["spec"])
         [patched] = pod.pop("containers")
@@ -144,6 +164,15 @@ class TrainJobLauncher:
     def has_conditions(self, child_status: Mapping[str, Any]) -> bool:
         """Whether :meth:`conditions` finds anything in ``child_status``."""
         return lifecycle.has_trainjob_conditions(child_status)
+
+
+def _replicated_jobs(child: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The replicated jobs of the TrainJob's runtime patch that the operator manages."""
+    [patch] = [
+        entry for entry in child["spec"]["runtimePatches"] if entry["manager"] == RUNTIME_PATCH_MANAGER
+    ]
+    jobs: list[dict[str, Any]] = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    return jobs
 
 
 def mpi_env(spec: JobSpec, name: str) -> list[dict[str, str]]:
