@@ -17,9 +17,12 @@ from bertjob.launchers import mpijob
 from bertjob.render import render
 from bertjob_api.contract import (
     JOB_LABEL,
+    JOB_PATH,
     MPI_RUNTIME,
+    PREPARE_COMMAND,
     RUNTIME_PATCH_MANAGER,
     TORCH_RUNTIME,
+    TRAINER_MODULE,
     TRAINJOB_MASTER_PORT,
 )
 from bertjob_api.spec import SpecError, parse_job
@@ -255,14 +258,7 @@ def test_the_data_job_runs_in_the_trainjobs_node_pod() -> None:
     [trainer] = node["containers"]
 
     assert container["image"] == trainer["image"]
-    assert container["command"] == [
-        "python",
-        "-m",
-        "bertpretrain",
-        "prepare",
-        "--config",
-        "/etc/bertjob/job.yaml",
-    ]
+    assert container["command"] == ["python", "-m", TRAINER_MODULE, PREPARE_COMMAND, "--config", JOB_PATH]
     assert container["volumeMounts"] == trainer["volumeMounts"]
     assert container["env"] == trainer["env"]
     assert "resources" not in container
