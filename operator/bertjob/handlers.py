@@ -43,7 +43,7 @@ from bertjob.children import (
 from bertjob.render import NAME_LABEL, RenderError, config_map_name, render
 from bertjob_api.contract import API_VERSION, GROUP, JOB_FILE, KIND, PLURAL, VERSION
 from bertjob_api.crd import ChildRef, JobStatus
-from bertjob_api.spec import SpecError, parse_job, to_document
+from bertjob_api.spec import JobSpec, SpecError, parse_job, to_document
 from bertjob_api.validation import cluster_job
 
 # kopf's bookkeeping goes to annotations under our own domain, never into the status.
@@ -394,8 +394,14 @@ def _ref(obj: Mapping[str, Any]) -> ChildRef:
 
 
 def _launcher_of(document: Mapping[str, Any]) -> launchers.Launcher:
-    """The launcher of a job document (its ``spec.launcher``, defaulted)."""
-    return launchers.get(str(document["spec"].get("launcher") or "pytorchjob"))
+    """The launcher of a job document: its ``spec.launcher``, or the spec's default where a
+    document written without defaults lacks it.
+
+    Raises:
+        SpecError: no launcher of that name.
+    """
+    default = JobSpec.model_fields["launcher"].default
+    return launchers.get(str(document["spec"].get("launcher", default)))
 
 
 def _trains(ref: ChildRef) -> bool:
