@@ -182,15 +182,18 @@ def _deepspeed_problems(spec: JobSpec) -> list[tuple[str, str]]:
 
 
 def _distributed_problems(spec: JobSpec) -> list[tuple[str, str]]:
-    """What the launcher cannot run: a compression Horovod lacks, an elastic range that leaves out
-    the starting node count, elastic MPI without horovodrun or on one node."""
+    """What the launcher cannot run: a compression Horovod lacks (under mpirun: launcher mpijob, or
+    trainjob's MPI policy), an elastic range that leaves out the starting node count, elastic MPI
+    without horovodrun or on one node, and what a TrainJob cannot carry (:func:`trainjob_problems`)."""
     found: list[tuple[str, str]] = []
-    if spec.launcher == "mpijob" and spec.distributed.gradient_compression == "bf16":
+    mpi = spec.launcher == "mpijob" or (spec.launcher == "trainjob" and spec.train_job.ml_policy == "mpi")
+    if mpi and spec.distributed.gradient_compression == "bf16":
+        where = "launcher mpijob" if spec.launcher == "mpijob" else "Trainer v2's MPI policy"
         found.append(
             (
                 "spec.distributed.gradientCompression",
-                "bf16 is not available under launcher mpijob: Horovod compresses to fp16 only "
-                "(use fp16 or none, or launcher pytorchjob)",
+                f"bf16 is not available under {where}: Horovod compresses to fp16 only "
+                "(use fp16 or none, or torchrun: launcher pytorchjob, or trainJob.mlPolicy torch)",
             )
         )
     found += _deepspeed_problems(spec)
@@ -291,13 +294,6 @@ def trainjob_problems(spec: JobSpec) -> list[tuple[str, str]]:
     for field, ((part, name), where) in _NOT_IN_A_TRAINJOB.items():
         if getattr(getattr(spec, part), name) is not None:
             found.append((field, where))
-    if policy == "mpi" and spec.distributed.gradient_compression == "bf16":
-        found.append(
-            (
-                "spec.distributed.gradientCompression",
-                "bf16 is not available under Trainer v2's MPI policy: Horovod compresses to fp16 only",
-            )
-        )
     for index, env in enumerate(spec.pod.env):
         name = str(env.get("name", ""))
         if policy == "torch" and name in TORCHRUN_RESERVED_ENV:
