@@ -1,6 +1,7 @@
 """Which launcher started this process, and its place among the job's processes.
 
-Every launcher the two Kubeflow jobs use describes the world in its own environment variables:
+Every launcher the Kubeflow jobs use (a TrainJob's runtimes run the same two) describes the world
+in its own environment variables:
 
 - ``torchrun`` (PyTorchJob): ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, and
   ``TORCHELASTIC_RUN_ID`` for the rendezvous it ran;
