@@ -89,8 +89,6 @@ MPI_RUNTIME: Final = "bertjob-mpi"
 # runtime's replicated job that runs mpirun.
 TRAINJOB_NODE: Final = "node"
 TRAINJOB_LAUNCHER: Final = "launcher"
-# Trainer v2's torch plugin sets PET_MASTER_PORT to this port (constants.ContainerTrainerPort).
-TRAINJOB_MASTER_PORT: Final = 29500
 # The `manager` of the TrainJob's runtimePatches entry that carries our pod settings.
 RUNTIME_PATCH_MANAGER: Final = f"{GROUP}/operator"
 

@@ -37,14 +37,9 @@ class ForeignObjectError(Exception):
     """A child's name is taken by an object that this job does not own."""
 
 
-def training_kinds() -> set[tuple[str, str]]:
-    """``(apiVersion, kind)`` of every launcher's training job."""
-    return {(launcher.child.api_version, launcher.child.kind) for launcher in launchers.LAUNCHERS.values()}
-
-
 def is_training_child(obj: Mapping[str, Any]) -> bool:
     """Whether ``obj`` is a launcher's training job (rather than its config, RBAC or data Job)."""
-    return (obj.get("apiVersion"), obj.get("kind")) in training_kinds()
+    return launchers.of_kind(obj.get("apiVersion"), obj.get("kind")) is not None
 
 
 def is_prepare_job(obj: Mapping[str, Any]) -> bool:

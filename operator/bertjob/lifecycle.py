@@ -13,7 +13,7 @@ when the user fixes the spec.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, get_args
@@ -211,8 +211,13 @@ def child_conditions(child_status: Mapping[str, Any], at: datetime) -> list[Cond
 def has_child_conditions(child_status: Mapping[str, Any]) -> bool:
     """Whether :func:`child_conditions` finds any condition in ``child_status``, without building
     them (a filter run on kopf's event loop for every event of every training job)."""
+    return _has_types(child_status, MIRRORED)
+
+
+def _has_types(child_status: Mapping[str, Any], types: Collection[str]) -> bool:
+    """Whether ``child_status`` lists a condition of one of ``types``."""
     return any(
-        isinstance(item, Mapping) and item.get("type") in MIRRORED
+        isinstance(item, Mapping) and item.get("type") in types
         for item in child_status.get("conditions") or []
     )
 
@@ -254,10 +259,7 @@ def trainjob_conditions(child_status: Mapping[str, Any], at: datetime) -> list[C
 
 def has_trainjob_conditions(child_status: Mapping[str, Any]) -> bool:
     """Whether :func:`trainjob_conditions` finds anything in ``child_status``."""
-    return bool(child_status.get("jobsStatus")) or any(
-        isinstance(item, Mapping) and item.get("type") in TRAINJOB_CONDITIONS
-        for item in child_status.get("conditions") or []
-    )
+    return bool(child_status.get("jobsStatus")) or _has_types(child_status, TRAINJOB_CONDITIONS)
 
 
 def _count(value: object) -> int:

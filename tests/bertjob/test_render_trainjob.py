@@ -23,7 +23,6 @@ from bertjob_api.contract import (
     RUNTIME_PATCH_MANAGER,
     TORCH_RUNTIME,
     TRAINER_MODULE,
-    TRAINJOB_MASTER_PORT,
 )
 from bertjob_api.spec import SpecError, parse_job
 from tests.bertjob.test_render import DEVICES, _job
@@ -209,7 +208,7 @@ def test_mpi_ranks_get_what_the_mpijob_launcher_forwards(accelerator: str, deeps
     if deepspeed:
         # Rank 0 runs on the first node pod, the hostfile's first line under Trainer v2.
         assert env["MASTER_ADDR"] == "demo-node-0-0.demo"
-        assert env["MASTER_PORT"] == str(TRAINJOB_MASTER_PORT)
+        assert env["MASTER_PORT"] == str(mpijob.DEEPSPEED_MASTER_PORT)
     binding = {
         "--map-by": "OMPI_MCA_rmaps_base_mapping_policy",
         "--bind-to": "OMPI_MCA_hwloc_base_binding_policy",

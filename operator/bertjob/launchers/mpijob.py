@@ -103,14 +103,20 @@ def launcher_command(spec: JobSpec, name: str = "", namespace: str = "") -> list
         ]
     head = [spec.mpi.command, "-np", world_size, "--hostfile", HOSTFILE]
     if spec.mpi.command == "mpirun":
-        names = FORWARDED_ENV + ACCELERATOR_ENV.get(spec.accelerator, [])
-        names += [str(env["name"]) for env in spec.pod.env if "name" in env]
+        names = forwarded_env(spec)
         head += MPIRUN_BINDING.get(spec.accelerator, [])
         head += [arg for env_name in names for arg in ("-x", env_name)]
         if spec.distributed.deepspeed is not None:
             first_worker = f"{name}-worker-0.{name}.{namespace}.svc"
             head += ["-x", f"MASTER_ADDR={first_worker}", "-x", f"MASTER_PORT={DEEPSPEED_MASTER_PORT}"]
     return [*head, *TRAINER_COMMAND]
+
+
+def forwarded_env(spec: JobSpec) -> list[str]:
+    """The variables mpirun forwards to ranks started over ssh (which do not see the launcher's
+    environment): the job's name and namespace, the accelerator's, and ``spec.pod.env``'s."""
+    names = FORWARDED_ENV + ACCELERATOR_ENV.get(spec.accelerator, [])
+    return names + [str(env["name"]) for env in spec.pod.env if "name" in env]
 
 
 def elastic_horovodrun(elastic: ElasticSpec, processes_per_node: int, world_size: str) -> list[str]:

@@ -33,31 +33,20 @@ from datetime import datetime
 from typing import Any
 
 from bertjob import changes, lifecycle
-from bertjob.launchers import ChildKind, MergePatch, PodNames, pod_context, whole
-from bertjob_api.contract import (
-    NAME_ENV,
-    NAMESPACE_ENV,
-    RUNTIME_PATCH_MANAGER,
-    TRAINJOB_LAUNCHER,
-    TRAINJOB_MASTER_PORT,
-    TRAINJOB_NODE,
-)
+from bertjob.launchers import ChildKind, MergePatch, PodNames, mpijob, pod_context, whole
+from bertjob_api.contract import RUNTIME_PATCH_MANAGER, TRAINJOB_LAUNCHER, TRAINJOB_NODE
 from bertjob_api.crd import Condition
-from bertjob_api.spec import Accelerator, JobSpec
+from bertjob_api.spec import JobSpec
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 RUNTIME_GROUP = "trainer.kubeflow.org"
 # Open MPI forwards the variables this lists (';' between them) to every rank, as `mpirun -x` does.
 MPI_ENV_LIST = "OMPI_MCA_mca_base_env_list"
-# Open MPI's MCA variables for `--map-by socket --bind-to socket` (the MPIJob's Xeon options).
-MPI_BINDING_ENV: dict[Accelerator, dict[str, str]] = {
-    "xeon-cpu": {
-        "OMPI_MCA_rmaps_base_mapping_policy": "socket",
-        "OMPI_MCA_hwloc_base_binding_policy": "socket",
-    }
+# Open MPI's MCA variable for each of the MPIJob's mpirun binding options (mpijob.MPIRUN_BINDING).
+MPI_BINDING_VARIABLES = {
+    "--map-by": "OMPI_MCA_rmaps_base_mapping_policy",
+    "--bind-to": "OMPI_MCA_hwloc_base_binding_policy",
 }
-# Variables the ranks need besides the job's own, by accelerator (as the MPIJob launcher forwards).
-MPI_ACCELERATOR_ENV: dict[Accelerator, list[str]] = {"habana-hpu": ["PT_HPU_LAZY_MODE"]}
 
 
 class TrainJobLauncher:
@@ -183,12 +172,15 @@ def mpi_env(spec: JobSpec, name: str) -> list[dict[str, str]]:
     ``<job>-node-0-<i>.<job>``), whose ranks mpirun starts first."""
     if spec.train_job.ml_policy != "mpi":
         return []
-    env = {name_: value for name_, value in MPI_BINDING_ENV.get(spec.accelerator, {}).items()}
+    binding = mpijob.MPIRUN_BINDING.get(spec.accelerator, [])
+    env = {
+        MPI_BINDING_VARIABLES[option]: value
+        for option, value in zip(binding[::2], binding[1::2], strict=True)
+    }
+    forwarded = mpijob.forwarded_env(spec)
     if spec.distributed.deepspeed is not None:
         env["MASTER_ADDR"] = f"{name}-{TRAINJOB_NODE}-0-0.{name}"
-        env["MASTER_PORT"] = str(TRAINJOB_MASTER_PORT)
-    forwarded = [NAME_ENV, NAMESPACE_ENV, *MPI_ACCELERATOR_ENV.get(spec.accelerator, [])]
-    forwarded += [str(var["name"]) for var in spec.pod.env if "name" in var]
-    forwarded += [key for key in env if key.startswith("MASTER_")]
+        env["MASTER_PORT"] = str(mpijob.DEEPSPEED_MASTER_PORT)
+        forwarded += ["MASTER_ADDR", "MASTER_PORT"]
     env[MPI_ENV_LIST] = ";".join(dict.fromkeys(forwarded))
     return [{"name": key, "value": value} for key, value in env.items()]
