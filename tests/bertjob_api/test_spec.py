@@ -21,7 +21,7 @@ def test_valid_job_round_trips_through_its_document():
         ("spec.topology.nodes", 0, "spec.topology.nodes", "greater than or equal to 1"),
         ("spec.phases.0.learningRate", "0.1", "spec.phases[0].learningRate", "valid number"),
         ("spec.data.lowercase", "yes", "spec.data.lowercase", "valid boolean"),
-        ("spec.precision", "fp8", "spec.precision", "'bf16', 'fp16' or 'fp32'"),
+        ("spec.precision", "fp4", "spec.precision", "'bf16', 'fp16', 'fp32' or 'fp8'"),
         ("spec.image", DELETE, "spec.image", "required field is missing"),
         ("spec.phases.0.steps", DELETE, "spec.phases[0].steps", "required field is missing"),
         ("spec.phases.1.maxSeqLen", 512, "spec.phases[1].maxSeqLen", "unknown field"),
@@ -95,3 +95,24 @@ def test_a_long_list_of_problems_is_shown_by_its_first():
     lines = str(caught.value).splitlines()
     assert len(caught.value.problems) == 100
     assert len(lines) == 22 and lines[-1].startswith("  ... and ")
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "compile", "compiles"),
+    [
+        ("nvidia-gpu", DELETE, True),  # unset: compiled where TorchInductor's kernels pay
+        ("xeon-cpu", DELETE, False),
+        ("habana-hpu", DELETE, False),
+        ("nvidia-gpu", False, False),
+        ("xeon-cpu", True, True),
+        ("habana-hpu", True, True),
+    ],
+)
+def test_compile_unset_means_compiled_on_nvidia_gpus_only(accelerator, compile, compiles):
+    document = with_value(valid_job(), "spec.accelerator", accelerator)
+    if compile is not DELETE:
+        document = with_value(document, "spec.compile", compile)
+    spec = parse_job(document).spec
+    assert spec.compiles is compiles
+    assert spec.compile is (None if compile is DELETE else compile)
+    assert ("compile" in to_document(parse_job(document))["spec"]) is (compile is not DELETE)

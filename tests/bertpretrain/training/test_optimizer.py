@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch_optimizer
 from torch import nn
+from torch._dynamo.utils import counters
 
 from bertjob_api.spec import OptimizerSpec
 from bertpretrain.model.bert import BertForPreTraining
@@ -112,6 +113,33 @@ def test_lamb_matches_reference(grad_scale: float, use_nvlamb: bool, bias_correc
     assert ours.param_groups[0]["step"] == 6
     # The zero tensor moved (ratio 1), and parameters did move at all.
     assert ours_params[1].abs().sum() > 0
+    assert not torch.equal(ours_params[0], make_params(0)[0])
+
+
+@pytest.mark.parametrize("grad_scale", [0.01, 100.0], ids=["unclipped", "clipped"])
+def test_compiled_lamb_matches_reference_and_compiles_once(grad_scale: float) -> None:
+    """LAMB's step under ``torch.compile`` (TorchInductor on the CPU) against the reference: its
+    warm-up compiles both groups' steps and changes nothing; the steps after it compile nothing."""
+    torch._dynamo.reset()
+    ours_params, ref_params = make_params(0), make_params(0)
+    hyper: dict[str, Any] = {"lr": 0.01, "betas": (0.9, 0.999), "eps": 1e-6, "max_grad_norm": 1.0}
+    ours = Lamb(groups_of(ours_params), compiled=True, **hyper)
+    reference = ReferenceLamb(groups_of(ref_params), **hyper)
+    ours.warm_up()
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs >= 2  # one per group
+    assert not ours.state and "step" not in ours.param_groups[0]
+    assert all(torch.equal(p, q) for p, q in zip(ours_params, make_params(0), strict=True))
+    generator = torch.Generator().manual_seed(1)
+    for step in range(6):
+        for p, q in zip(ours_params, ref_params, strict=True):
+            grad = torch.randn(p.shape, generator=generator) * grad_scale
+            p.grad, q.grad = grad.clone(), grad.clone()
+        ours.step()
+        reference.step()
+        for p, q in zip(ours_params, ref_params, strict=True):
+            torch.testing.assert_close(p, q, atol=1e-6, rtol=0, msg=lambda m, step=step: f"step {step}: {m}")
+    assert counters["stats"]["unique_graphs"] == graphs, "a step compiled again"
     assert not torch.equal(ours_params[0], make_params(0)[0])
 
 

@@ -207,7 +207,7 @@ def _engine(
     run's optimizer steps attached; every rank starts from rank 0's weights."""
     world_size, accumulation = parallel.world.world_size, split.accumulation_steps
     engine = Engine(parallel, spec.precision, _statistics(task), _forward)
-    engine.prepare(model)
+    engine.prepare(model, compile=spec.compiles, required=spec.compile is not None)
     assert task.learning_rate is not None  # with_defaults sets it
     adamw = torch.optim.AdamW(
         param_groups(model, task.weight_decay), lr=task.learning_rate, betas=ADAM_BETAS, eps=ADAM_EPS
@@ -249,12 +249,18 @@ def _train(
     engine.module.train()
     window = torch.zeros(2)  # loss sum, micro-batches
     window_start, step, mean_loss = time.perf_counter(), 0, math.nan
+    warmed_up = False
     for epoch in range(task.epochs):
         order = np.random.default_rng([seed, epoch]).permutation(rows)
         for first in range(0, rows - batch + 1, batch):
             mine = order[first + rank * share : first + (rank + 1) * share]
             for part in range(accumulation):
                 micro_batch = _trimmed(_rows(data.train, mine[part * micro : (part + 1) * micro]))
+                if not warmed_up:  # compile before the first step, as pretraining does
+                    warmed_up, seconds = True, engine.warm_up(micro_batch)
+                    if seconds is not None:
+                        say(f"compiled the model for micro-batch {micro} in {seconds:.1f} s")
+                        window_start = time.perf_counter()
                 window += torch.tensor([float(engine.forward_backward(micro_batch, accumulation)[0]), 1.0])
             lr, _ = engine.optimizer_step()
             step += 1

@@ -21,6 +21,8 @@ encoder layer, the encoder, the attention masks, pooler, heads, the whole model,
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -36,6 +38,9 @@ class BertEmbeddings(nn.Module):
     ``(input_ids [B, L] int64, token_type_ids [B, L] int64, position_ids [B, L] int64 or None)
     -> [B, L, H]``; ``position_ids`` None means ``0 .. L-1`` in every row.
     """
+
+    # Compiled on its own (bertpretrain.runtime.compiling) when the job compiles.
+    compile_region: ClassVar[bool] = True
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -132,6 +137,9 @@ class BertIntermediate(nn.Module):
 
 class BertLayer(nn.Module):
     """One post-LayerNorm Transformer encoder layer: ``([B, L, H], mask) -> [B, L, H]``."""
+
+    # Compiled on its own (bertpretrain.runtime.compiling) when the job compiles.
+    compile_region: ClassVar[bool] = True
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -262,6 +270,9 @@ class BertPredictionHeadTransform(nn.Module):
 
 class BertLMPredictionHead(nn.Module):
     """MLM head: ``[..., H] -> [..., V]`` logits; the decoder weight is the word embedding matrix."""
+
+    # Compiled on its own (bertpretrain.runtime.compiling) when the job compiles.
+    compile_region: ClassVar[bool] = True
 
     def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
         super().__init__()

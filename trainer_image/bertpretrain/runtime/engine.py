@@ -14,6 +14,7 @@ training metrics.
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -23,6 +24,7 @@ from torch import nn
 
 from bertjob_api.spec import Precision
 from bertpretrain.common.batch import Batch
+from bertpretrain.runtime import compiling
 from bertpretrain.runtime.parallel import DataParallel
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -57,6 +59,17 @@ def _cpu_has_native(precision: Precision) -> bool:
     # oneDNN's own check for the instructions its bf16/fp16 kernels need.
     supported = getattr(torch.ops.mkldnn, f"_is_mkldnn_{precision}_supported", None)
     return bool(supported()) if supported is not None else True
+
+
+def _rng_states(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+def _set_rng_states(device: torch.device, states: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+    torch.set_rng_state(states[0])
+    if states[1] is not None:
+        torch.cuda.set_rng_state(states[1], device)
 
 
 class Engine:
@@ -116,17 +129,71 @@ class Engine:
         """Whether this is rank 0, the one that prints and writes checkpoints."""
         return self.world.rank == 0
 
-    def prepare(self, model: nn.Module, compile: bool = False) -> nn.Module:
-        """Move ``model`` to the device, wrap it for data parallelism (DDP under torchrun) and,
-        with ``compile``, in :func:`torch.compile`; returns the model.
+    def prepare(self, model: nn.Module, compile: bool = False, required: bool = True) -> nn.Module:
+        """Move ``model`` to the device and wrap it for data parallelism (DDP under torchrun);
+        returns the model. With ``compile``, its regions are compiled in place
+        (:func:`bertpretrain.runtime.compiling.compile_regions`), to be compiled by :meth:`warm_up`.
+        ``required``: a compile failure stops the job (``spec.compile: true``) rather than falling
+        back to eager (unset).
 
         Keep using the returned (unwrapped) module for checkpoints and optimizers.
         """
         self.module = model.to(self.device)
+        self.compile_required = required
+        if compile:
+            compiling.compile_regions(self.module, compiling.backend_for(self.device))
         self.wrapped = self.parallel.wrap_model(self.module)
-        # Wrap first, then compile: TorchDynamo splits the graph at DDP's buckets (torch docs).
-        self.forward_module: Callable[..., Any] = torch.compile(self.wrapped) if compile else self.wrapped
         return self.module
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the model runs compiled (after :meth:`prepare`; false again after a fallback)."""
+        return compiling.is_compiled(self.module)
+
+    def warm_up(self, batch: Batch) -> float | None:
+        """Compile the model's training forward and backward and the optimizer's step on ``batch``
+        (the first micro-batch, as :meth:`forward_backward` takes it) before the first step, so
+        that no timed step compiles. Nothing of the training changes: the gradients are computed
+        by ``torch.autograd.grad`` and dropped (no ``.grad``, no DDP or Horovod hook, no
+        collective), the optimizer compiles at learning rate 0 on zeros, and the RNG states are
+        restored. Under DeepSpeed, which runs its own forward, the model compiles at its first step.
+
+        Returns:
+            Seconds spent, or None when nothing is compiled (eager, or compiling failed with
+            ``required`` false: then a warning, and the model and optimizer run eagerly).
+
+        Raises:
+            bertpretrain.runtime.compiling.CompileError: compiling failed with ``required``.
+        """
+        if not self.compiled or self.parallel.owns_step:
+            return None
+        started = time.perf_counter()
+        states = _rng_states(self.device)
+        try:
+            stats = self._statistics(self.module, self._on_device(batch))
+            trainable = [p for p in self.module.parameters() if p.requires_grad]
+            torch.autograd.grad(stats[0], trainable, allow_unused=True)
+            if isinstance(self.optimizer, compiling.CompiledStep):
+                self.optimizer.warm_up()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        except Exception as error:
+            reason = compiling.failure(error)
+            if self.compile_required:
+                raise compiling.CompileError(
+                    f"{compiling.FIELD}: true, but torch.compile failed on the first micro-batch: {reason}"
+                ) from error
+            warnings.warn(
+                f"{compiling.FIELD} unset: torch.compile failed ({reason}); training eagerly",
+                stacklevel=2,
+            )
+            compiling.uncompile(self.module)
+            if isinstance(self.optimizer, compiling.CompiledStep):
+                self.optimizer.uncompile()
+            return None
+        finally:
+            _set_rng_states(self.device, states)
+        return time.perf_counter() - started
 
     def wrap_optimizer(
         self,
@@ -190,7 +257,7 @@ class Engine:
         sync = self._micro_batches % accumulation_steps == 0
         batch = self._on_device(batch)
         with self.parallel.accumulate(self.wrapped, sync):
-            stats = self._statistics(self.forward_module, batch)
+            stats = self._statistics(self.wrapped, batch)
             self.parallel.backward(stats[0], accumulation_steps, self.scaler)
         self.hardware.mark_step()
         return stats.detach()

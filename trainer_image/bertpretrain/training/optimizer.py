@@ -20,8 +20,9 @@ ranks in one all-reduce per group, so the clipping and trust ratios are those of
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -51,7 +52,8 @@ def param_groups(model: nn.Module, weight_decay: float) -> ParamGroups:
 
 
 class Lamb(torch.optim.Optimizer):
-    """LAMB with global gradient clipping, as apex's ``FusedLAMB``; multi-tensor ``_foreach`` ops.
+    """LAMB with global gradient clipping, as apex's ``FusedLAMB``; multi-tensor ``_foreach`` ops,
+    optionally compiled (``compiled``) into a few fused kernels.
 
     The step count is per group (``group["step"]``), as in ``FusedLAMB``. Parameters and
     gradients must be floating point of one dtype per group.
@@ -67,6 +69,9 @@ class Lamb(torch.optim.Optimizer):
             first group's value applies to all).
         use_nvlamb: apply the trust ratio to tensors without weight decay too.
         bias_correction: divide the moments by ``1 - beta ** step`` (Adam's bias correction).
+        compiled: run each group's step under ``torch.compile`` (:func:`lamb_update` fused by
+            TorchInductor, compiled at the first step), for whole tensors; a sharded group
+            (:meth:`shard`) steps eagerly.
 
     Raises:
         ValueError: a hyper-parameter out of range.
@@ -82,6 +87,7 @@ class Lamb(torch.optim.Optimizer):
         max_grad_norm: float = 1.0,
         use_nvlamb: bool = False,
         bias_correction: bool = True,
+        compiled: bool = False,
     ):
         if lr < 0:
             raise ValueError(f"learning rate must be >= 0, got {lr}")
@@ -99,6 +105,7 @@ class Lamb(torch.optim.Optimizer):
             "max_grad_norm": max_grad_norm,
             "use_nvlamb": use_nvlamb,
             "bias_correction": bias_correction,
+            "compiled": compiled,
         }
         super().__init__(params, defaults)
         # Sharded: each flat partition's layout, by the partition's identity (DeepSpeed steps one
@@ -194,6 +201,37 @@ class Lamb(torch.optim.Optimizer):
         param_norms, update_norms = self._all_reduce(squares).sqrt().unbind()
         return param_norms, update_norms
 
+    @torch.no_grad()
+    def warm_up(self) -> None:
+        """Compile each compiled group's step now, on zero gradients and moments at learning rate 0,
+        so that the first real step does not; the parameters, the state and the step counts are
+        left as they were. Does nothing for eager or sharded groups.
+
+        Raises:
+            Exception: what ``torch.compile`` raises when it cannot compile the step.
+        """
+        if self._shards is not None:
+            return
+        for group in self.param_groups:
+            if not group.get("compiled") or not group["params"]:
+                continue
+            params = list(group["params"])
+            device = params[0].device
+            _compiled_lamb_update()(
+                params,
+                [torch.zeros_like(p) for p in params],
+                [torch.zeros_like(p) for p in params],
+                [torch.zeros_like(p) for p in params],
+                torch.ones((), device=device),
+                torch.tensor([0.0, 1.0, 1.0], device=device),
+                _constants(group),
+            )
+
+    def uncompile(self) -> None:
+        """Step eagerly from now on (after compiling failed)."""
+        for group in self.param_groups:
+            group["compiled"] = False
+
     def _update_group(
         self, group: dict[str, Any], clip_divisor: torch.Tensor, layout: FlatShard | None
     ) -> None:
@@ -204,55 +242,145 @@ class Lamb(torch.optim.Optimizer):
             if not self.state[p]:
                 self.state[p]["exp_avg"] = torch.zeros_like(p)
                 self.state[p]["exp_avg_sq"] = torch.zeros_like(p)
-        exp_avgs = [self.state[p]["exp_avg"] for p in params]
-        exp_avg_sqs = [self.state[p]["exp_avg_sq"] for p in params]
         group["step"] = group.get("step", 0) + 1
         beta1, beta2 = group["betas"]
-        weight_decay = group["weight_decay"]
-
-        grads = torch._foreach_div([p.grad for p in params], clip_divisor)
-        torch._foreach_mul_(exp_avgs, beta1)
-        torch._foreach_add_(exp_avgs, grads, alpha=1 - beta1)
-        torch._foreach_mul_(exp_avg_sqs, beta2)
-        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
-
-        # update = m_hat / (sqrt(v_hat) + eps) + weight_decay * p, hats being the moments divided
-        # by 1 - beta ** step with bias correction, the moments themselves without.
-        m_hats: Sequence[torch.Tensor]
-        v_hats: Sequence[torch.Tensor]
+        # The step's scalars as one small tensor, so that a compiled step sees a new learning rate
+        # and step count as data, not as constants to recompile for; bias corrections in double.
+        step = group["step"]
+        scalars = [group["lr"], 1.0, 1.0]
         if group["bias_correction"]:
-            m_hats = torch._foreach_div(exp_avgs, 1 - beta1 ** group["step"])
-            v_hats = torch._foreach_div(exp_avg_sqs, 1 - beta2 ** group["step"])
-        else:
-            m_hats, v_hats = exp_avgs, exp_avg_sqs
-        denominators = torch._foreach_sqrt(v_hats)
-        torch._foreach_add_(denominators, group["eps"])
-        updates = torch._foreach_div(m_hats, denominators)
-        if weight_decay != 0:
-            torch._foreach_add_(updates, params, alpha=weight_decay)
-
-        if weight_decay != 0 or group["use_nvlamb"]:
+            scalars[1:] = [1 - beta1**step, 1 - beta2**step]
+        tensors = (
+            params,
+            [p.grad for p in params],
+            [self.state[p]["exp_avg"] for p in params],
+            [self.state[p]["exp_avg_sq"] for p in params],
+            clip_divisor,
+            torch.tensor(scalars, dtype=torch.float32).to(params[0].device, non_blocking=True),
+        )
+        constants = _constants(group)
+        if layout is None:
+            update = _compiled_lamb_update() if group.get("compiled") else lamb_update
+            update(*tensors, constants)
+            return
+        # Sharded: the trust ratios need every rank's partial sums of squares in between.
+        updates = lamb_directions(*tensors[1:5], tensors[5][1:], params, constants)
+        ratios = None
+        if constants.trust:
             param_norms, update_norms = self._norms(layout, params, updates)
-            trust_ratios = torch.where(
-                (param_norms > 0) & (update_norms > 0),
-                param_norms / update_norms,
-                torch.ones_like(param_norms),
-            )
-            if layout is None:
-                torch._foreach_mul_(updates, list(trust_ratios.unbind()))
-            else:
-                updates[0].mul_(layout.spread(trust_ratios).to(updates[0].dtype))
-        torch._foreach_add_(params, updates, alpha=-group["lr"])
+            ratios = [layout.spread(trust_ratios(param_norms, update_norms)).to(updates[0].dtype)]
+        apply_updates(params, updates, tensors[5][0], ratios)
 
 
-def build_optimizer(model: nn.Module, spec: OptimizerSpec, lr: float) -> torch.optim.Optimizer:
+def _constants(group: dict[str, Any]) -> LambConstants:
+    beta1, beta2 = group["betas"]
+    trust = group["weight_decay"] != 0 or group["use_nvlamb"]
+    return LambConstants(beta1, beta2, group["eps"], group["weight_decay"], trust)
+
+
+class LambConstants(NamedTuple):
+    """A parameter group's LAMB settings that stay the same from step to step."""
+
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+    trust: bool  # scale each tensor's step by its trust ratio (weight decay or use_nvlamb)
+
+
+def lamb_directions(
+    grads: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    clip_divisor: torch.Tensor,
+    bias_corrections: torch.Tensor,
+    params: list[torch.Tensor],
+    constants: LambConstants,
+) -> list[torch.Tensor]:
+    """Update the moments in place and return each tensor's LAMB direction before the trust ratio:
+    ``m_hat / (sqrt(v_hat) + eps) + weight_decay * p``, the hats being the moments divided by
+    ``bias_corrections`` ``[2]`` (``1 - beta1 ** step``, ``1 - beta2 ** step``; ones without bias
+    correction). Each list holds one tensor per parameter, of the parameter's shape and dtype;
+    ``clip_divisor`` is a 0-d tensor, at least 1, that the gradients are divided by."""
+    clipped = torch._foreach_div(grads, clip_divisor)
+    torch._foreach_lerp_(exp_avgs, clipped, 1 - constants.beta1)
+    torch._foreach_mul_(exp_avg_sqs, constants.beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, clipped, clipped, value=1 - constants.beta2)
+    denominators = torch._foreach_div(exp_avg_sqs, bias_corrections[1])
+    torch._foreach_sqrt_(denominators)
+    torch._foreach_add_(denominators, constants.eps)
+    updates = torch._foreach_div(exp_avgs, bias_corrections[0])
+    torch._foreach_div_(updates, denominators)
+    if constants.weight_decay != 0:
+        torch._foreach_add_(updates, params, alpha=constants.weight_decay)
+    return list(updates)
+
+
+def trust_ratios(param_norms: torch.Tensor, update_norms: torch.Tensor) -> torch.Tensor:
+    """``||p|| / ||update||`` per tensor, ``[tensors]``, 1 where either norm is 0 (You et al.)."""
+    return torch.where(
+        (param_norms > 0) & (update_norms > 0), param_norms / update_norms, torch.ones_like(param_norms)
+    )
+
+
+def apply_updates(
+    params: list[torch.Tensor],
+    updates: list[torch.Tensor],
+    lr: torch.Tensor,
+    ratios: list[torch.Tensor] | None,
+) -> None:
+    """``p -= lr * ratio * update`` for each tensor; ``lr`` a 0-d tensor, ``ratios`` one 0-d
+    tensor per tensor (or one tensor of the update's shape, sharded), None for ratio 1."""
+    if ratios is not None:
+        torch._foreach_mul_(updates, ratios)
+    torch._foreach_mul_(updates, lr)
+    torch._foreach_sub_(params, updates)
+
+
+def lamb_update(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    clip_divisor: torch.Tensor,
+    scalars: torch.Tensor,
+    constants: LambConstants,
+) -> None:
+    """One LAMB step of one group of whole tensors, in place: :func:`lamb_directions`, the trust
+    ratios from each tensor's ``||p||`` and ``||update||``, :func:`apply_updates`. ``scalars`` is
+    ``[3]`` float32: the learning rate and the two bias corrections. About 16 passes over the
+    group's tensors in eager mode (each ``_foreach`` op one multi-tensor kernel); compiled
+    (:func:`_compiled_lamb_update`), TorchInductor fuses them into a few."""
+    updates = lamb_directions(grads, exp_avgs, exp_avg_sqs, clip_divisor, scalars[1:], params, constants)
+    ratios = None
+    if constants.trust:
+        norms = trust_ratios(
+            torch.stack(torch._foreach_norm(params)), torch.stack(torch._foreach_norm(updates))
+        )
+        ratios = list(norms.unbind())
+    apply_updates(params, updates, scalars[0], ratios)
+
+
+@functools.cache
+def _compiled_lamb_update() -> Callable[..., None]:
+    """:func:`lamb_update` under ``torch.compile``: one graph per parameter group (its tensors'
+    shapes and constants), compiled at its first step; the step's learning rate and count are data."""
+    return torch.compile(lamb_update, fullgraph=True, dynamic=False)
+
+
+def build_optimizer(
+    model: nn.Module, spec: OptimizerSpec, lr: float, compiled: bool = False
+) -> torch.optim.Optimizer:
     """LAMB (clipping inside) or ``torch.optim.AdamW`` over :func:`param_groups` of ``model``.
 
     ``lr`` is the peak learning rate; the schedule multiplies it. For AdamW, clip the gradients
-    to ``spec.max_grad_norm`` before each step (the engine does).
+    to ``spec.max_grad_norm`` before each step (the engine does). ``compiled``: LAMB's step under
+    ``torch.compile`` (AdamW takes torch's own foreach step).
     """
     groups = param_groups(model, spec.weight_decay)
     betas = (spec.beta1, spec.beta2)
     if spec.name == "lamb":
-        return Lamb(groups, lr=lr, betas=betas, eps=spec.eps, max_grad_norm=spec.max_grad_norm)
+        return Lamb(
+            groups, lr=lr, betas=betas, eps=spec.eps, max_grad_norm=spec.max_grad_norm, compiled=compiled
+        )
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=spec.eps)

@@ -18,8 +18,10 @@ held-out shards; and a stop if a rank got SIGTERM (:mod:`bertpretrain.training.p
 from __future__ import annotations
 
 import datetime
+import itertools
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,7 @@ from bertpretrain.data.loader import (
 from bertpretrain.data.prepare import PreparedData
 from bertpretrain.model.bert import BertForPreTraining
 from bertpretrain.model.config import BertConfig
+from bertpretrain.runtime import compiling
 from bertpretrain.runtime.engine import Engine
 from bertpretrain.runtime.parallel import DataParallel, join
 from bertpretrain.runtime.sharding import parameter_count, whole_parameters
@@ -223,12 +226,14 @@ def _build(of: Phase, engine: Engine, log: TrainingLog) -> _Run:
         model.set_activation_checkpointing(True)
     resume = _resumable(of, engine)
     origin = _initialise(spec, model, resume.path if resume else None, of.init_from, engine)
-    engine.prepare(model, compile=spec.compile)
+    if spec.compiles:
+        compiling.reset()  # each phase compiles for its own shapes, not phase 1's made dynamic
+    engine.prepare(model, compile=spec.compiles, required=spec.compile is not None)
     # Dropout differs between ranks; the initial weights above do not.
     torch.manual_seed(_seed(spec.seed, index, engine.rank + 1))
 
     optimizer = engine.wrap_optimizer(
-        build_optimizer(model, spec.optimizer, phase.learning_rate),
+        build_optimizer(model, spec.optimizer, phase.learning_rate, compiled=engine.compiled),
         phase.accumulation_steps,
         _deepspeed_config(spec, phase, engine.world_size),
     )
@@ -358,7 +363,9 @@ def _train(run: _Run, stop: StopSignals) -> None:
     phase, engine, spec = run.phase, run.engine, run.spec
     if run.heldout and _evaluation_owed(run):
         _evaluate(run, run.start_step)
-    batches = iter(run.loader)
+    batches: Iterator[Batch] = iter(run.loader)
+    if run.start_step < phase.steps:
+        batches = _warm_up(run, batches)
     progress = _Progress(run)
     for step in range(run.start_step + 1, phase.steps + 1):
         stats = torch.zeros(StepStatistics.SIZE, device=engine.device)
@@ -376,6 +383,20 @@ def _train(run: _Run, stop: StopSignals) -> None:
         if run.heldout and _evaluation_due(run, step):
             _evaluate(run, step)
     progress.summary()
+
+
+def _warm_up(run: _Run, batches: Iterator[Batch]) -> Iterator[Batch]:
+    """Compile on the first micro-batch before the first step (:meth:`Engine.warm_up`), saying how
+    long it took; the batches to train on, that one first."""
+    first = next(batches)
+    seconds = run.engine.warm_up(first)
+    if seconds is not None and run.engine.is_main:
+        print(
+            f"{run.name}: compiled the model and the optimizer step for micro-batch "
+            f"{run.phase.micro_batch_size} x {run.phase.max_seq_length} tokens in {seconds:.1f} s",
+            flush=True,
+        )
+    return itertools.chain([first], batches)
 
 
 def _evaluation_due(run: _Run, step: int) -> bool:
