@@ -18,6 +18,7 @@ import yaml
 from safetensors.torch import load_file
 
 import bertpretrain.job
+import bertpretrain.runtime.compiling
 from bertjob.cli import main as bertjob_main
 from bertjob_api.plan import Plan
 from bertjob_testing.jobs import small_training_job, with_value
@@ -268,3 +269,25 @@ def test_the_entry_point_imports_no_torch_until_a_command_trains() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_compile_true_that_fails_stops_before_training_naming_the_field(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``compile: true`` where compiling fails: exit code 1 and one message naming spec.compile and
+    the cause, before the first step (no checkpoint), not a traceback."""
+
+    def no_compiler(graph: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> None:
+        raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found")
+
+    monkeypatch.setattr(bertpretrain.runtime.compiling, "backend_for", lambda device: no_compiler)
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(with_value(small_training_job(tmp_path), "spec.compile", True)))
+    assert bertpretrain_main(["run", "--config", str(job_file)]) == 1
+    captured = capsys.readouterr()
+    assert (
+        "bertpretrain run: spec.compile: true, but torch.compile failed on the first micro-batch: "
+        "RuntimeError: InvalidCxxCompiler: no working C++ compiler found"
+    ) in captured.err
+    assert "Traceback" not in captured.err
+    assert not list(tmp_path.rglob("step_*.pt"))

@@ -28,9 +28,11 @@ from torch import nn
 FIELD = "spec.compile"
 
 
-class CompileError(RuntimeError):
+class CompileError(ValueError):
     """``spec.compile: true`` and compiling failed (no C compiler, an operation TorchInductor
-    cannot compile...): the job stops before training, with the reason."""
+    cannot compile...): the job stops before training, with the reason. A ValueError, as the
+    trainer's other errors that a restart would not mend: ``python -m bertpretrain`` prints it and
+    exits with 1."""
 
 
 @runtime_checkable
