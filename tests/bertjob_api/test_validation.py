@@ -611,3 +611,42 @@ def test_metadata_nested_without_end_is_refused_without_overflowing():
         labels = labels["a"]
     found = _refusals(document)
     assert any("nested deeper than" in message for message in found.values()), found
+
+
+# precision fp8 (torchao float8 training): a change to valid_job, and the problem it makes.
+FP8_REFUSALS = [
+    ({"spec.accelerator": "xeon-cpu"}, "spec.precision", "fp8 needs nvidia-gpu (compute capability 8.9+)"),
+    ({"spec.accelerator": "habana-hpu"}, "spec.precision", "use bf16 on habana-hpu"),
+    (
+        {"spec.distributed": {"deepspeed": {"zeroStage": 2}}},
+        "spec.precision",
+        "fp8 does not run under DeepSpeed",
+    ),
+    (
+        {"spec.model": {"preset": "bert-tiny", "hiddenSize": 136, "numAttentionHeads": 2}},
+        "spec.model.hiddenSize",
+        "136 is not a multiple of 16",
+    ),
+    (
+        {"spec.model": {"preset": "bert-tiny", "intermediateSize": 500}},
+        "spec.model.intermediateSize",
+        "500 is not a multiple of 16",
+    ),
+]
+
+
+@pytest.mark.parametrize(("changes", "path", "message"), FP8_REFUSALS)
+def test_fp8_is_refused_where_it_cannot_run(changes, path, message):
+    document = valid_job()
+    for field, value in changes.items():
+        document = with_value(document, field, value)
+    assert _problems(document) == {}  # in bf16 the job runs
+    found = problems(with_defaults(parse_job(with_value(document, "spec.precision", "fp8")).spec))
+    assert [where for where, _ in found] == [path], found
+    assert message in found[0][1]
+
+
+@pytest.mark.parametrize("preset", ["bert-tiny", "bert-base", "bert-large"])
+def test_fp8_runs_on_nvidia_gpus(preset):
+    document = with_value(valid_job(), "spec.precision", "fp8")
+    assert _problems(with_value(document, "spec.model", {"preset": preset})) == {}
