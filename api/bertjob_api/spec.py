@@ -36,7 +36,7 @@ __all__ = ["API_VERSION", "GROUP", "KIND", "PLURAL", "VERSION"]
 
 LauncherName = Literal["pytorchjob", "mpijob", "trainjob"]
 Accelerator = Literal["nvidia-gpu", "habana-hpu", "xeon-cpu"]
-Precision = Literal["bf16", "fp16", "fp32", "fp8"]
+Precision = Literal["bf16", "fp16", "fp32"]
 ModelPreset = Literal["bert-tiny", "bert-mini", "bert-small", "bert-medium", "bert-base", "bert-large"]
 
 # A Kubernetes object passed through to the pods as written (a toleration, an affinity, an env
@@ -792,19 +792,16 @@ class JobSpec(_Spec):
         min_length=1, max_length=2, description="Phase 1, then optionally phase 2."
     )
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec, description="Optimizer settings.")
-    precision: Precision = Field(
-        "bf16",
-        description="bf16 or fp16 autocast, fp32, or fp8: the encoder's Linear layers in FP8 (torchao), "
-        "the rest bf16 autocast; nvidia-gpu of compute capability 8.9 or newer (Ada, Hopper).",
-    )
+    precision: Precision = Field("bf16", description="bf16 or fp16 autocast, or fp32.")
     tf32: bool = Field(
         True, description="Let fp32 matrix products use TensorFloat-32 on NVIDIA GPUs (NVIDIA's default)."
     )
     compile: bool | None = Field(
         None,
         description="Compile the model (each encoder layer, the embeddings and the MLM head) and LAMB's "
-        "step with torch.compile. Unset: compiled on nvidia-gpu, eager elsewhere, falling back to eager "
-        "with a warning if compiling fails; true or false forces it (true stops the job if it fails).",
+        "step with torch.compile. Unset: compiled on nvidia-gpu without DeepSpeed, eager elsewhere, "
+        "falling back to eager with a warning if compiling fails; true or false forces it (true stops "
+        "the job if it fails).",
     )
     activation_checkpointing: bool = Field(
         False,
@@ -846,9 +843,13 @@ class JobSpec(_Spec):
 
     @property
     def compiles(self) -> bool:
-        """Whether the trainer compiles: ``compile`` when set, else on nvidia-gpu only (where
-        TorchInductor's fused kernels pay; on CPU they were not measured to)."""
-        return self.accelerator == "nvidia-gpu" if self.compile is None else self.compile
+        """Whether the trainer compiles: ``compile`` when set, else on nvidia-gpu without DeepSpeed
+        (where TorchInductor's fused kernels were measured to pay; not on a CPU, where they did not,
+        nor under DeepSpeed, whose ZeRO-3 gathers parameters in hooks around each module and which
+        has never run compiled here)."""
+        if self.compile is not None:
+            return self.compile
+        return self.accelerator == "nvidia-gpu" and self.distributed.deepspeed is None
 
 
 class ObjectMeta(BaseModel):

@@ -80,44 +80,7 @@ def problems(spec: JobSpec, training: bool = True) -> list[tuple[str, str]]:
             )
     if len(spec.phases) == 2 and spec.phases[1].max_seq_length < spec.phases[0].max_seq_length:
         found.append(("spec.phases[1].maxSeqLength", "phase 2 must not use shorter sequences than phase 1"))
-    return (
-        found + _precision_problems(spec, dims) + _distributed_problems(spec) + _finetune_problems(spec, dims)
-    )
-
-
-# FP8 matrix products (torch._scaled_mm, under torchao's float8 training) take dimensions that are
-# multiples of 16; every preset's are.
-FP8_DIM_MULTIPLE = 16
-
-
-def _precision_problems(spec: JobSpec, dims: ModelDims) -> list[tuple[str, str]]:
-    """What ``precision: fp8`` cannot run with: an accelerator without FP8 tensor cores (it needs an
-    NVIDIA GPU of compute capability 8.9 or newer, which the trainer checks when it starts), and
-    encoder widths that are not multiples of 16. DeepSpeed's refusal is :func:`_deepspeed_problems`'."""
-    if spec.precision != "fp8":
-        return []
-    found: list[tuple[str, str]] = []
-    if spec.accelerator != "nvidia-gpu":
-        found.append(
-            (
-                "spec.precision",
-                f"fp8 needs nvidia-gpu (compute capability 8.9+); use bf16 on {spec.accelerator}",
-            )
-        )
-    widths = {
-        "spec.model.hiddenSize": dims.hidden_size,
-        "spec.model.intermediateSize": dims.intermediate_size,
-    }
-    for field, width in widths.items():
-        if width % FP8_DIM_MULTIPLE:
-            found.append(
-                (
-                    field,
-                    f"{width} is not a multiple of {FP8_DIM_MULTIPLE}, which precision fp8's matrix "
-                    "products need",
-                )
-            )
-    return found
+    return found + _distributed_problems(spec) + _finetune_problems(spec, dims)
 
 
 # [CLS] question [SEP] context [SEP]
@@ -169,11 +132,11 @@ def _finetune_problems(spec: JobSpec, dims: ModelDims) -> list[tuple[str, str]]:
 
 
 def _deepspeed_problems(spec: JobSpec) -> list[tuple[str, str]]:
-    """What DeepSpeed cannot run with: ZeRO stage 0 (plain data parallelism, which DDP is), fp8
-    (DeepSpeed casts the model itself), fp16 on xeon-cpu, the other engines' gradient compression
-    (DeepSpeed has its own, ``communication_data_type``), elastic worlds (a ZeRO checkpoint is
-    sharded for one world size), horovodrun (DeepSpeed joins over torch.distributed, not Horovod),
-    and user config keys that contradict the job (:func:`bertjob_api.deepspeed.conflicts`)."""
+    """What DeepSpeed cannot run with: ZeRO stage 0 (plain data parallelism, which DDP is), the
+    other engines' gradient compression (DeepSpeed has
+    its own, ``communication_data_type``), elastic worlds (a ZeRO checkpoint is sharded for one
+    world size), horovodrun (DeepSpeed joins over torch.distributed, not Horovod), and user config
+    keys that contradict the job (:func:`bertjob_api.deepspeed.conflicts`)."""
     if spec.distributed.deepspeed is None:
         return []
     found: list[tuple[str, str]] = []
@@ -184,15 +147,6 @@ def _deepspeed_problems(spec: JobSpec) -> list[tuple[str, str]]:
                 "spec.distributed.deepspeed.zeroStage",
                 "0 is DeepSpeed without ZeRO, the plain data parallelism DDP and Horovod already give; "
                 f"leave spec.distributed.deepspeed out, or set zeroStage {stages}",
-            )
-        )
-    if spec.precision == "fp8":
-        found.append(
-            (
-                "spec.precision",
-                "fp8 does not run under DeepSpeed, which casts the model to its own fp16/bf16 and "
-                "keeps the precision out of the trainer's hands; use bf16, or leave "
-                "spec.distributed.deepspeed out (DDP)",
             )
         )
     if spec.accelerator == "xeon-cpu" and spec.precision == "fp16":

@@ -21,7 +21,7 @@ def test_valid_job_round_trips_through_its_document():
         ("spec.topology.nodes", 0, "spec.topology.nodes", "greater than or equal to 1"),
         ("spec.phases.0.learningRate", "0.1", "spec.phases[0].learningRate", "valid number"),
         ("spec.data.lowercase", "yes", "spec.data.lowercase", "valid boolean"),
-        ("spec.precision", "fp4", "spec.precision", "'bf16', 'fp16', 'fp32' or 'fp8'"),
+        ("spec.precision", "fp8", "spec.precision", "'bf16', 'fp16' or 'fp32'"),
         ("spec.image", DELETE, "spec.image", "required field is missing"),
         ("spec.phases.0.steps", DELETE, "spec.phases[0].steps", "required field is missing"),
         ("spec.phases.1.maxSeqLen", 512, "spec.phases[1].maxSeqLen", "unknown field"),
@@ -114,5 +114,8 @@ def test_compile_unset_means_compiled_on_nvidia_gpus_only(accelerator, compile, 
         document = with_value(document, "spec.compile", compile)
     spec = parse_job(document).spec
     assert spec.compiles is compiles
+    # Under DeepSpeed only when asked for: ZeRO-3 gathers parameters in hooks around each module.
+    deepspeed = parse_job(with_value(document, "spec.distributed", {"deepspeed": {"zeroStage": 3}})).spec
+    assert deepspeed.compiles is (compile is True)
     assert spec.compile is (None if compile is DELETE else compile)
     assert ("compile" in to_document(parse_job(document))["spec"]) is (compile is not DELETE)

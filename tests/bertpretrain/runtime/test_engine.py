@@ -226,18 +226,3 @@ def test_step_statistics_travel_as_one_tensor() -> None:
     assert not StepStatistics.from_tensor(values * torch.tensor([1, float("nan"), 1, 1, 1, 1, 1])).finite()
     assert all(map(math.isnan, stats.mean_losses(0)))
 
-
-def test_fp8_converts_the_encoder_and_trains_under_bf16_autocast(tiny_config: BertConfig) -> None:
-    """precision fp8 below validation (which admits it on nvidia-gpu only): on the CPU the engine
-    converts the encoder's Linear layers with torchao's emulation and trains the rest in bf16."""
-    from torchao.float8.float8_linear import Float8Linear
-
-    model = BertForPreTraining(tiny_config)
-    engine = make_engine(model, "fp8")
-    assert engine.autocast_dtype == torch.bfloat16
-    converted = {name for name, module in model.named_modules() if isinstance(module, Float8Linear)}
-    assert len(converted) == 6 * tiny_config.num_hidden_layers
-    assert all(name.startswith("bert.encoder.layer.") for name in converted)
-    losses = engine.forward_backward(synthetic_batch(4, tiny_config.vocab_size, seed=4), accumulation_steps=1)
-    engine.optimizer_step()
-    assert torch.isfinite(losses).all()

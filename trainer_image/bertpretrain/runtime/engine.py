@@ -24,11 +24,10 @@ from torch import nn
 
 from bertjob_api.spec import Precision
 from bertpretrain.common.batch import Batch
-from bertpretrain.runtime import compiling, fp8
+from bertpretrain.runtime import compiling
 from bertpretrain.runtime.parallel import DataParallel
 
-# fp8: the encoder's Linear layers in FP8 (bertpretrain.runtime.fp8), everything else bf16 autocast.
-_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _NATIVE_INSTRUCTIONS = {"bf16": "AVX512-BF16 or AMX-BF16", "fp16": "AVX512-FP16 or AMX-FP16"}
 # Batch entries of packed rows, passed to the model by name.
 _PACKED_INPUTS = ("position_ids", "next_sentence_positions")
@@ -99,8 +98,7 @@ class Engine:
         self.device = parallel.device.device
         # DeepSpeed casts the model itself (fp16/bf16 parameters, fp32 master copies in ZeRO).
         self.autocast_dtype = None if parallel.owns_step else _AUTOCAST_DTYPES.get(precision)
-        self.precision = precision
-        if self.device.type == "cpu" and precision in _NATIVE_INSTRUCTIONS and not _cpu_has_native(precision):
+        if self.device.type == "cpu" and precision != "fp32" and not _cpu_has_native(precision):
             warnings.warn(
                 f"{precision} autocast on a CPU without {_NATIVE_INSTRUCTIONS[precision]} is emulated "
                 f"and many times slower than fp32; consider precision fp32",
@@ -133,8 +131,7 @@ class Engine:
 
     def prepare(self, model: nn.Module, compile: bool = False, required: bool = True) -> nn.Module:
         """Move ``model`` to the device and wrap it for data parallelism (DDP under torchrun);
-        returns the model. With precision fp8, the encoder's Linear layers are converted to FP8
-        training first (:mod:`bertpretrain.runtime.fp8`). With ``compile``, its regions are compiled in place
+        returns the model. With ``compile``, its regions are compiled in place
         (:func:`bertpretrain.runtime.compiling.compile_regions`), to be compiled by :meth:`warm_up`.
         ``required``: a compile failure stops the job (``spec.compile: true``) rather than falling
         back to eager (unset).
@@ -143,11 +140,6 @@ class Engine:
         """
         self.module = model.to(self.device)
         self.compile_required = required
-        if self.precision == "fp8":
-            # Validation admits fp8 on nvidia-gpu only; elsewhere (the tests) torchao emulates it.
-            if self.device.type == "cuda":
-                fp8.check_fp8_device(self.device)
-            fp8.convert_encoder_to_fp8(self.module, emulate=self.device.type != "cuda")
         if compile:
             compiling.compile_regions(self.module, compiling.backend_for(self.device))
         self.wrapped = self.parallel.wrap_model(self.module)

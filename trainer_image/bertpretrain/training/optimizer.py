@@ -348,7 +348,7 @@ def lamb_update(
 ) -> None:
     """One LAMB step of one group of whole tensors, in place: :func:`lamb_directions`, the trust
     ratios from each tensor's ``||p||`` and ``||update||``, :func:`apply_updates`. ``scalars`` is
-    ``[3]`` float32: the learning rate and the two bias corrections. About 16 passes over the
+    ``[3]`` float32: the learning rate and the two bias corrections. About 15 passes over the
     group's tensors in eager mode (each ``_foreach`` op one multi-tensor kernel); compiled
     (:func:`_compiled_lamb_update`), TorchInductor fuses them into a few."""
     updates = lamb_directions(grads, exp_avgs, exp_avg_sqs, clip_divisor, scalars[1:], params, constants)
