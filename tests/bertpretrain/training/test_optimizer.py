@@ -86,6 +86,25 @@ def groups_of(params: list[nn.Parameter]) -> list[dict]:
     return [{"params": params[:2], "weight_decay": 0.01}, {"params": params[2:], "weight_decay": 0.0}]
 
 
+def step_alongside(
+    ours: Lamb,
+    ours_params: list[nn.Parameter],
+    reference: ReferenceLamb,
+    ref_params: list[nn.Parameter],
+    grad_scale: float,
+) -> None:
+    """6 steps of both on the same random gradients, the parameters within 1e-6 after each."""
+    generator = torch.Generator().manual_seed(1)
+    for step in range(6):
+        for p, q in zip(ours_params, ref_params, strict=True):
+            grad = torch.randn(p.shape, generator=generator) * grad_scale
+            p.grad, q.grad = grad.clone(), grad.clone()
+        ours.step()
+        reference.step()
+        for p, q in zip(ours_params, ref_params, strict=True):
+            torch.testing.assert_close(p, q, atol=1e-6, rtol=0, msg=lambda m, step=step: f"step {step}: {m}")
+
+
 @pytest.mark.parametrize("grad_scale", [0.01, 100.0], ids=["unclipped", "clipped"])
 @pytest.mark.parametrize("use_nvlamb", [False, True])
 @pytest.mark.parametrize("bias_correction", [True, False], ids=["debiased", "raw"])
@@ -101,15 +120,7 @@ def test_lamb_matches_reference(grad_scale: float, use_nvlamb: bool, bias_correc
     }
     ours = Lamb(groups_of(ours_params), **hyper)
     reference = ReferenceLamb(groups_of(ref_params), **hyper)
-    generator = torch.Generator().manual_seed(1)
-    for _ in range(6):
-        for p, q in zip(ours_params, ref_params, strict=True):
-            grad = torch.randn(p.shape, generator=generator) * grad_scale
-            p.grad, q.grad = grad.clone(), grad.clone()
-        ours.step()
-        reference.step()
-        for p, q in zip(ours_params, ref_params, strict=True):
-            torch.testing.assert_close(p, q, atol=1e-6, rtol=0)
+    step_alongside(ours, ours_params, reference, ref_params, grad_scale)
     assert ours.param_groups[0]["step"] == 6
     # The zero tensor moved (ratio 1), and parameters did move at all.
     assert ours_params[1].abs().sum() > 0
@@ -130,15 +141,7 @@ def test_compiled_lamb_matches_reference_and_compiles_once(grad_scale: float) ->
     assert graphs >= 2  # one per group
     assert not ours.state and "step" not in ours.param_groups[0]
     assert all(torch.equal(p, q) for p, q in zip(ours_params, make_params(0), strict=True))
-    generator = torch.Generator().manual_seed(1)
-    for step in range(6):
-        for p, q in zip(ours_params, ref_params, strict=True):
-            grad = torch.randn(p.shape, generator=generator) * grad_scale
-            p.grad, q.grad = grad.clone(), grad.clone()
-        ours.step()
-        reference.step()
-        for p, q in zip(ours_params, ref_params, strict=True):
-            torch.testing.assert_close(p, q, atol=1e-6, rtol=0, msg=lambda m, step=step: f"step {step}: {m}")
+    step_alongside(ours, ours_params, reference, ref_params, grad_scale)
     assert counters["stats"]["unique_graphs"] == graphs, "a step compiled again"
     assert not torch.equal(ours_params[0], make_params(0)[0])
 
