@@ -3,7 +3,7 @@ against transformers' ``BertForPreTraining``, then a short real run of the train
 
     python benchmarks/train_step.py --device cpu                      # bert-tiny, fp32 (what CI runs)
     python benchmarks/train_step.py --device cuda                     # one GPU: bert-large, bert-base, bf16
-    python benchmarks/train_step.py --device cuda --presets bert-base --seq 128 --no-fp8 --json out.json
+    python benchmarks/train_step.py --device cuda --presets bert-base --seq 128 --json out.json
     python benchmarks/train_step.py --device cuda --micro-batch bert-large:128=64 --accumulation 4
 
 The device defaults to ``cuda`` when one is present. In priority order, each group skippable, until
@@ -22,11 +22,7 @@ The device defaults to ``cuda`` when one is present. In priority order, each gro
      (the MLM head on the masked positions only) and :func:`bertpretrain.model.bert.pretraining_loss`;
    - ``ours compiled``: the trainer's compile path, :func:`bertpretrain.runtime.compiling.compile_regions`
      (each encoder layer, the embeddings and the MLM head compiled in place, after
-     :func:`~bertpretrain.runtime.compiling.reset`) and LAMB's step compiled (``Lamb(compiled=True)``);
-   - ``ours fp8``: as compiled, with the encoder's Linear layers converted first by
-     :func:`bertpretrain.runtime.fp8.convert_encoder_to_fp8`, under bf16 autocast; CUDA of compute
-     capability 8.9 or newer only (``--fp8-emulate`` runs torchao's emulation anywhere, to check the
-     code path). The row says why when it is skipped.
+     :func:`~bertpretrain.runtime.compiling.reset`) and LAMB's step compiled (``Lamb(compiled=True)``).
 
    Every row starts from the same weights (ours at seed 0, saved once per preset), trains on the same
    synthetic batch (``benchmarks/throughput.py``'s rows, ids folded into the vocabulary of 30522, no
@@ -36,13 +32,7 @@ The device defaults to ``cuda`` when one is present. In priority order, each gro
    then LAMB's step and ``zero_grad``, ending with a device synchronisation. The first 3 steps are
    not timed; the figures are of the median of ``--steps`` timed steps. Each row is measured in a
    fresh process (``spawn``), one after the other, so that its peak memory is its own.
-3. ``--fp8-loss-check`` (on by default when the fp8 row can run): ours compiled in bf16 and ours fp8
-   (the first preset, or ``--fp8-loss-preset``, seq 128, micro-batch ``--fp8-loss-batch`` 32)
-   train ``--fp8-loss-steps`` (50) steps from the same weights on the same 4 synthetic batches in turn
-   (dropout off, so that the two differ by FP8's rounding alone); both losses at the last step and
-   their relative difference are printed, with the issue's rule for keeping FP8: at least 1.15x the
-   compiled bf16 step at bert-large (the seq-128 rows of this run) and a loss within 2% of bf16's.
-4. **A short real run**, ``python -m bertpretrain local`` (``--local-preset``, CUDA: bert-base, bf16,
+3. **A short real run**, ``python -m bertpretrain local`` (``--local-preset``, CUDA: bert-base, bf16,
    ``accelerator: nvidia-gpu``, compiled unless ``--no-compiled``; CPU: bert-tiny, fp32, eager),
    phase 1 alone at seq 128 with the rows' micro-batch for ``--local-steps`` steps (CUDA 40, CPU 10),
    on the builtin corpus (its vocabulary padded to the rows' 30522 tokens), in a temporary
@@ -50,12 +40,16 @@ The device defaults to ``cuda`` when one is present. In priority order, each gro
    intervals after the first, which holds the start and any compilation), is printed beside the
    row of the same preset, sequence length, micro-batch and mode: the ratio is what the training
    loop (loader, logging, checkpoints) costs. ``--no-local`` skips it.
-5. **One torchrun run**, ``python -m torch.distributed.run --standalone --nproc_per_node 1 --module
+4. **One torchrun run**, ``python -m torch.distributed.run --standalone --nproc_per_node 1 --module
    bertpretrain run`` of the same job (its data reused), so that the launcher path starts once;
    whether it succeeded, its sequences/s and the trainer's world line. With one rank the trainer
    joins no process group (:func:`bertpretrain.runtime.parallel.join` wraps in DDP only for more
    than one process), so this checks torchrun's start and the trainer's reading of its variables,
    not NCCL. ``--no-torchrun`` skips it.
+
+FP8 (torchao float8 training of the encoder's Linear layers) was measured with this script at commit
+af8c93e on an H200 at 0.86x the compiled bf16 step and left out of the trainer; see
+``benchmarks/RESULTS.md`` and ``docs/design.md``.
 
 Columns:
 
@@ -68,7 +62,7 @@ Columns:
   TFLOP/s is useful work, comparable with ours. Element-wise work, softmax, LayerNorm, the
   embeddings' gathers and the optimizer are not counted;
 - ``% of GEMM``: ``TFLOP/s`` over this run's GEMM ceiling (MFU against what ``torch.mm`` reaches
-  here, not against the datasheet; an fp8 row may pass 100%, its products being FP8);
+  here, not against the datasheet);
 - ``LAMB ms``: the median time of LAMB's step alone (CUDA events around ``optimizer.step()``, within
   the timed steps; it is part of the step time);
 - ``peak MiB``: CUDA: ``torch.cuda.max_memory_allocated``; CPU: the process's peak resident set
@@ -86,7 +80,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import itertools
 import json
 import os
@@ -116,8 +109,8 @@ VOCAB_SIZE = 30522  # bert-base-uncased
 WARMUP_STEPS = 3
 LEARNING_RATE, WEIGHT_DECAY = 1e-3, 0.01
 PREDICTIONS = {128: 20, 512: 80}  # masked positions per sequence length, NVIDIA's recipe
-MODES = ("hf eager", "ours eager", "ours compiled", "ours fp8")  # each group's order
-COMPILED = ("ours compiled", "ours fp8")
+MODES = ("hf eager", "ours eager", "ours compiled")  # each group's order
+COMPILED = ("ours compiled",)
 DEFAULT_PRESETS = {"cuda": ["bert-large", "bert-base"], "cpu": ["bert-tiny"]}
 # Micro-batches that fit an 80 GB GPU in bf16 (seen on an H200: bert-large at seq 128 x 128 peaks at
 # 21.8 GiB ours eager, 25.7 GiB Hugging Face's; seq 512 costs 4-5x as much per sequence); on CPU,
@@ -134,8 +127,6 @@ GEMM_SIZE = {"cuda": 8192, "cpu": 1024}
 GEMM_WARMUP = 3
 # Products timed, the fastest taken: more on a CPU, which other processes share.
 GEMM_REPS = {"cuda": 20, "cpu": 50}
-LOSS_CHECK_BATCHES = 4
-FP8_MIN_SPEEDUP, FP8_MAX_LOSS_DIFFERENCE = 1.15, 0.02  # the issue's rule for keeping FP8
 LOCAL_PRESET = {"cuda": "bert-base", "cpu": "bert-tiny"}
 LOCAL_STEPS = {"cuda": 40, "cpu": 10}
 COLUMNS = (
@@ -256,27 +247,6 @@ def _autocast(device: torch.device, precision: str) -> Any:
     return contextlib.nullcontext()
 
 
-def fp8_unavailable(device: torch.device, precision: str, emulate: bool) -> str | None:
-    """Why the fp8 row cannot run here, or None: it needs bf16, CUDA of compute capability 8.9 or
-    newer (unless emulated) and ``bertpretrain.runtime.fp8.convert_encoder_to_fp8`` with torchao."""
-    if not emulate:
-        if device.type != "cuda":
-            return f"needs CUDA of compute capability 8.9 or newer, not {device.type} (--fp8-emulate)"
-        capability = torch.cuda.get_device_capability(device)
-        if capability < (8, 9):
-            name = torch.cuda.get_device_name(device)
-            return f"{name} is compute capability {capability[0]}.{capability[1]}, FP8 needs 8.9"
-    if precision != "bf16":
-        return f"fp8 runs under bf16 autocast, not {precision}"
-    try:
-        import torchao.float8  # noqa: F401
-
-        from bertpretrain.runtime.fp8 import convert_encoder_to_fp8  # noqa: F401
-    except Exception as error:  # ImportError, or whatever a half-written module raises
-        return f"cannot import bertpretrain.runtime.fp8 and torchao.float8: {_first_line(error)}"
-    return None
-
-
 class _Clock:
     """Marks on the device's timeline: CUDA events on CUDA (read after a synchronisation), else
     ``perf_counter``."""
@@ -296,12 +266,11 @@ class _Clock:
         return end - start if isinstance(start, float) else start.elapsed_time(end) / 1000
 
 
-def gemm_ceiling(device_name: str, precision: str, size: int, fp8: bool, emulate: bool) -> dict[str, Any]:
+def gemm_ceiling(device_name: str, precision: str, size: int) -> dict[str, Any]:
     """``torch.mm`` of two ``size`` x ``size`` matrices (bf16 under ``precision`` bf16, else fp32),
     ``GEMM_REPS`` products each timed after ``GEMM_WARMUP``, the fastest (what the device can do,
-    also on a shared CPU); run in a fresh process. Returns ``tflops`` and what
-    the device is (``device``, ``capability``); with ``fp8``, also ``fp8_unavailable``
-    (:func:`fp8_unavailable`, asked in this process so as not to start another)."""
+    also on a shared CPU); run in a fresh process. Returns ``tflops`` and what the device is
+    (``device``, ``capability``)."""
     device = _open_device(device_name)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     generator = torch.Generator(device).manual_seed(0)
@@ -324,7 +293,6 @@ def gemm_ceiling(device_name: str, precision: str, size: int, fp8: bool, emulate
         name = f"cpu, {torch.get_num_threads()} threads"
         capability = None
     return {
-        "fp8_unavailable": fp8_unavailable(device, precision, emulate) if fp8 else "--no-fp8",
         "tflops": 2 * size**3 / seconds / 1e12,
         "size": size,
         "dtype": str(dtype).removeprefix("torch."),
@@ -334,19 +302,14 @@ def gemm_ceiling(device_name: str, precision: str, size: int, fp8: bool, emulate
 
 
 def _prepare(
-    mode: str, config: BertConfig, weights: Path, device: torch.device, emulate: bool
+    mode: str, config: BertConfig, weights: Path, device: torch.device
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer, list[str]]:
-    """The model of ``mode`` on ``device`` (converted to FP8 and compiled as the mode says, nothing
-    compiled yet) and its LAMB; with notes on what differs from the mode's description."""
+    """The model of ``mode`` on ``device`` (compiled as the mode says, nothing compiled yet) and its
+    LAMB; with notes on what differs from the mode's description."""
     name = mode.split()[0]
     model = build_model(name, config, weights).to(device)
     notes = []
     compiled = mode in COMPILED
-    if mode == "ours fp8":
-        from bertpretrain.runtime.fp8 import convert_encoder_to_fp8
-
-        converted = convert_encoder_to_fp8(model, emulate=emulate)
-        notes.append(f"{len(converted)} Linear layers in FP8{' (emulated)' if emulate else ''}")
     if compiled:
         from bertpretrain.runtime import compiling
 
@@ -381,7 +344,7 @@ def measure(task: dict[str, Any]) -> dict[str, Any]:
     torch.manual_seed(1)  # dropout's masks; the initial weights come from ``weights``
     config = BertConfig.from_dims(MODEL_PRESETS[task["preset"]], VOCAB_SIZE)
     mode, name = task["mode"], task["mode"].split()[0]
-    model, optimizer, notes = _prepare(mode, config, Path(task["weights"]), device, task["emulate"])
+    model, optimizer, notes = _prepare(mode, config, Path(task["weights"]), device)
     batch = make_batch(device, task["micro_batch"], task["seq"], PREDICTIONS[task["seq"]])
     autocast = _autocast(device, task["precision"])
     initial_loss = None
@@ -419,32 +382,6 @@ def measure(task: dict[str, Any]) -> dict[str, Any]:
         "final_loss": loss.item() * accumulation,
         "notes": notes,
     }
-
-
-def loss_curve(task: dict[str, Any]) -> dict[str, Any]:
-    """Train ``task["mode"]`` (ours compiled or ours fp8) for ``task["steps"]`` steps on
-    ``LOSS_CHECK_BATCHES`` fixed batches in turn, dropout off; run in a fresh process. Returns
-    ``losses`` (one per step, fp32) and ``notes``."""
-    device = _open_device(task["device"])
-    torch.manual_seed(1)
-    config = BertConfig.from_dims(MODEL_PRESETS[task["preset"]], VOCAB_SIZE)
-    config = dataclasses.replace(config, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    model, optimizer, notes = _prepare(task["mode"], config, Path(task["weights"]), device, task["emulate"])
-    batches = [
-        make_batch(device, task["micro_batch"], task["seq"], PREDICTIONS[task["seq"]], seed)
-        for seed in range(LOSS_CHECK_BATCHES)
-    ]
-    autocast = _autocast(device, task["precision"])
-    model.train()
-    losses = []
-    for step in range(task["steps"]):
-        with autocast:
-            loss = loss_of("ours", model, batches[step % LOSS_CHECK_BATCHES])
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return {"losses": losses, "notes": notes}
 
 
 def _first_line(error: BaseException) -> str:
@@ -572,23 +509,6 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--no-compiled", action="store_true", help="no ours compiled rows; the local run eager"
     )
-    parser.add_argument("--no-fp8", action="store_true", help="no ours fp8 rows, no FP8 loss check")
-    parser.add_argument(
-        "--fp8-emulate",
-        action="store_true",
-        help="fp8 in torchao's emulation (any device): checks the code path, not the speed",
-    )
-    parser.add_argument(
-        "--fp8-loss-check",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="default: on when the fp8 rows run",
-    )
-    parser.add_argument("--fp8-loss-steps", type=int, default=50)
-    parser.add_argument(
-        "--fp8-loss-preset", choices=list(MODEL_PRESETS), help="its preset (default: the first of --presets)"
-    )
-    parser.add_argument("--fp8-loss-batch", type=int, default=32, help="its micro-batch (seq 128)")
     parser.add_argument("--no-local", action="store_true", help="no `python -m bertpretrain local` run")
     parser.add_argument("--no-torchrun", action="store_true", help="no torchrun run")
     parser.add_argument("--local-steps", type=int, help="default: cuda 40, cpu 10")
@@ -645,14 +565,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "vocab_size": VOCAB_SIZE,
         },
     )
-    gemm = _in_fresh_process(
-        gemm_ceiling, args.device, args.precision, args.gemm_size, not args.no_fp8, args.fp8_emulate
-    )
+    gemm = _in_fresh_process(gemm_ceiling, args.device, args.precision, args.gemm_size)
     report.record("gemm", gemm)
     if "error" in gemm:
         report.line(f"GEMM ceiling failed: {gemm['error']}")
         return 1
-    fp8_reason = gemm["fp8_unavailable"]
     report.line(
         f"GEMM ceiling: {_tflops(gemm['tflops'])} TFLOP/s (torch.mm {args.gemm_size}^3 {gemm['dtype']}, "
         f"{gemm['device']}{_capability(gemm)}); every row's share is of this figure"
@@ -662,7 +579,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report.line("|" + " --- |" * len(COLUMNS))
     modes = [
         mode
-        for mode, off in zip(MODES, (args.no_hf, args.no_eager, args.no_compiled, args.no_fp8), strict=True)
+        for mode, off in zip(MODES, (args.no_hf, args.no_eager, args.no_compiled), strict=True)
         if not off
     ]
     results: dict[tuple[str, int, str], dict[str, Any]] = {}
@@ -676,13 +593,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for mode in modes:
                     cells = {"preset": preset, "seq": seq, "micro-batch": micro_batch, "mode": mode}
                     figures: dict[str, Any] = {**cells, "train_flops_per_sequence": flops}
-                    why = None
                     if over_budget():
-                        why = budget_note
-                    elif mode == "ours fp8" and fp8_reason:
-                        why = fp8_reason
-                    if why:
-                        report.row({**cells, "seq/s": f"skipped: {why}"}, {**figures, "skipped": why})
+                        report.row(
+                            {**cells, "seq/s": f"skipped: {budget_note}"}, {**figures, "skipped": budget_note}
+                        )
                         continue
                     if preset not in weights:
                         weights[preset] = _save_weights(preset, Path(tmp))
@@ -696,7 +610,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "precision": args.precision,
                         "steps": args.steps,
                         "weights": str(weights[preset]),
-                        "emulate": args.fp8_emulate,
                     }
                     result = _in_fresh_process(measure, task)
                     figures |= result
@@ -727,9 +640,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                     )
         report.line()
         _initial_losses(report, results)
-        failures += _fp8_loss_check(
-            args, report, results, fp8_reason, weights, Path(tmp), over_budget, budget_note
-        )
         failures += _trainer_runs(args, report, results, Path(tmp), over_budget, budget_note)
     report.line(
         f"load average (1, 5, 15 min) at the end: {_load_average()}; {time.monotonic() - began:.0f} s in all"
@@ -765,82 +675,6 @@ def _initial_losses(report: Report, results: dict[tuple[str, int, str], dict[str
         report.line(
             f"{preset} seq {seq}: initial loss (evaluation mode, before training): {', '.join(losses)}"
         )
-
-
-def _fp8_loss_check(
-    args: argparse.Namespace,
-    report: Report,
-    results: dict[tuple[str, int, str], dict[str, Any]],
-    fp8_reason: str | None,
-    weights: dict[str, Path],
-    tmp: Path,
-    over_budget: Callable[[], bool],
-    budget_note: str,
-) -> int:
-    """Ours compiled in bf16 and in FP8 trained side by side; returns the number of failures."""
-    if args.no_fp8 or args.fp8_loss_check is False:
-        return 0
-    if fp8_reason:
-        report.skip("FP8 loss check", fp8_reason)
-        return 0
-    if over_budget():
-        report.skip("FP8 loss check", budget_note)
-        return 0
-    preset, seq = args.fp8_loss_preset or args.presets[0], 128
-    if preset not in weights:
-        weights[preset] = _save_weights(preset, tmp)
-    losses = {}
-    for mode in ("ours compiled", "ours fp8"):
-        task = {
-            "mode": mode,
-            "preset": preset,
-            "seq": seq,
-            "micro_batch": args.fp8_loss_batch,
-            "device": args.device,
-            "precision": args.precision,
-            "steps": args.fp8_loss_steps,
-            "weights": str(weights[preset]),
-            "emulate": args.fp8_emulate,
-        }
-        result = _in_fresh_process(loss_curve, task)
-        if "error" in result:
-            report.line(f"FP8 loss check failed ({mode}): {result['error']}")
-            report.record("fp8_loss_check", {"error": result["error"], "mode": mode})
-            return 1
-        losses[mode] = result["losses"]
-    bf16, fp8 = losses["ours compiled"][-1], losses["ours fp8"][-1]
-    difference = abs(fp8 - bf16) / abs(bf16)
-    report.line(
-        f"FP8 loss check ({preset}, seq {seq}, micro-batch {args.fp8_loss_batch}, "
-        f"{args.fp8_loss_steps} steps on {LOSS_CHECK_BATCHES} fixed batches in turn, dropout off): "
-        f"loss at step {args.fp8_loss_steps} "
-        f"compiled bf16 {bf16:.4f}, compiled fp8 {fp8:.4f}, relative difference {100 * difference:.2f}% "
-        f"(first step {losses['ours compiled'][0]:.4f} and {losses['ours fp8'][0]:.4f})"
-    )
-    verdict: dict[str, Any] = {
-        "bf16_losses": losses["ours compiled"],
-        "fp8_losses": losses["ours fp8"],
-        "relative_difference": difference,
-    }
-    compiled, fast = (
-        results.get(("bert-large", 128, "ours compiled")),
-        results.get(("bert-large", 128, "ours fp8")),
-    )
-    if compiled and fast:
-        speedup = fast["seq_per_s"] / compiled["seq_per_s"]
-        keep = speedup >= FP8_MIN_SPEEDUP and difference <= FP8_MAX_LOSS_DIFFERENCE
-        verdict |= {"speedup": speedup, "keep": keep}
-        report.line(
-            f"FP8 rule (>= {FP8_MIN_SPEEDUP}x the compiled bf16 step at bert-large, loss within "
-            f"{100 * FP8_MAX_LOSS_DIFFERENCE:.0f}%): {speedup:.2f}x at seq 128, loss {100 * difference:.2f}% "
-            f"off: {'keep' if keep else 'drop'} FP8"
-        )
-    else:
-        report.line(
-            "FP8 rule: no bert-large seq 128 compiled and fp8 rows in this run to take the speed-up from"
-        )
-    report.record("fp8_loss_check", verdict)
-    return 0
 
 
 def local_job(
