@@ -243,33 +243,28 @@ class Lamb(torch.optim.Optimizer):
                 self.state[p]["exp_avg"] = torch.zeros_like(p)
                 self.state[p]["exp_avg_sq"] = torch.zeros_like(p)
         group["step"] = group.get("step", 0) + 1
-        beta1, beta2 = group["betas"]
+        constants = _constants(group)
         # The step's scalars as one small tensor, so that a compiled step sees a new learning rate
         # and step count as data, not as constants to recompile for; bias corrections in double.
         step = group["step"]
-        scalars = [group["lr"], 1.0, 1.0]
+        values = [group["lr"], 1.0, 1.0]
         if group["bias_correction"]:
-            scalars[1:] = [1 - beta1**step, 1 - beta2**step]
-        tensors = (
-            params,
-            [p.grad for p in params],
-            [self.state[p]["exp_avg"] for p in params],
-            [self.state[p]["exp_avg_sq"] for p in params],
-            clip_divisor,
-            torch.tensor(scalars, dtype=torch.float32).to(params[0].device, non_blocking=True),
-        )
-        constants = _constants(group)
+            values[1:] = [1 - constants.beta1**step, 1 - constants.beta2**step]
+        scalars = torch.tensor(values, dtype=torch.float32).to(params[0].device, non_blocking=True)
+        grads = [p.grad for p in params]
+        exp_avgs = [self.state[p]["exp_avg"] for p in params]
+        exp_avg_sqs = [self.state[p]["exp_avg_sq"] for p in params]
         if layout is None:
             update = _compiled_lamb_update() if group.get("compiled") else lamb_update
-            update(*tensors, constants)
+            update(params, grads, exp_avgs, exp_avg_sqs, clip_divisor, scalars, constants)
             return
         # Sharded: the trust ratios need every rank's partial sums of squares in between.
-        updates = lamb_directions(*tensors[1:5], tensors[5][1:], params, constants)
+        updates = lamb_directions(grads, exp_avgs, exp_avg_sqs, clip_divisor, scalars[1:], params, constants)
         ratios = None
         if constants.trust:
             param_norms, update_norms = self._norms(layout, params, updates)
             ratios = [layout.spread(trust_ratios(param_norms, update_norms)).to(updates[0].dtype)]
-        apply_updates(params, updates, tensors[5][0], ratios)
+        apply_updates(params, updates, scalars[0], ratios)
 
 
 def _constants(group: dict[str, Any]) -> LambConstants:
