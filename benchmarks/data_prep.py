@@ -23,7 +23,7 @@ script takes an existing one.
 
 * ours: ``python -m bertpretrain prepare`` with ``workers: 1, numShards: 1`` (one process, one shard
   file), the same seq length, predictions, dupe factor, masked-LM and short-sequence probabilities
-  (``--data-only``: ``bertpretrain.data.prepare.prepare`` called directly, without the trainer's
+  (``--data-only``: ``bertpretrain.data.prepare.stage.prepare`` called directly, without the trainer's
   imports);
 * NVIDIA's: ``python create_pretraining_data.py --input_file CORPUS --bert_model VOCAB ...`` from the
   directory given by ``--nvidia`` (their code is never part of this repository).
@@ -163,8 +163,8 @@ def _job(corpus_file: Path, out: Path, vocab_file: Path, args: argparse.Namespac
 # two modes differ by little.
 _DATA_ONLY = (
     "import sys\n"
-    "from bertjob_api.spec import load_job\n"
-    "from bertpretrain.data.prepare import prepare\n"
+    "from bertjob_api.jobfile import load_job\n"
+    "from bertpretrain.data.prepare.stage import prepare\n"
     "prepare(load_job(sys.argv[1]).spec)\n"
 )
 
@@ -243,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--data-only",
         action="store_true",
-        help="ours: call bertpretrain.data.prepare directly instead of `python -m bertpretrain prepare`",
+        help="ours: call bertpretrain.data.prepare.stage directly instead of `python -m bertpretrain prepare`",
     )
     parser.add_argument("--keep", type=Path, help="keep the corpus and vocabulary in this directory")
     args = parser.parse_args(argv)
@@ -252,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not (args.nvidia / "create_pretraining_data.py").is_file():
             sys.exit(f"--nvidia: no create_pretraining_data.py in {args.nvidia}")
 
-    from bertpretrain.data.vocab import train_vocab
+    from bertpretrain.data.prepare.vocab import train_vocab
 
     print(f"cpu: {os.cpu_count()} cores, pinned to {args.cpu}; python {sys.version.split()[0]}")
     with tempfile.TemporaryDirectory(prefix="data-prep-") as tmp:

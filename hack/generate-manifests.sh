@@ -3,7 +3,7 @@
 #   hack/generate-manifests.sh BIN_DIR           write charts/bertjob/templates/crd.yaml and manifests/
 #   hack/generate-manifests.sh BIN_DIR --check   write nothing; fail naming every stale file
 #
-# 1. charts/bertjob/templates/crd.yaml: the CRD generated from api/bertjob_api/spec.py, wrapped
+# 1. charts/bertjob/templates/crd.yaml: the CRD generated from api/bertjob_api/spec/, wrapped
 #    in the chart's switches (`python -m bertjob_api.crd --chart-template`).
 # 2. manifests/<template>.yaml: `helm template` of the chart with its default values, one file per
 #    chart template that renders anything, so that `kubectl apply -k manifests/` installs what

@@ -18,7 +18,8 @@ import yaml
 
 from bertjob import launchers
 from bertjob.render import component, kustomize_build, render
-from bertjob_api.spec import Accelerator, BertPretrainJob, LauncherName, SpecError, load_job, parse_job
+from bertjob_api.jobfile import load_job
+from bertjob_api.spec import Accelerator, BertPretrainJob, LauncherName, SpecError, parse_job
 from bertjob_api.validation import cluster_job
 from bertjob_testing.jobs import EXAMPLES
 from tests.k8s_schema import assert_valid

@@ -3,7 +3,8 @@ trip to a document."""
 
 import pytest
 
-from bertjob_api.spec import SpecError, load_job, parse_job, parse_spec, to_document
+from bertjob_api.jobfile import load_job
+from bertjob_api.spec import SpecError, parse_job, parse_spec, to_document
 from bertjob_testing.jobs import DELETE, valid_job, with_value
 
 

@@ -1,0 +1,267 @@
+"""What the cluster runs: the pods, their volumes, the run policy and the launchers' own settings.
+
+The pod settings are passed through to every replica; the run policy is Kubeflow's; MPI, Kubeflow
+Trainer v2, DeepSpeed, elastic training and the data-preparation Job are the launchers' settings.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from bertjob_api import kubenames
+from bertjob_api.contract import MPI_RUNTIME, TORCH_RUNTIME
+from bertjob_api.spec.base import DnsSubdomain, Int32, Int64, KubernetesObject, LabelValue, Quantity, _Spec
+
+
+class ResourcesSpec(_Spec):
+    """Compute resources of each training pod (a container's ``resources``)."""
+
+    requests: dict[str, Quantity] = Field(
+        default_factory=dict, description="e.g. {cpu: 16, memory: 64Gi}; a quantity is a number or a string."
+    )
+    limits: dict[str, Quantity] = Field(
+        default_factory=dict,
+        description="e.g. {memory: 128Gi}. The accelerator's device (nvidia.com/gpu, habana.ai/gaudi) "
+        "is added, one per process, unless set here.",
+    )
+
+    @field_validator("requests", "limits")
+    @classmethod
+    def _resource_names(cls, value: dict[str, int | str]) -> dict[str, int | str]:
+        for name, amount in value.items():
+            problem = kubenames.resource_name_problem(name)
+            if problem is None and "/" in name and not _whole(amount):
+                # The API server's rule for extended resources (devices): whole units only.
+                problem = f"{name} is a device, counted in whole units, not {kubenames.shown(amount)}"
+            if problem is not None:
+                raise ValueError(problem)
+        return value
+
+
+def _whole(amount: int | str) -> bool:
+    value, _ = kubenames.parse_quantity(amount)
+    return value is not None and value == value.to_integral_value()
+
+
+class PodSpec(_Spec):
+    """What the cluster needs to know about the training pods; passed through to every replica."""
+
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Requests and limits.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
+        None, description="Default: Kubernetes' own (Always for :latest, else IfNotPresent)."
+    )
+    image_pull_secrets: list[DnsSubdomain] = Field(
+        default_factory=list, description="Names of Secrets for pulling the image."
+    )
+    node_selector: dict[str, LabelValue] = Field(
+        default_factory=dict, description="The pods' nodeSelector: label keys and values."
+    )
+    tolerations: list[KubernetesObject] = Field(
+        default_factory=list, description="Kubernetes tolerations, as written in a pod spec."
+    )
+    affinity: KubernetesObject | None = Field(
+        None, description="A Kubernetes affinity, as written in a pod spec."
+    )
+    env: list[KubernetesObject] = Field(
+        default_factory=list, description="Extra environment variables (Kubernetes EnvVar objects)."
+    )
+    service_account_name: DnsSubdomain | None = Field(
+        None,
+        min_length=1,
+        description="The pods' service account. Default: one made for the job, allowed only to "
+        "report progress to this job's status.",
+    )
+    priority_class_name: DnsSubdomain | None = Field(
+        None, min_length=1, description="The pods' PriorityClass."
+    )
+    scheduler_name: DnsSubdomain | None = Field(
+        None, min_length=1, description="e.g. volcano, or scheduler-plugins' scheduler for gang scheduling."
+    )
+    security_context: KubernetesObject | None = Field(
+        None,
+        description="The pod securityContext. Default: runAsNonRoot with the RuntimeDefault seccomp "
+        "profile; set fsGroup here when a volume must be writable by the trainer's user.",
+    )
+
+
+class VolumeSpec(_Spec):
+    """A volume mounted into every training pod, e.g. a PersistentVolumeClaim for shards and checkpoints."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="Volume name; 'data' replaces the default emptyDir at /data.",
+    )
+    mount_path: str = Field(pattern=r"^/", description="Absolute path in the container.")
+    read_only: bool = Field(False, description="Mount read-only (e.g. a shared corpus).")
+    source: KubernetesObject = Field(
+        default_factory=lambda: {"emptyDir": {}},
+        description="A Kubernetes volume source, e.g. {persistentVolumeClaim: {claimName: bert-data}}. "
+        "Default: an emptyDir.",
+    )
+
+
+class SchedulingPolicySpec(_Spec):
+    """Gang scheduling (Volcano or scheduler-plugins), the training operator's schedulingPolicy."""
+
+    min_available: Int32 | None = Field(None, ge=1, description="Pods that must be schedulable together.")
+    queue: DnsSubdomain | None = Field(None, min_length=1, description="Volcano queue.")
+    priority_class: DnsSubdomain | None = Field(
+        None, min_length=1, description="PriorityClass of the pod group."
+    )
+    schedule_timeout_seconds: Int32 | None = Field(
+        None, ge=1, description="Seconds the pod group may wait to be scheduled."
+    )
+
+
+class RunPolicySpec(_Spec):
+    """The child job's runPolicy (Kubeflow's common RunPolicy)."""
+
+    clean_pod_policy: Literal["None", "Running", "All"] | None = Field(
+        None, description="Pods deleted when the job ends. Default: the training operator's (None)."
+    )
+    ttl_seconds_after_finished: Int32 | None = Field(
+        None, ge=0, description="Delete the child job this long after it ends."
+    )
+    # int64 in Kubeflow's RunPolicy, but kustomize carries integers exactly only up to 2^53.
+    active_deadline_seconds: Int64 | None = Field(
+        None, ge=1, le=kubenames.JSON_SAFE_INTEGER, description="Fail the job after running this long."
+    )
+    backoff_limit: Int32 | None = Field(None, ge=0, description="Retries before the job is marked failed.")
+    suspend: bool = Field(
+        False,
+        description="Suspend the job: its pods are deleted; setting it back to false resumes from "
+        "the last checkpoint.",
+    )
+    scheduling_policy: SchedulingPolicySpec | None = Field(None, description="Gang scheduling.")
+
+
+class MpiSpec(_Spec):
+    """How the mpijob launcher starts the ranks."""
+
+    command: Literal["mpirun", "horovodrun"] = Field(
+        "mpirun",
+        description="mpirun (OpenMPI) or horovodrun, over mpi-operator's /etc/mpi/hostfile; elastic "
+        "jobs need horovodrun, which finds the Workers with /etc/mpi/discover_hosts.sh.",
+    )
+    ssh_auth_mount_path: str = Field(
+        "/home/mpiuser/.ssh", pattern=r"^/", description="Where mpi-operator mounts the SSH keys."
+    )
+
+
+MlPolicy = Literal["torch", "mpi"]
+# The ClusterTrainingRuntime the chart installs for each ML policy (charts/bertjob).
+DEFAULT_RUNTIMES: dict[str, str] = {"torch": TORCH_RUNTIME, "mpi": MPI_RUNTIME}
+
+
+class RuntimeRefSpec(_Spec):
+    """A Kubeflow Trainer v2 runtime that a platform team installed, instead of the chart's."""
+
+    name: DnsSubdomain = Field(description="The runtime's name.")
+    kind: Literal["ClusterTrainingRuntime", "TrainingRuntime"] = Field(
+        "ClusterTrainingRuntime",
+        description="ClusterTrainingRuntime, or TrainingRuntime (in the job's own namespace).",
+    )
+
+
+class TrainJobSpec(_Spec):
+    """How the trainjob launcher runs the job on Kubeflow Trainer v2 (a TrainJob and its runtime)."""
+
+    ml_policy: MlPolicy = Field(
+        "torch",
+        description="The runtime's ML policy: torch (torchrun, DDP or DeepSpeed; Trainer v2 sets the "
+        "PET_* variables) or mpi (mpirun over Trainer v2's hostfile, Horovod or DeepSpeed).",
+    )
+    runtime_ref: RuntimeRefSpec | None = Field(
+        None,
+        description="A runtime of that ML policy to run on. Default: the chart's ClusterTrainingRuntime "
+        f"{TORCH_RUNTIME} or {MPI_RUNTIME}.",
+    )
+
+    @property
+    def runtime(self) -> RuntimeRefSpec:
+        """``runtimeRef``, else the chart's ClusterTrainingRuntime for ``mlPolicy``."""
+        return self.runtime_ref or RuntimeRefSpec(name=DEFAULT_RUNTIMES[self.ml_policy])
+
+
+class DeepSpeedSpec(_Spec):
+    """DeepSpeed as the data-parallel engine, under either launcher (torchrun or mpirun)."""
+
+    zero_stage: int = Field(
+        1,
+        ge=0,
+        le=3,
+        json_schema_extra={"format": "int32"},
+        description="ZeRO stage: 1 shards the optimizer states over the ranks, 2 the gradients too, 3 "
+        "the parameters too. 0 (no sharding, what DDP does) is refused: leave deepspeed unset.",
+    )
+    config: KubernetesObject = Field(
+        default_factory=dict,
+        description="More DeepSpeed config keys (e.g. zero_optimization.overlap_comm, "
+        "communication_data_type), merged into the one the job makes; a key the job sets itself "
+        "(batch sizes, precision, optimizer, clipping, ZeRO stage) is refused where it disagrees.",
+    )
+
+
+class DistributedSpec(_Spec):
+    """How the ranks exchange gradients: DDP under pytorchjob, Horovod under mpijob.
+
+    The trainer detects its world itself (torchrun's variables, Open MPI's or Horovod's), so
+    these settings only tune the communication.
+    """
+
+    gradient_compression: Literal["none", "fp16", "bf16"] = Field(
+        "none",
+        description="Compress gradients to this dtype for the all-reduce: a DDP communication hook "
+        "under pytorchjob, hvd.Compression.fp16 under mpijob. Horovod has no bf16 compression, so "
+        "launcher mpijob refuses bf16.",
+    )
+    timeout_seconds: Int32 = Field(
+        600,
+        ge=10,
+        description="How long a collective waits for a missing rank before the job fails (the "
+        "process-group timeout).",
+    )
+    deepspeed: DeepSpeedSpec | None = Field(
+        None,
+        description="Train with DeepSpeed (ZeRO) instead of DDP or Horovod. Default: DDP under "
+        "pytorchjob, Horovod under mpijob.",
+    )
+
+
+class ElasticSpec(_Spec):
+    """Elastic training: the job starts on topology.nodes nodes and goes on between minNodes and
+    maxNodes when nodes leave or join (torchrun's c10d rendezvous under pytorchjob, elastic
+    Horovod under mpijob with mpi.command horovodrun)."""
+
+    min_nodes: Int32 = Field(ge=1, description="Fewest nodes the job keeps training on.")
+    max_nodes: Int32 = Field(ge=1, description="Most nodes the job trains on.")
+    max_restarts: Int32 = Field(
+        3,
+        ge=0,
+        description="Restarts of the worker group before the job fails: torchrun's --max-restarts "
+        "under pytorchjob (failures; nodes joining do not count), horovodrun's --reset-limit under "
+        "mpijob (every reset, failures and node changes alike).",
+    )
+
+    @model_validator(mode="after")
+    def _range(self) -> ElasticSpec:
+        if self.min_nodes > self.max_nodes:
+            raise ValueError(f"minNodes {self.min_nodes} is greater than maxNodes {self.max_nodes}")
+        return self
+
+
+class PrepareSpec(_Spec):
+    """The optional data-preparation Job that runs before training."""
+
+    enabled: bool = Field(
+        False,
+        description="Run `python -m bertpretrain prepare` as a batch/v1 Job first; training starts when "
+        "it succeeds. Otherwise rank 0 of the training job prepares the data itself.",
+    )
+    resources: ResourcesSpec = Field(
+        default_factory=ResourcesSpec, description="Requests and limits of the preparation pod."
+    )

@@ -1,0 +1,126 @@
+"""How pretraining runs: the phases, the optimizer, and what a phase saves and reports.
+
+Checkpoints, the Hugging Face export, the held-out evaluation and the logs are settings of the
+training phases, so they sit here beside them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from bertjob_api.spec.base import Int64, _Spec
+
+
+class PhaseSpec(_Spec):
+    """One pretraining phase (NVIDIA's recipe: phase 1 at seq 128, phase 2 at seq 512)."""
+
+    max_seq_length: Int64 = Field(ge=8, description="Tokens per sequence, [CLS] and [SEP]s included.")
+    max_predictions_per_seq: Int64 = Field(ge=1, description="Masked positions stored per sequence.")
+    global_batch_size: Int64 = Field(ge=1, description="Sequences per optimizer step, over all processes.")
+    micro_batch_size: Int64 | None = Field(
+        None,
+        ge=1,
+        description="Sequences per process per forward/backward pass; gradient accumulation steps "
+        "= globalBatchSize / (world size x microBatchSize). Default: no accumulation.",
+    )
+    learning_rate: float = Field(gt=0, description="Peak learning rate, reached after warm-up.")
+    warmup_proportion: float = Field(
+        0.01, ge=0, lt=1, description="Share of the phase's steps spent in linear warm-up."
+    )
+    steps: Int64 = Field(ge=1, description="Optimizer steps in this phase.")
+
+    @model_validator(mode="after")
+    def _predictions_fit(self) -> PhaseSpec:
+        if self.max_predictions_per_seq >= self.max_seq_length:
+            raise ValueError("maxPredictionsPerSeq must be smaller than maxSeqLength")
+        return self
+
+
+class OptimizerSpec(_Spec):
+    """The optimizer; LAMB as NVIDIA's FusedLAMB defines it (You et al. 2020)."""
+
+    name: Literal["lamb", "adamw"] = Field("lamb", description="lamb or adamw.")
+    weight_decay: float = Field(
+        0.01, ge=0, description="Decoupled weight decay; none on biases and LayerNorm."
+    )
+    beta1: float = Field(0.9, ge=0, lt=1, description="First-moment decay.")
+    beta2: float = Field(0.999, ge=0, lt=1, description="Second-moment decay.")
+    eps: float = Field(1e-6, gt=0, description="Added to the second-moment root.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Global gradient-norm clipping before the update.")
+    schedule: Literal["poly", "linear"] = Field(
+        "poly",
+        description="Learning rate after warm-up: poly (NVIDIA's PolyWarmUpScheduler, (1 - step / "
+        "steps) ** polyPower) or linear (to 0 from the end of warm-up, Hugging Face's default).",
+    )
+    poly_power: float = Field(0.5, gt=0, description="Exponent of the poly schedule's decay.")
+    lr_scaling: Literal["none", "linear", "sqrt"] = Field(
+        "none",
+        description="Scale each phase's learningRate by (globalBatchSize / referenceGlobalBatchSize) "
+        "(linear, Goyal et al. 2017) or its square root (sqrt, as Intel Model Zoo scales by the MPI "
+        "process count); none uses learningRate as written.",
+    )
+    reference_global_batch_size: Int64 | None = Field(
+        None,
+        ge=1,
+        description="The global batch size the phases' learningRate was tuned for; needed by lrScaling "
+        "linear and sqrt.",
+    )
+
+    @model_validator(mode="after")
+    def _scaling_has_reference(self) -> OptimizerSpec:
+        if self.lr_scaling != "none" and self.reference_global_batch_size is None:
+            raise ValueError(f"lrScaling {self.lr_scaling} needs referenceGlobalBatchSize")
+        return self
+
+
+class CheckpointSpec(_Spec):
+    """Where and how often training state is saved."""
+
+    path: str = Field(min_length=1, description="Directory for checkpoints (one sub-directory per phase).")
+    every_steps: Int64 = Field(200, ge=1, description="Save every this many optimizer steps, and at the end.")
+    keep: Int64 = Field(3, ge=1, description="Checkpoints kept per phase; older ones are deleted.")
+
+
+class ExportSpec(_Spec):
+    """The final model in Hugging Face format."""
+
+    path: str | None = Field(None, min_length=1, description="Default: <checkpoint.path>/hf.")
+    nvidia: bool = Field(
+        False,
+        description="Also write NVIDIA DeepLearningExamples' format (ckpt_<step>.pt with its parameter "
+        "names, bert_config.json, vocab.txt) in <export.path>/nvidia, for NVIDIA's fine-tuning scripts.",
+    )
+
+
+class EvaluationSpec(_Spec):
+    """Masked-LM and NSP accuracy on the held-out shards (made with data.heldoutFraction)."""
+
+    every_steps: Int64 | None = Field(
+        None, ge=1, description="Evaluate every this many optimizer steps. Always at the end of a phase."
+    )
+    max_sequences: Int64 | None = Field(
+        None, ge=1, description="Held-out sequences per evaluation. Default: all of them."
+    )
+
+
+class LoggingSpec(_Spec):
+    """What the trainer prints and writes."""
+
+    every_steps: Int64 = Field(
+        10, ge=1, description="Print one progress line every this many optimizer steps."
+    )
+    path: str | None = Field(
+        None,
+        min_length=1,
+        description="Directory for the JSON-lines log and TensorBoard scalars. Default: "
+        "<checkpoint.path>/logs.",
+    )
+    tensorboard: bool = Field(True, description="Write TensorBoard scalars beside the JSON-lines log.")
+    format: Literal["jsonl", "dllogger"] = Field(
+        "jsonl",
+        description="The log file's format: jsonl (one JSON object per line, train.jsonl) or dllogger "
+        "(NVIDIA DLLogger's DLLL lines with its field names, dllogger.json, as NVIDIA's and Habana's "
+        "BERT scripts write).",
+    )
