@@ -27,7 +27,7 @@ from jsonschema import Draft202012Validator, FormatChecker, validators
 from jsonschema.exceptions import ValidationError
 
 from bertjob_api import kubenames
-from bertjob_api.reference import write_atomically
+from bertjob_api.files import write_text
 
 SCHEMA_FILE = Path(__file__).with_name("kubernetes-types.json")
 KUBERNETES_VERSION = "1.33"
@@ -224,7 +224,7 @@ def main(argv: list[str]) -> int:
     if argv:
         print("usage: python -m bertjob_api.passthrough", file=sys.stderr)
         return 2
-    write_atomically(SCHEMA_FILE, schema_text(generate()))
+    write_text(SCHEMA_FILE, schema_text(generate()))
     print(f"wrote {SCHEMA_FILE}")
     return 0
 

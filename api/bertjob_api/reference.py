@@ -13,16 +13,15 @@ CRD lacks, and a test fails when the committed file is stale.
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bertjob_api.crd import resource_schema
+from bertjob_api.files import write_text
 from bertjob_api.spec import API_VERSION, KIND, PLURAL
 
 HEADER = (
@@ -188,21 +187,6 @@ def generate(schema: Mapping[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` in one rename, so that a reader (or a failed run) never
-    sees half a file. The file keeps its permissions (0644 when new)."""
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
-    descriptor, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(name, mode)
-        os.replace(name, path)
-    except BaseException:
-        Path(name).unlink(missing_ok=True)
-        raise
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m bertjob_api.reference [FILE]``: write the reference to FILE, or print it."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -211,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     text = generate(resource_schema())
     if args:
-        write_atomically(Path(args[0]), text)
+        write_text(Path(args[0]), text)
     else:
         sys.stdout.write(text)
     return 0

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from bertjob_api import reference
+from bertjob_api import files, reference
 from bertjob_api.crd import resource_schema
 from bertjob_testing.jobs import REPO
 
@@ -142,7 +142,7 @@ def test_a_failed_write_leaves_the_old_file_whole(tmp_path: Path, monkeypatch: p
     def refuse(source: str, destination: Path) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(reference.os, "replace", refuse)
+    monkeypatch.setattr(files.os, "replace", refuse)
     with pytest.raises(OSError, match="disk full"):
         reference.main([str(target)])
 
@@ -153,6 +153,6 @@ def test_a_failed_write_leaves_the_old_file_whole(tmp_path: Path, monkeypatch: p
 def test_a_new_file_is_world_readable(tmp_path: Path) -> None:
     target = tmp_path / "new.md"
 
-    reference.write_atomically(target, "text\n")
+    files.write_text(target, "text\n")
 
     assert stat.S_IMODE(target.stat().st_mode) == 0o644

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bertjob_api.contract import EXIT_DISK_FULL
 from bertjob_testing.jobs import small_training_job, with_value
-from bertpretrain.common.files import DISK_FULL_EXIT_CODE, DiskFullError, free_bytes
+from bertpretrain.common.files import DiskFullError, free_bytes
 from bertpretrain.model.config import BertConfig
 from bertpretrain.run import main as bertpretrain_main
 from tests.bertpretrain.training.test_checkpoint import Training
@@ -82,7 +83,7 @@ def test_a_run_whose_checkpoint_does_not_fit_exits_to_be_retried(
 ) -> None:
     volume = mount_tmpfs("volume", size="2m")
     job = _job(tmp_path, volume / "checkpoints")
-    assert bertpretrain_main(["run", "--config", str(job)]) == DISK_FULL_EXIT_CODE
+    assert bertpretrain_main(["run", "--config", str(job)]) == EXIT_DISK_FULL
     error = _message(capsys.readouterr().err)
     assert error.startswith(
         f"bertpretrain run: {volume}/checkpoints/phase1/step_000010.pt: no space left on the device: "
@@ -96,7 +97,7 @@ def test_a_run_whose_checkpoint_does_not_fit_exits_to_be_retried(
     with filler.open("wb", buffering=0) as file, pytest.raises(OSError, match="No space left"):
         while True:
             file.write(b"\0" * 4096)
-    assert bertpretrain_main(["run", "--config", str(job)]) == DISK_FULL_EXIT_CODE
+    assert bertpretrain_main(["run", "--config", str(job)]) == EXIT_DISK_FULL
     error = _message(capsys.readouterr().err)
     assert error.startswith("bertpretrain run: [Errno 28] No space left on device (free space: "), error
     assert f"spec.checkpoint.path {volume}/checkpoints: 0 bytes," in error

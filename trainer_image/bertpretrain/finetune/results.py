@@ -13,7 +13,6 @@ and ``std`` over the seeds. Classification metrics are fractions (0-1), SQuAD's 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from bertjob_api.contract import FINETUNE_RESULTS, RESULTS_FIELD
 from bertjob_api.spec import FinetuneTaskSpec
 from bertpretrain.common.files import write_atomically
+from bertpretrain.common.jsonable import finite
 from bertpretrain.finetune.metrics import summarise
 from bertpretrain.training.progress import StatusReporter
 
@@ -129,7 +129,7 @@ def write(directory: Path, summaries: Sequence[dict[str, Any]]) -> Path:
         bertpretrain.common.files.DiskFullError: it does not fit.
     """
     path = directory / FINETUNE_RESULTS
-    _write_json(path, _finite({"tasks": list(summaries)}))
+    _write_json(path, finite({"tasks": list(summaries)}))
     return path
 
 
@@ -153,17 +153,6 @@ def write_predictions(directory: Path, runs: Sequence[RunResult]) -> None:
     """
     for run in runs:
         _write_json(predictions_path(directory, run.init, run.seed), run.predictions)
-
-
-def _finite(value: Any) -> Any:
-    """``value`` with NaN and infinities (a diverged run's loss) as None, which JSON can hold."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(item) for item in value]
-    return value
 
 
 def report(summaries: Sequence[dict[str, Any]]) -> bool:

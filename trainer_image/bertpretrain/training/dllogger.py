@@ -44,6 +44,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from bertpretrain.common.jsonable import finite
+
 DLLOGGER_FILE = "dllogger.json"
 PREFIX = "DLLL "
 # run_pretraining.py's dllogger.metadata(...) calls: the units of its summary figures.
@@ -53,17 +55,6 @@ UNITS: dict[str, str | None] = {
     "final_loss": None,
     "raw_train_time": "s",
 }
-
-
-def _finite(value: Any) -> Any:
-    """``value``, with a non-finite float (a diverged loss) as None, nested containers included."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(item) for item in value]
-    return value
 
 
 class DLLoggerFile:
@@ -93,7 +84,7 @@ class DLLoggerFile:
     def _write(self, record: dict[str, Any]) -> None:
         if self._file is None:
             raise ValueError("the DLLogger file is closed")
-        self._file.write(PREFIX + json.dumps(_finite(record), default=str) + "\n")
+        self._file.write(PREFIX + json.dumps(finite(record), default=str) + "\n")
         self._file.flush()
 
     def metadata(self, metric: str, metadata: dict[str, Any]) -> None:
