@@ -22,6 +22,14 @@ def test_from_dims_carries_every_dimension_of_the_spec() -> None:
     assert (config.layer_norm_eps, config.type_vocab_size, config.initializer_range) == (1e-12, 2, 0.02)
 
 
+def test_the_dimensions_are_declared_once_by_the_api() -> None:
+    # BertConfig extends ModelDims: a dimension the API adds is the model's, under the same name.
+    assert issubclass(BertConfig, ModelDims)
+    dims = [field.name for field in dataclasses.fields(ModelDims)]
+    assert [field.name for field in dataclasses.fields(BertConfig)][: len(dims)] == dims
+    assert set(BertConfig.__annotations__).isdisjoint(dims)
+
+
 def test_fields_keep_the_order_of_checkpoints_written_before() -> None:
     # The order the config had when it extended ModelDims, which checkpoints' "config" holds.
     assert list(BertConfig.from_dims(MODEL_PRESETS["bert-tiny"], 100).to_dict()) == [

@@ -49,24 +49,19 @@ class CheckpointError(ValueError):
     do not fit the model; the message names the file."""
 
 
-# The fields keep the order they had when this class extended the API's ModelDims (its fields,
-# then the vocabulary's size and the constants), which is the order of a checkpoint's config.
+# The job's dimensions are the API's ModelDims, whose field names are transformers' own: this
+# class extends it, so that its fields come first, then the vocabulary's size and the constants
+# (the order of a checkpoint's config), and a dimension the API adds is the model's too.
 @dataclass(frozen=True, kw_only=True)
-class BertConfig:
-    """A BERT's shape (the job's dimensions and the vocabulary's size) and its initialisation and
-    regularisation constants, under transformers' names.
+class BertConfig(ModelDims):
+    """A BERT's shape (the job's dimensions, :class:`bertjob_api.defaults.ModelDims`, and the
+    vocabulary's size) and its initialisation and regularisation constants, under transformers'
+    names. Its own fields are keyword-only.
 
     Raises:
         ValueError: ``hidden_size`` is not a multiple of ``num_attention_heads``.
     """
 
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    intermediate_size: int
-    max_position_embeddings: int = 512
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
     vocab_size: int
     layer_norm_eps: float = 1e-12
     type_vocab_size: int = 2
@@ -85,7 +80,6 @@ class BertConfig:
         vocabulary's size; the constants take their defaults.
 
         Raises:
-            TypeError: ``dims`` has a field this config has not (the API grew one the model lacks).
             ValueError: see the class.
         """
         return cls(vocab_size=vocab_size, **dataclasses.asdict(dims))
