@@ -30,9 +30,11 @@ from bertjob_api.spec import Accelerator, JobSpec, SpecError, VolumeSpec
 
 MergePatch = dict[str, Any]
 # Kubernetes' strategic-merge directive: a mapping that carries {"$patch": "replace"} replaces the
-# base's mapping instead of merging into it (bertjob.render.merge).
+# base's mapping instead of merging into it, and an entry of a list merged by name that carries
+# {"$patch": "delete"} removes the base's entry of that name (bertjob.render.merge).
 DIRECTIVE = "$patch"
 REPLACE = "replace"
+DELETE = "delete"
 
 
 @dataclass(frozen=True)
@@ -143,7 +145,8 @@ TOPOLOGY_OVERLAYS = ("single-node", "multi-node")
 
 def whole(value: Any) -> Any:
     """``value`` marked to replace what the base holds in its place rather than merge into it: a
-    mapping gains ``{"$patch": "replace"}``; anything else (a list without a merge key, a scalar)
+    mapping gains ``{"$patch": "replace"}`` (unless it carries a directive of its own, such as the
+    operator's ``delete`` of an env entry); anything else (a list without a merge key, a scalar)
     replaces it anyway. The template filter ``whole``; values from the job never carry the
     directive themselves (each is checked against its Kubernetes schema, unknown fields refused)."""
     return {DIRECTIVE: REPLACE, **value} if isinstance(value, Mapping) else value
