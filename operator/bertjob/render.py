@@ -29,7 +29,7 @@ from typing import Any, Literal
 import yaml
 
 from bertjob import launchers
-from bertjob.launchers import DELETE, DIRECTIVE, REPLACE, Launcher, PodNames
+from bertjob.launchers import DELETE, DIRECTIVE, REPLACE, Launcher, PodNames, registry
 from bertjob_api.contract import (
     GROUP,
     JOB_FILE,
@@ -144,7 +144,7 @@ def render(job: BertPretrainJob) -> list[dict[str, Any]]:
     name, namespace = job.metadata.name, job.metadata.namespace
     job = cluster_job(job, f"{namespace}/{name}")
     spec = job.spec
-    launcher = launchers.get(spec.launcher)
+    launcher = registry.get(spec.launcher)
     pods = PodNames(config_map_name(name), service_account_name(name, spec), job_labels(name, "train"))
     config_map = {
         "apiVersion": "v1",

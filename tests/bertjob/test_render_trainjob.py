@@ -12,8 +12,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from bertjob import launchers
-from bertjob.launchers import mpijob
+from bertjob.launchers import mpijob, registry
 from bertjob.launchers.trainjob import MPI_ENV_LIST
 from bertjob.render import render
 from bertjob_api.contract import (
@@ -31,7 +30,7 @@ from tests.bertjob.test_render import DEVICES, _job
 from tests.k8s_schema import assert_valid
 
 KUBERNETES_VERSION = "1.33"
-TRAINJOB = launchers.get("trainjob")
+TRAINJOB = registry.get("trainjob")
 POD = {
     "nodeSelector": {"pool": "a100"},
     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
