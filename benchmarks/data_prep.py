@@ -243,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--data-only",
         action="store_true",
-        help="ours: call bertpretrain.data.prepare.stage directly instead of `python -m bertpretrain prepare`",
+        help="ours: call bertpretrain.data.prepare.stage.prepare instead of `python -m bertpretrain prepare`",
     )
     parser.add_argument("--keep", type=Path, help="keep the corpus and vocabulary in this directory")
     args = parser.parse_args(argv)

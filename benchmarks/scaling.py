@@ -47,7 +47,7 @@ from throughput import VOCAB_SIZE, synthetic_rows
 
 from bertjob_api.defaults import MODEL_PRESETS
 from bertjob_api.spec import DistributedSpec, OptimizerSpec, Precision
-from bertpretrain.data.loader import to_batch
+from bertpretrain.data.load.loader import to_batch
 from bertpretrain.model.bert import BertConfig, BertForPreTraining
 from bertpretrain.runtime.engine import Engine
 from bertpretrain.runtime.parallel import join

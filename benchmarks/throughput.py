@@ -18,7 +18,7 @@ import torch
 
 from bertjob_api.defaults import MODEL_PRESETS
 from bertjob_api.spec import Accelerator, OptimizerSpec, Precision
-from bertpretrain.data.loader import to_batch
+from bertpretrain.data.load.loader import to_batch
 from bertpretrain.model.bert import BertConfig, BertForPreTraining
 from bertpretrain.runtime.engine import Engine
 from bertpretrain.runtime.parallel import join

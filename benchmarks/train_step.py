@@ -100,7 +100,7 @@ import yaml
 from throughput import synthetic_rows
 
 from bertjob_api.defaults import MODEL_PRESETS
-from bertpretrain.data.loader import to_batch
+from bertpretrain.data.load.loader import to_batch
 from bertpretrain.model.bert import IGNORE_INDEX, BertConfig, BertForPreTraining, pretraining_loss
 from bertpretrain.training.optimizer import Lamb, param_groups
 

@@ -20,9 +20,9 @@ from tokenizers import BertWordPieceTokenizer
 
 from bertjob_api.defaults import with_defaults
 from bertjob_api.spec import JobSpec, parse_spec
-from bertpretrain.data import shards
-from bertpretrain.data.packing import pack_instances
-from bertpretrain.data.shards import read_shard
+from bertpretrain.data.format.shards import read_shard
+from bertpretrain.data.prepare import shard_writer
+from bertpretrain.data.prepare.packing import pack_instances
 from bertpretrain.model.config import BertConfig
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -215,7 +215,7 @@ def packed_shard_dir(make_shards: ShardMaker) -> Path:
     for path in sorted(directory.glob("shard_*.hdf5")):
         packed = pack_instances(read_shard(path), 3, "spfhp", np.random.default_rng(0))
         path.unlink()
-        shards.write_shard(path, packed)
+        shard_writer.write_shard(path, packed)
     return directory
 
 

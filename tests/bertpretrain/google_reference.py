@@ -1,7 +1,8 @@
 """Google's create_pretraining_data.py, draw for draw, on token ids: the tests' reference.
 
-``bertpretrain.data.instances`` and ``bertpretrain.data.masking`` implement the same algorithm with array
-operations and their own random draws; the statistical tests compare the two on a real corpus.
+``bertpretrain.data.prepare.instances`` and ``bertpretrain.data.format.masking`` implement the same
+algorithm with array operations and their own random draws; the statistical tests compare the two
+on a real corpus.
 This is the project's first, straightforward port (google-research/bert, Devlin et al. 2019):
 tokens are ids, the random token is a uniform id in ``[0, vocab_size)``, and ``round`` halves to
 even as under Python 3. Whole-word masking is not in it.
@@ -13,8 +14,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bertpretrain.data.instances import InstanceParams
-from bertpretrain.data.vocab import SpecialIds
+from bertpretrain.data.format.vocab import SpecialIds
+from bertpretrain.data.prepare.instances import InstanceParams
 
 Document = Sequence[Sequence[int]]
 """A document: its sentences, each a sequence of token ids."""
@@ -76,7 +77,7 @@ def create_instances_from_document(
     Random-next B segments are taken from another document of ``all_documents`` (up to 10 draws
     to find one that is not this document, as Google does). Every document must hold at least
     one sentence and every sentence at least one token, as :func:`create_training_instances`
-    and :func:`bertpretrain.data.vocab.tokenize_documents` ensure.
+    and :func:`bertpretrain.data.format.vocab.tokenize_documents` ensure.
     """
     document = all_documents[document_index]
     # [CLS], [SEP], [SEP]

@@ -23,8 +23,8 @@ from bertjob.cli import main as bertjob_main
 from bertjob_api.plan import Plan
 from bertjob_testing.jobs import small_training_job, with_value
 from bertpretrain.common.files import DISK_FULL_EXIT_CODE, DiskFullError
-from bertpretrain.data.loader import ShardError
-from bertpretrain.data.prepare import PreparedData
+from bertpretrain.data.format.prepared import PreparedData
+from bertpretrain.data.load.loader import ShardError
 from bertpretrain.run import main as bertpretrain_main
 from bertpretrain.training.phase import DivergenceError
 from bertpretrain.training.preemption import Preempted

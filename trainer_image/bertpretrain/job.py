@@ -31,8 +31,9 @@ from bertjob_api.contract import FINETUNE_COMMAND, FINETUNE_RESULTS, LOCAL_COMMA
 from bertjob_api.plan import Plan
 from bertjob_api.spec import BertPretrainJob, JobSpec
 from bertpretrain.common.files import check_writable
-from bertpretrain.data.loader import verify_phases
-from bertpretrain.data.prepare import VOCAB_DIR, PreparedData, prepare
+from bertpretrain.data.format.prepared import PreparedData
+from bertpretrain.data.load.loader import verify_phases
+from bertpretrain.data.prepare.stage import VOCAB_DIR, prepare
 from bertpretrain.finetune.results import compare
 from bertpretrain.finetune.stage import check_files, finetune
 from bertpretrain.model.huggingface import clean_staging, fill_mask

@@ -22,7 +22,7 @@ from bertpretrain.common.files import (
     free_bytes,
     is_disk_full,
 )
-from bertpretrain.data.prepare import prepare
+from bertpretrain.data.prepare.stage import prepare
 
 # What each command checks the spec for (bertjob_api.validation.checked).
 _PURPOSES: dict[str, Purpose] = {

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from bertpretrain.data.corpus.pydocs import python_docs
-from bertpretrain.data.corpus.splitting import sentences
+from bertpretrain.data.prepare.corpus.pydocs import python_docs
+from bertpretrain.data.prepare.corpus.splitting import sentences
 from bertpretrain.finetune import builtin
 from bertpretrain.finetune.builtin import BUILTIN_TASKS, write_builtin_task
 

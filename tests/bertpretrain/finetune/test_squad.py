@@ -15,7 +15,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from bertpretrain.data.vocab import load_tokenizer
+from bertpretrain.data.format.vocab import load_tokenizer
 from bertpretrain.finetune.errors import TaskDataError
 from bertpretrain.finetune.squad import (
     SquadExample,

@@ -13,7 +13,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from bertpretrain.data.vocab import load_tokenizer
+from bertpretrain.data.format.vocab import load_tokenizer
 from bertpretrain.finetune.errors import TaskDataError
 from bertpretrain.finetune.tables import (
     ClassificationExample,

@@ -13,8 +13,9 @@ import torch.nn.functional as F
 import transformers
 
 from bertjob_api.defaults import MODEL_PRESETS
-from bertpretrain.data import packing
-from bertpretrain.data.shards import SHARD_DTYPES
+from bertpretrain.data.format import packed as packed_schema
+from bertpretrain.data.format.shards import SHARD_DTYPES
+from bertpretrain.data.prepare import packing
 from bertpretrain.model import bert as model_module
 from bertpretrain.model.bert import (
     IGNORE_INDEX,
@@ -187,7 +188,7 @@ def test_pretraining_loss_averages_the_real_slots_of_packed_rows() -> None:
     torch.testing.assert_close(total, mlm + nsp)
 
 
-# Packed rows (Krell et al. 2021, arXiv:2107.02027) as bertpretrain.data.packing makes them: rows of
+# Packed rows (Krell et al. 2021, arXiv:2107.02027) as bertpretrain.data.prepare.packing makes them: rows of
 # PACK_LENGTH tokens holding up to PACK_SEQUENCES instances. SPFHP packs these lengths into the rows
 # [30], [21, 11] and [14, 9, 7]: one row alone with two empty slots, one full.
 PACK_LENGTH, PACK_SEQUENCES, PACK_PREDICTIONS = 32, 3, 4
@@ -349,7 +350,7 @@ def test_packed_mask_is_block_diagonal_with_padding_on_itself(vocab_size: int) -
     mask = sdpa_mask(input_mask, packed=True)
     assert mask.shape == (len(input_mask), 1, PACK_LENGTH, PACK_LENGTH)
     tokens = (input_mask != 0)[:, :, None].expand(-1, -1, PACK_LENGTH)
-    reference = torch.from_numpy(packing.attention_mask(input_mask.numpy()))
+    reference = torch.from_numpy(packed_schema.attention_mask(input_mask.numpy()))
     assert torch.equal(mask[:, 0][tokens], reference[tokens])
     # Every query, padding included, has a key: SDPA may return NaN for one that has none.
     assert torch.all(mask.any(dim=-1))

@@ -112,11 +112,11 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from bertjob_api.spec import parse_spec
 from bertjob_api.defaults import with_defaults
 from bertpretrain.runtime.engine import Engine
-from bertpretrain.data.loader import build_loader
+from bertpretrain.data.load.loader import build_loader
 from bertpretrain.runtime.parallel import join
 from bertpretrain.model.bert import BertForPreTraining
 from bertpretrain.model.config import BertConfig
-from bertpretrain.data.prepare import PreparedData
+from bertpretrain.data.format.prepared import PreparedData
 from bertpretrain.training.accuracy import step_statistics
 from bertpretrain.training.phase import Phase
 from bertjob_api.plan import Plan

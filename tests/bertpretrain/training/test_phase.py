@@ -16,7 +16,7 @@ import bertpretrain.training.accuracy
 import bertpretrain.training.phase
 from bertjob_api.plan import Plan
 from bertjob_api.spec import JobSpec
-from bertpretrain.data.prepare import PreparedData
+from bertpretrain.data.format.prepared import PreparedData
 from bertpretrain.runtime.engine import Engine
 from bertpretrain.training.checkpoint import CheckpointError, read_checkpoint
 from bertpretrain.training.phase import DivergenceError, Phase

@@ -2,7 +2,7 @@
 
 ``python-docs-modules``: single-sentence classification, "which standard-library module's
 documentation does this sentence come from". The sentences are those of ``builtin:python-docs``
-(:func:`bertpretrain.data.corpus.pydocs.python_docs`), so the task depends on the running
+(:func:`bertpretrain.data.prepare.corpus.pydocs.python_docs`), so the task depends on the running
 interpreter's standard library, as the pretraining corpus does; on one interpreter it is the same
 bytes for a given seed, whatever the process's hash seed.
 
@@ -22,8 +22,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from bertpretrain.common.files import write_atomically
-from bertpretrain.data.corpus.pydocs import BUILTIN_PYTHON_DOCS, python_docs
-from bertpretrain.data.corpus.splitting import sentences
+from bertpretrain.data.prepare.corpus.pydocs import BUILTIN_PYTHON_DOCS, python_docs
+from bertpretrain.data.prepare.corpus.splitting import sentences
 
 BUILTIN_TASKS = ("python-docs-modules",)
 

@@ -21,8 +21,8 @@ from tokenizers import Tokenizer
 from bertjob_api.contract import TOKENIZER_FILE, VOCAB_FILE
 from bertjob_api.plan import Plan
 from bertjob_api.spec import FinetuneTaskSpec
-from bertpretrain.data.prepare import VOCAB_DIR
-from bertpretrain.data.vocab import load_tokenizer
+from bertpretrain.data.format.vocab import load_tokenizer
+from bertpretrain.data.prepare.stage import VOCAB_DIR
 from bertpretrain.finetune import results
 from bertpretrain.finetune.builtin import builtin_files, write_builtin_task
 from bertpretrain.finetune.metrics import classification_metrics

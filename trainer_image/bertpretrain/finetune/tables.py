@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from bertpretrain.data.vocab import SpecialIds
+from bertpretrain.data.format.vocab import SpecialIds
 from bertpretrain.finetune.errors import TaskDataError
 
 FORMATS = ("auto", "tsv", "csv", "jsonl", "parquet")

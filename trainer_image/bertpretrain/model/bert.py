@@ -10,7 +10,7 @@ on the masked positions only, as NVIDIA's DeepLearningExamples BERT does, which 
 
 The model also takes packed rows, several sequences one after the other in one row, as Graphcore's
 packed BERT does (Krell, Kosec, Perez and Fitzgibbon 2021, "Efficient Sequence Packing without
-Cross-contamination", arXiv:2107.02027; the data schema is in :mod:`bertpretrain.data.packing`). Three
+Cross-contamination", arXiv:2107.02027; the data schema is in :mod:`bertpretrain.data.prepare.packing`). Three
 things keep a packed sequence from seeing its neighbours, so that its outputs are those it has
 alone: a block-diagonal attention mask, position ids that restart at each sequence, and the pooler
 and NSP classifier run at each sequence's own ``[CLS]``.
@@ -188,7 +188,7 @@ def sdpa_mask(attention_mask: torch.Tensor, packed: bool) -> torch.Tensor:
         Unpacked: ``[B, 1, 1, L]`` bool, True on the keys every query may attend (the tokens).
         Packed: ``[B, 1, L, L]`` bool, ``[b, 0, i, j]`` True iff tokens i and j carry the same
         number: block-diagonal over the row's sequences. On tokens it is
-        :func:`bertpretrain.data.packing.attention_mask`; padding queries attend to the row's padding
+        :func:`bertpretrain.data.prepare.packing.attention_mask`; padding queries attend to the row's padding
         instead of nothing: SDPA has returned NaN for a query with no key (it depends on the kernel
         and the PyTorch version), and a NaN there would reach every token in the next layer (its
         value gets weight 0, and 0 * NaN is NaN). Padding outputs are never read: no masked

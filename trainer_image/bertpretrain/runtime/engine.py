@@ -44,7 +44,7 @@ Forward = Callable[[Callable[..., Any], Batch], Any]
 
 
 def pretraining_forward(model: Callable[..., Outputs], batch: Batch) -> Outputs:
-    """The pretraining model on ``batch`` (as :func:`bertpretrain.data.loader.to_batch` makes it):
+    """The pretraining model on ``batch`` (as :func:`bertpretrain.data.load.loader.to_batch` makes it):
     its MLM logits at the masked positions and its NSP logits."""
     return model(
         batch["input_ids"],
@@ -249,7 +249,7 @@ class Engine:
     def forward_backward(self, batch: Batch, accumulation_steps: int) -> torch.Tensor:
         """Forward and backward on one micro-batch, its loss weighted ``1 / accumulation_steps``.
 
-        ``batch`` as :func:`bertpretrain.data.loader.to_batch` makes it. Returns this micro-batch's
+        ``batch`` as :func:`bertpretrain.data.load.loader.to_batch` makes it. Returns this micro-batch's
         statistics on this rank, as :attr:`statistics` gives them (element 0 the unweighted loss),
         detached.
         """

@@ -92,7 +92,7 @@ class StepStatistics:
     def of_batch(cls, batch: Batch, outputs: tuple[torch.Tensor, torch.Tensor]) -> StepStatistics:
         """The statistics of one micro-batch from the model's ``(mlm_logits, nsp_logits)``: the
         losses of :func:`bertpretrain.model.bert.pretraining_loss` (differentiable) and the counts
-        of :func:`prediction_counts`. ``batch`` as :func:`bertpretrain.data.loader.to_batch`
+        of :func:`prediction_counts`. ``batch`` as :func:`bertpretrain.data.load.loader.to_batch`
         makes it."""
         mlm_logits, nsp_logits = outputs
         targets = (batch["masked_lm_labels"], batch["next_sentence_labels"])

@@ -3,7 +3,7 @@
 A checkpoint holds the model's ``state_dict`` under Hugging Face's parameter names, the
 optimizer, schedule and gradient-scaler states, the phase index and optimizer step, the model
 config, the data position (epoch, shard, row and sequences read, see
-``bertpretrain.data.loader.DataPosition``), how the learning rate was scaled
+``bertpretrain.data.load.loader.DataPosition``), how the learning rate was scaled
 (``bertjob_api.plan.Plan.learning_rate``) and the RNG states of every rank, all loadable with
 ``torch.load(weights_only=True)``. Each is written
 under a temporary name and renamed into place, the directory synced after the rename

@@ -34,7 +34,8 @@ from bertjob_api import deepspeed
 from bertjob_api.plan import PhasePlan, Plan
 from bertjob_api.spec import JobSpec, PhaseSpec
 from bertpretrain.common.batch import Batch
-from bertpretrain.data.loader import (
+from bertpretrain.data.format.prepared import PreparedData
+from bertpretrain.data.load.loader import (
     HELDOUT_PATTERN,
     DynamicMasking,
     PretrainingBatches,
@@ -43,7 +44,6 @@ from bertpretrain.data.loader import (
     find_shards,
     heldout_batches,
 )
-from bertpretrain.data.prepare import PreparedData
 from bertpretrain.model.bert import BertForPreTraining
 from bertpretrain.model.config import BertConfig
 from bertpretrain.runtime import compiling
@@ -144,7 +144,7 @@ class Phase:
             DivergenceError: the loss became NaN or infinite (a RuntimeError); the newest
                 checkpoint on disk is from before.
             Preempted: SIGTERM arrived; a checkpoint of the last step was written.
-            bertpretrain.data.loader.ShardError, bertpretrain.training.checkpoint.CheckpointError:
+            bertpretrain.data.load.loader.ShardError, bertpretrain.training.checkpoint.CheckpointError:
                 bad input files.
             ValueError: the plan is for another world size than ``parallel``'s.
             RuntimeError: an accelerator that is missing or not supported.

@@ -1,1 +1,0 @@
-"""Tests of bertpretrain.data.corpus, one module per module of the subpackage."""

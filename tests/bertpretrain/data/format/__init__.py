@@ -1,0 +1,1 @@
+"""Tests of bertpretrain.data.format: the shard schema and its files, and masked-LM targets."""

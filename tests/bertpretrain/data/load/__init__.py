@@ -1,0 +1,1 @@
+"""Tests of bertpretrain.data.load: the shards read back as batches."""

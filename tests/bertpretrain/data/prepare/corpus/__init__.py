@@ -1,0 +1,1 @@
+"""Tests of bertpretrain.data.prepare.corpus, one module per module of the subpackage."""
