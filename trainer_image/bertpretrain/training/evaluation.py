@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -47,6 +48,47 @@ class Evaluation:
         }
 
 
+@dataclass(frozen=True)
+class _Sums:
+    """What an evaluation adds up, over batches and then over ranks: each loss weighted by its
+    number of predictions (a batch without masked positions has a NaN mean loss that weighs
+    nothing), and the accuracy counts as :func:`bertpretrain.training.accuracy.prediction_counts`
+    gives them. They travel as one fp32 ``[6]`` tensor in field order (:meth:`of_batch`,
+    :meth:`from_tensor`), so that the ranks add them up in one all-reduce."""
+
+    mlm_loss: float  # MLM loss x masked positions
+    nsp_loss: float  # NSP loss x sentence pairs
+    mlm_correct: float
+    mlm_total: float
+    nsp_correct: float
+    nsp_total: float
+
+    SIZE: ClassVar[int] = 6  # fields, the length of of_batch()
+
+    @staticmethod
+    def of_batch(stats: StepStatistics) -> torch.Tensor:
+        """One batch's sums as fp32 ``[6]``, in field order, on the statistics' device."""
+        totals = torch.stack([stats.mlm_total, stats.nsp_total])
+        losses = torch.stack([stats.mlm_loss, stats.nsp_loss])
+        weighted = torch.where(totals > 0, losses * totals, 0.0)
+        return torch.cat([weighted, stats.counts()])
+
+    @classmethod
+    def from_tensor(cls, values: torch.Tensor) -> _Sums:
+        """From fp32 ``[6]`` as :meth:`of_batch` makes it (or a sum of such)."""
+        return cls(*values.cpu().tolist())
+
+    def accuracy(self) -> Accuracy:
+        """Masked-LM and NSP accuracy from the counts."""
+        counts = [self.mlm_correct, self.mlm_total, self.nsp_correct, self.nsp_total]
+        return Accuracy.from_counts(torch.tensor(counts, dtype=torch.float32))
+
+    @staticmethod
+    def mean(loss_sum: float, total: float) -> float:
+        """``loss_sum / total``, NaN when nothing was counted."""
+        return loss_sum / total if total else float("nan")
+
+
 def evaluate(engine: Engine, batches: Iterable[Batch]) -> Evaluation:
     """Evaluate ``engine``'s model on this rank's ``batches``; every rank must call it (collective).
 
@@ -54,29 +96,21 @@ def evaluate(engine: Engine, batches: Iterable[Batch]) -> Evaluation:
     random number generators, so a run's training is the same with or without it.
     """
     started = time.perf_counter()
-    # [MLM loss x masked positions, NSP loss x pairs, then StepStatistics.counts()], summed over
-    # batches here and over ranks in one all-reduce.
-    sums = torch.zeros(6, device=engine.device)
+    # _Sums as one tensor, summed over batches here and over ranks in one all-reduce.
+    sums = torch.zeros(_Sums.SIZE, device=engine.device)
     # The ranks' batch counts may differ; a ZeRO-3 forward would wait for every rank, so each
     # evaluates a copy of the whole model made once (whole_copy; the model itself otherwise).
     with whole_copy(engine.module) as model:
         model.eval()
         try:
             for batch in batches:
-                stats = StepStatistics.from_tensor(engine.evaluate(batch, model))
-                totals = torch.stack([stats.mlm_total, stats.nsp_total])
-                losses = torch.stack([stats.mlm_loss, stats.nsp_loss])
-                # A batch without masked positions has a NaN mean loss that weighs nothing.
-                weighted = torch.where(totals > 0, losses * totals, 0.0)
-                sums += torch.cat([weighted, stats.counts()])
+                sums += _Sums.of_batch(StepStatistics.from_tensor(engine.evaluate(batch, model)))
         finally:
             model.train()
-    mlm_loss_sum, nsp_loss_sum, *counts = engine.sum_over_ranks(sums).cpu().unbind()
-    accuracy = Accuracy.from_counts(torch.stack(counts))
-    mlm_total, nsp_total = float(counts[1]), float(counts[3])
+    total = _Sums.from_tensor(engine.sum_over_ranks(sums))
     return Evaluation(
-        accuracy,
-        float(mlm_loss_sum) / mlm_total if mlm_total else float("nan"),
-        float(nsp_loss_sum) / nsp_total if nsp_total else float("nan"),
+        total.accuracy(),
+        _Sums.mean(total.mlm_loss, total.mlm_total),
+        _Sums.mean(total.nsp_loss, total.nsp_total),
         time.perf_counter() - started,
     )
