@@ -8,7 +8,8 @@
 Weak scaling: every process runs the same micro-batch (no gradient accumulation), and the gradients
 are averaged over the processes at every optimizer step (DDP under torchrun, Horovod under
 horovodrun). Each run is a fresh process tree of this script in its worker mode (``--worker``),
-joined by :func:`bertpretrain.runtime.parallel.join` as the trainer joins its job; rank 0 writes its rate.
+joined by :func:`bertpretrain.runtime.parallel.joining.join` as the trainer joins its job; rank 0
+writes its rate.
 Both runs use the same cores in total: ``OMP_NUM_THREADS`` is the core count for 1 process and
 half of it for each of 2. The figures are sequences/s of the whole job (all ranks' sequences per
 second of wall time, after warm-up steps). The scaling efficiency is seq/s(2) / (2 x seq/s(1)):
@@ -50,7 +51,7 @@ from bertjob_api.spec import DistributedSpec, OptimizerSpec, Precision
 from bertpretrain.data.load.loader import to_batch
 from bertpretrain.model.bert import BertConfig, BertForPreTraining
 from bertpretrain.runtime.engine import Engine
-from bertpretrain.runtime.parallel import join
+from bertpretrain.runtime.parallel.joining import join
 from bertpretrain.training.accuracy import step_statistics
 from bertpretrain.training.optimizer import build_optimizer
 from bertpretrain.training.schedule import poly_warmup_schedule

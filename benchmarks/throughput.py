@@ -21,7 +21,7 @@ from bertjob_api.spec import Accelerator, OptimizerSpec, Precision
 from bertpretrain.data.load.loader import to_batch
 from bertpretrain.model.bert import BertConfig, BertForPreTraining
 from bertpretrain.runtime.engine import Engine
-from bertpretrain.runtime.parallel import join
+from bertpretrain.runtime.parallel.joining import join
 from bertpretrain.training.accuracy import step_statistics
 from bertpretrain.training.optimizer import build_optimizer
 from bertpretrain.training.schedule import poly_warmup_schedule

@@ -43,7 +43,7 @@ The device defaults to ``cuda`` when one is present. In priority order, each gro
 4. **One torchrun run**, ``python -m torch.distributed.run --standalone --nproc_per_node 1 --module
    bertpretrain run`` of the same job (its data reused), so that the launcher path starts once;
    whether it succeeded, its sequences/s and the trainer's world line. With one rank the trainer
-   joins no process group (:func:`bertpretrain.runtime.parallel.join` wraps in DDP only for more
+   joins no process group (:func:`bertpretrain.runtime.parallel.joining.join` wraps in DDP only for more
    than one process), so this checks torchrun's start and the trainer's reading of its variables,
    not NCCL. ``--no-torchrun`` skips it.
 

@@ -96,6 +96,19 @@ RUNTIME_PATCH_MANAGER: Final = f"{GROUP}/operator"
 NAME_ENV: Final = "BERTJOB_NAME"
 NAMESPACE_ENV: Final = "BERTJOB_NAMESPACE"
 
+# mpirun's process placement per accelerator, as the environment variables (OMPI_MCA_<parameter>)
+# from which Open MPI reads the MCA parameters that its options set, rather than options on
+# mpirun's line: on Xeon one process per socket (`--map-by socket`: rmaps_base_mapping_policy),
+# bound to it (`--bind-to socket`: hwloc_base_binding_policy). The operator sets them on the
+# MPIJob Launcher (under mpirun) and on an MPI TrainJob's pods; kustomize/components/xeon-cpu keeps
+# a literal copy for the Launcher, which tests/bertjob/test_kustomize.py checks against this table.
+MPIRUN_MCA_ENV: Final[dict[str, dict[str, str]]] = {
+    "xeon-cpu": {
+        "OMPI_MCA_rmaps_base_mapping_policy": "socket",
+        "OMPI_MCA_hwloc_base_binding_policy": "socket",
+    },
+}
+
 # The trainer's exit codes. Kubeflow's `restartPolicy: ExitCode` restarts on 128-255 only, and the
 # data Job's podFailurePolicy fails at once on the codes a retry would not mend.
 EXIT_SUCCESS: Final = 0

@@ -29,7 +29,7 @@ from bertjob_api.defaults import (
     resolve_model,
     with_defaults,
 )
-from bertjob_api.spec import JobSpec, OptimizerSpec
+from bertjob_api.spec import DataSpec, JobSpec, OptimizerSpec, PhaseSpec
 
 
 @dataclass(frozen=True)
@@ -77,16 +77,78 @@ def lr_scale(optimizer: OptimizerSpec, global_batch_size: int) -> float:
     return ratio if optimizer.lr_scaling == "linear" else math.sqrt(ratio)
 
 
+# The directory names below spec.data.shards, spec.checkpoint.path and spec.export.path.
+VOCAB_DIR = "vocab"  # the WordPiece vocabulary (bertpretrain.data's vocab module)
+DOCUMENTS_DIR = "documents"  # the corpus, tokenized, in pieces
+NVIDIA_EXPORT_DIR = "nvidia"  # spec.export.nvidia's files, below the export
+
+
+def dataset_dir_name(phase: PhaseSpec, data: DataSpec) -> str:
+    """Name of a phase's dataset directory: NVIDIA's ``seq_len_{L}_max_pred_{P}``, plus the mode
+    (``_dynamic``, or ``_packed_{algorithm}``)."""
+    name = f"seq_len_{phase.max_seq_length}_max_pred_{phase.max_predictions_per_seq}"
+    if data.masking == "dynamic":
+        return name + "_dynamic"
+    if data.packing != "none":
+        return f"{name}_packed_{data.packing}"
+    return name
+
+
+def phase_dir(root: Path, phase_index: int) -> Path:
+    """The checkpoint directory of phase ``phase_index`` (0-based) under ``root``:
+    ``root/phase<index + 1>``."""
+    return root / f"phase{phase_index + 1}"
+
+
 @dataclass(frozen=True)
 class Paths:
     """Where the job reads and writes (as written in the spec: absolute in a pod, possibly
-    relative to the working directory for ``bertjob run``)."""
+    relative to the working directory for ``bertjob run``); every path below ``spec.data.shards``,
+    ``spec.checkpoint.path`` and ``spec.export.path`` is named here, once. Make one with
+    :meth:`of`."""
 
     shards: Path  # spec.data.shards: the vocabulary and every phase's shards
+    vocab: Path  # <shards>/vocab: vocab.txt, tokenizer.json
+    documents: Path  # <shards>/documents: the tokenized corpus
+    datasets: tuple[Path, ...]  # <shards>/seq_len_<L>_max_pred_<P>[...]: each phase's shards
     checkpoints: Path  # spec.checkpoint.path: phase<n>/ of each phase
+    phase_checkpoints: tuple[Path, ...]  # <checkpoints>/phase<n>: each phase's checkpoints
     logs: Path  # spec.logging.path (default <checkpoints>/logs)
     export: Path  # spec.export.path (default <checkpoints>/hf)
+    nvidia_export: Path  # <export>/nvidia: spec.export.nvidia's files
     finetune: Path  # <checkpoints>/finetune: finetune.json, and builtin tasks' files
+
+    @classmethod
+    def of(cls, spec: JobSpec) -> Paths:
+        """The paths of ``spec`` (with :func:`bertjob_api.defaults.with_defaults` applied here if it
+        was not)."""
+        spec = with_defaults(spec)
+        # with_defaults sets both; the asserts tell mypy.
+        assert spec.logging.path is not None and spec.export.path is not None
+        shards, checkpoints = Path(spec.data.shards), Path(spec.checkpoint.path)
+        export = Path(spec.export.path)
+        return cls(
+            shards=shards,
+            vocab=shards / VOCAB_DIR,
+            documents=shards / DOCUMENTS_DIR,
+            datasets=tuple(shards / dataset_dir_name(phase, spec.data) for phase in spec.phases),
+            checkpoints=checkpoints,
+            phase_checkpoints=tuple(phase_dir(checkpoints, index) for index in range(len(spec.phases))),
+            logs=Path(spec.logging.path),
+            export=export,
+            nvidia_export=export / NVIDIA_EXPORT_DIR,
+            finetune=checkpoints / FINETUNE_DIR,
+        )
+
+    def outputs(self) -> list[tuple[str, Path]]:
+        """Each directory the job writes, with its field: the data, the checkpoints, the log and the
+        export."""
+        return [
+            ("spec.data.shards", self.shards),
+            ("spec.checkpoint.path", self.checkpoints),
+            ("spec.logging.path", self.logs),
+            ("spec.export.path", self.export),
+        ]
 
 
 @dataclass(frozen=True)
@@ -131,16 +193,7 @@ class Plan:
             )
             for (index, phase), scale in zip(enumerate(spec.phases), scales, strict=True)
         )
-        # with_defaults sets both; the asserts tell mypy.
-        assert spec.logging.path is not None and spec.export.path is not None
-        paths = Paths(
-            shards=Path(spec.data.shards),
-            checkpoints=Path(spec.checkpoint.path),
-            logs=Path(spec.logging.path),
-            export=Path(spec.export.path),
-            finetune=Path(spec.checkpoint.path) / FINETUNE_DIR,
-        )
-        return cls(spec, world, resolve_model(spec.model), phases, paths)
+        return cls(spec, world, resolve_model(spec.model), phases, Paths.of(spec))
 
     def for_world(self, world_size: int) -> Plan:
         """This plan on ``world_size`` processes (itself when it is already for them): after an

@@ -15,7 +15,7 @@ from typing import Any
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
-from bertjob import launchers
+from bertjob.launchers import registry
 from bertjob_api.contract import API_VERSION, KIND, job_path, status_path
 from bertjob_api.crd import PendingEvent
 
@@ -39,7 +39,7 @@ class ForeignObjectError(Exception):
 
 def is_training_child(obj: Mapping[str, Any]) -> bool:
     """Whether ``obj`` is a launcher's training job (rather than its config, RBAC or data Job)."""
-    return launchers.of_kind(obj.get("apiVersion"), obj.get("kind")) is not None
+    return registry.of_kind(obj.get("apiVersion"), obj.get("kind")) is not None
 
 
 def is_prepare_job(obj: Mapping[str, Any]) -> bool:
@@ -55,7 +55,7 @@ def collection_path(api_version: str, kind: str, namespace: str) -> str:
     """
     plurals = BUILTIN_PLURALS | {
         (launcher.child.api_version, launcher.child.kind): launcher.child.plural
-        for launcher in launchers.LAUNCHERS.values()
+        for launcher in registry.LAUNCHERS.values()
     }
     plural = plurals[(api_version, kind)]
     root = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"

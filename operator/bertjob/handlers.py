@@ -40,6 +40,7 @@ from bertjob.children import (
     read,
     read_owner,
 )
+from bertjob.launchers import registry
 from bertjob.render import NAME_LABEL, RenderError, config_map_name, render
 from bertjob_api.contract import API_VERSION, GROUP, JOB_FILE, KIND, PLURAL, VERSION
 from bertjob_api.crd import ChildRef, JobStatus
@@ -201,7 +202,7 @@ def prepare_finished(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 @metrics.observed("mirror")
 def mirror_child(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Copy a training job's conditions into its BertPretrainJob's phase and conditions."""
-    launcher = launchers.of_kind(body.get("apiVersion"), body.get("kind"))
+    launcher = registry.of_kind(body.get("apiVersion"), body.get("kind"))
     conditions = launcher.conditions(body.get("status") or {}, lifecycle.now()) if launcher else []
     job = read_owner(memo.api, body) if launcher and conditions else None
     if job is None:
@@ -281,7 +282,7 @@ def change(api: ApiClient, job: Mapping[str, Any], old: Any, new: Any) -> None:
     if valid and current.phase not in lifecycle.TERMINAL_PHASES:
         for ref in current.children:
             target = {"apiVersion": ref.api_version, "kind": ref.kind, "metadata": _meta(job, ref.name)}
-            if launcher := launchers.of_kind(ref.api_version, ref.kind):
+            if launcher := registry.of_kind(ref.api_version, ref.kind):
                 patch_child(api, target, launcher.policy_patch(spec))
             elif current.phase in ("Preparing", "Suspended") and not any(map(_trains, current.children)):
                 # Recorded for the training job made later: what its launcher takes of the change.
@@ -401,7 +402,7 @@ def _launcher_of(document: Mapping[str, Any]) -> launchers.Launcher:
         SpecError: no launcher of that name.
     """
     default = JobSpec.model_fields["launcher"].default
-    return launchers.get(str(document["spec"].get("launcher", default)))
+    return registry.get(str(document["spec"].get("launcher", default)))
 
 
 def _trains(ref: ChildRef) -> bool:
@@ -415,7 +416,7 @@ def _problems(error: SpecError) -> str:
 def _has_conditions(body: kopf.Body, **_: Any) -> bool:
     """Whether :func:`mirror_child` has anything to mirror from a training job: without, it returns
     at once, and the filter spares kopf the hop to a thread and back (a created child's first event)."""
-    launcher = launchers.of_kind(body.get("apiVersion"), body.get("kind"))
+    launcher = registry.of_kind(body.get("apiVersion"), body.get("kind"))
     return launcher is not None and launcher.has_conditions(body.get("status") or {})
 
 
@@ -425,7 +426,7 @@ def _has_outcome(body: kopf.Body, **_: Any) -> bool:
 
 
 # One watcher per launcher's child kind, and one for the data Jobs, for the objects we label.
-for _launcher in launchers.LAUNCHERS.values():
+for _launcher in registry.LAUNCHERS.values():
     kopf.on.event(
         _launcher.child.group,
         _launcher.child.version,

@@ -20,8 +20,8 @@ from collections.abc import Iterable
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
-from bertjob import launchers
 from bertjob.children import call
+from bertjob.launchers import registry
 from bertjob_api.spec import GROUP, KIND, PLURAL
 
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
@@ -42,7 +42,7 @@ def launcher_crds() -> dict[str, str]:
     (``pytorchjob`` -> ``pytorchjobs.kubeflow.org``)."""
     return {
         name: f"{launcher.child.plural}.{launcher.child.api_version.split('/')[0]}"
-        for name, launcher in launchers.LAUNCHERS.items()
+        for name, launcher in registry.LAUNCHERS.items()
     }
 
 

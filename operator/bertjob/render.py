@@ -29,7 +29,7 @@ from typing import Any, Literal
 import yaml
 
 from bertjob import launchers
-from bertjob.launchers import DIRECTIVE, REPLACE, Launcher, PodNames
+from bertjob.launchers import DELETE, DIRECTIVE, REPLACE, Launcher, PodNames, registry
 from bertjob_api.contract import (
     GROUP,
     JOB_FILE,
@@ -144,7 +144,7 @@ def render(job: BertPretrainJob) -> list[dict[str, Any]]:
     name, namespace = job.metadata.name, job.metadata.namespace
     job = cluster_job(job, f"{namespace}/{name}")
     spec = job.spec
-    launcher = launchers.get(spec.launcher)
+    launcher = registry.get(spec.launcher)
     pods = PodNames(config_map_name(name), service_account_name(name, spec), job_labels(name, "train"))
     config_map = {
         "apiVersion": "v1",
@@ -331,9 +331,11 @@ def merge(original: Any, patch: Any, field: str = "") -> Any:
       original's as it is, without the directive, and nothing inside it is read as a directive.
     - A list under a key of :data:`MERGE_KEYS` merges entry by entry by that key (``name``): an
       entry the original has is merged in its place, another is added at the end, in the patch's
-      order; entries the patch leaves out stay as they are. Under ``containers`` the patch must
-      name each of the original's containers and no other (a base that renamed its container,
-      which kustomize's replacements then add beside it, would otherwise run without its command).
+      order; entries the patch leaves out stay as they are, and an entry ``{"name": ...,
+      "$patch": "delete"}`` removes the original's of that name (if any). Under ``containers``
+      the patch must name each of the original's containers and no other (a base that renamed its
+      container, which kustomize's replacements then add beside it, would otherwise run without its
+      command).
     - Any other list, and any scalar, replaces the original's.
 
     Raises:
@@ -367,6 +369,11 @@ def _merge_list(original: list[Any], patch: list[Any], field: str) -> list[Any]:
         if not isinstance(entry, Mapping) or key not in entry:
             raise MergeError(f"an entry of {field} without its {key}: {entry!r}")
         index = where.get(entry[key])
+        if entry.get(DIRECTIVE) == DELETE and field not in COMPLETE_LISTS:
+            if index is not None:
+                del result[index]
+                where = {name: at - (at > index) for name, at in where.items() if at != index}
+            continue
         if index is not None:
             result[index] = merge(result[index], entry, field)
         elif field in COMPLETE_LISTS:

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from bertjob import changes, launchers, lifecycle
+from bertjob import changes, lifecycle
+from bertjob.launchers import registry
 from bertjob_api.crd import JobStatus
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
@@ -129,19 +130,19 @@ def test_children_render_from_the_accepted_spec_with_the_applied_run_policy() ->
 def test_a_trainjob_takes_suspend_alone() -> None:
     """Trainer v2's TrainJob has suspend, and an activeDeadlineSeconds that cannot change (the CRD's
     rule self == oldSelf): the other safe fields are refused for it, and its patch is spec.suspend."""
-    trainjob = launchers.get("trainjob")
+    trainjob = registry.get("trainjob")
     fields = ["spec.runPolicy.suspend", "spec.runPolicy.activeDeadlineSeconds", "spec.image"]
 
     assert changes.split(fields, trainjob.safe_fields) == (
         ["spec.runPolicy.suspend"],
         ["spec.runPolicy.activeDeadlineSeconds", "spec.image"],
     )
-    assert changes.split(fields, launchers.get("pytorchjob").safe_fields) == (fields[:2], fields[2:])
+    assert changes.split(fields, registry.get("pytorchjob").safe_fields) == (fields[:2], fields[2:])
     spec = {"runPolicy": {"suspend": True, "activeDeadlineSeconds": 60}}
     assert trainjob.policy_patch(spec) == {"spec": {"suspend": True}}
     assert trainjob.suspended({"suspend": True}) is True
     assert trainjob.suspended({"runPolicy": {"suspend": True}}) is False
-    assert launchers.get("mpijob").suspended({"runPolicy": {"suspend": True}}) is True
+    assert registry.get("mpijob").suspended({"runPolicy": {"suspend": True}}) is True
 
 
 def test_a_change_refused_for_a_trainjob_is_not_recorded_for_it_on_the_data_job() -> None:
@@ -150,11 +151,11 @@ def test_a_change_refused_for_a_trainjob_is_not_recorded_for_it_on_the_data_job(
     accepted = {"runPolicy": {"activeDeadlineSeconds": 60}}
     spec = {"runPolicy": {"activeDeadlineSeconds": 120, "suspend": True}}
 
-    applied = changes.applicable(spec, accepted, launchers.get("trainjob").safe_fields)
+    applied = changes.applicable(spec, accepted, registry.get("trainjob").safe_fields)
     recorded = json.loads(
         changes.prepare_patch(applied)["metadata"]["annotations"][changes.APPLIED_ANNOTATION]
     )
 
     assert (recorded["activeDeadlineSeconds"], recorded["suspend"]) == (60, True)
-    everything = changes.applicable(spec, accepted, launchers.get("pytorchjob").safe_fields)
+    everything = changes.applicable(spec, accepted, registry.get("pytorchjob").safe_fields)
     assert everything["runPolicy"]["activeDeadlineSeconds"] == 120

@@ -16,7 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from bertjob import launchers
+from bertjob.launchers import registry
 from bertjob.render import component, kustomize_build, render
 from bertjob_api.jobfile import load_job
 from bertjob_api.spec import Accelerator, BertPretrainJob, LauncherName, SpecError, parse_job
@@ -45,7 +45,7 @@ def _replicas(child: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The child's replicas by role; a TrainJob's ``node`` pods as one replica of ``numNodes``."""
     spec = child["spec"]
     if child["kind"] == "TrainJob":
-        template = launchers.get("trainjob").trainer_template(child)
+        template = registry.get("trainjob").trainer_template(child)
         return {"Node": {"replicas": spec["trainer"]["numNodes"], "template": template}}
     return dict(spec.get("pytorchReplicaSpecs") or spec["mpiReplicaSpecs"])
 
@@ -140,7 +140,7 @@ def test_a_pytorchjob_example_moves_to_trainer_v2_by_its_launcher_field_alone(na
 
     trainjob = render(parse_job(document))[-1]
 
-    node = launchers.get("trainjob").trainer_template(trainjob)
+    node = registry.get("trainjob").trainer_template(trainjob)
     [master] = pytorchjob["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"]
     [container] = node["spec"]["containers"]
     assert container["command"] == master["command"]

@@ -45,8 +45,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from bertjob import launchers
 from bertjob.cli import main
+from bertjob.launchers import registry
 from bertjob.render import render
 from bertjob_api.crd import resource_schema
 from bertjob_api.jobfile import dump, read_document
@@ -479,7 +479,7 @@ def _without_nulls(value: Any) -> Any:
 def _pods(child: dict[str, Any]) -> dict[str, dict[str, Any]]:
     spec = child["spec"]
     if child["kind"] == "TrainJob":
-        return {"node": launchers.get("trainjob").trainer_template(child)}
+        return {"node": registry.get("trainjob").trainer_template(child)}
     replicas = spec.get("pytorchReplicaSpecs") or spec["mpiReplicaSpecs"]
     return {name: replica["template"] for name, replica in replicas.items()}
 
@@ -543,7 +543,7 @@ def _check(job: Mutated, schemas: dict[str, dict[str, Any]], note: Any = event) 
 
 
 def _child_kind(job: BertPretrainJob) -> str:
-    return launchers.get(job.spec.launcher).child.kind
+    return registry.get(job.spec.launcher).child.kind
 
 
 class Schemas(dict[str, dict[str, Any]]):

@@ -5,7 +5,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from bertjob import handlers, launchers, lifecycle
+from bertjob import handlers, lifecycle
+from bertjob.launchers import registry
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 CONDITIONS = [
@@ -25,11 +26,11 @@ CONDITIONS = [
 
 @pytest.mark.parametrize("conditions", CONDITIONS)
 @pytest.mark.parametrize("has_status", [True, False])
-@pytest.mark.parametrize("launcher", sorted(launchers.LAUNCHERS))
+@pytest.mark.parametrize("launcher", sorted(registry.LAUNCHERS))
 def test_filters_pass_the_events_their_handler_acts_on(conditions, has_status, launcher):
     status = {"conditions": conditions} if has_status else None
     body = {**_kind(launcher), "metadata": {"name": "c", "namespace": "n"}, "status": status}
-    mirrored = launchers.LAUNCHERS[launcher].conditions(status or {}, AT)
+    mirrored = registry.LAUNCHERS[launcher].conditions(status or {}, AT)
     assert handlers._has_conditions(body=body) == bool(mirrored)
     assert handlers._has_outcome(body=body) == (lifecycle.prepare_outcome(status or {}) is not None)
 
@@ -54,5 +55,5 @@ def test_a_child_of_another_kind_passes_no_filter():
 
 
 def _kind(launcher: str) -> dict[str, str]:
-    child = launchers.LAUNCHERS[launcher].child
+    child = registry.LAUNCHERS[launcher].child
     return {"apiVersion": child.api_version, "kind": child.kind}

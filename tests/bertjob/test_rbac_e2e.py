@@ -26,7 +26,7 @@ import pytest
 import yaml
 from kubernetes.client import CoreV1Api, CustomObjectsApi
 
-from bertjob import launchers
+from bertjob.launchers import registry
 from bertjob.render import JOB_LABEL, render
 from bertjob_api.spec import parse_job
 from bertjob_testing.jobs import REPO
@@ -111,7 +111,7 @@ def _suspend(cluster: Cluster, names: dict[str, str], suspend: bool) -> None:
 def _drive_every_path(cluster: Cluster, namespaces: tuple[str, ...]) -> None:
     """Each step for a job in every namespace before waiting for any, so that two namespaces take
     about as long as one."""
-    for name, launcher in launchers.LAUNCHERS.items():
+    for name, launcher in registry.LAUNCHERS.items():
         resource = CHILD_RESOURCES[name]
         jobs = {namespace: f"rbac-{name}" for namespace in namespaces}
         for namespace, job in jobs.items():

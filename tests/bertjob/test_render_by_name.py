@@ -17,6 +17,7 @@ from bertjob_api.spec import parse_job
 from bertjob_testing.jobs import valid_job, with_value
 
 REPLACE = {"$patch": "replace"}
+DELETE = {"$patch": "delete"}
 
 # (what it shows, original, patch, merged)
 MERGES: list[tuple[str, Any, Any, Any]] = [
@@ -71,6 +72,12 @@ MERGES: list[tuple[str, Any, Any, Any]] = [
         },
     ),
     (
+        "$patch: delete removes the entry of its name, if there is one",
+        {"env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}, {"name": "C", "value": "3"}]},
+        {"env": [{**DELETE, "name": "A"}, {**DELETE, "name": "Y"}, {"name": "C", "value": "c"}]},
+        {"env": [{"name": "B", "value": "2"}, {"name": "C", "value": "c"}]},
+    ),
+    (
         "containers are found by name in another order",
         {"containers": [{"name": "a", "image": "1"}, {"name": "b", "image": "2"}]},
         {"containers": [{"name": "b", "image": "B"}, {"name": "a", "image": "A"}]},
@@ -94,6 +101,7 @@ def test_merge(original: Any, patch: Any, merged: Any) -> None:
         ({"containers": [{"name": "a"}, {"name": "x"}]}, {"containers": [{"name": "a"}]}, r"\['x'\] besides"),
         ({"env": []}, {"env": [{"value": "1"}]}, "without its name"),
         ({"s": {}}, {"s": {"$patch": "delete"}}, "unknown directive"),
+        ({"containers": [{"name": "a"}]}, {"containers": [{**DELETE, "name": "a"}]}, "unknown directive"),
     ],
 )
 def test_merge_refuses_what_does_not_fit(original: Any, patch: Any, message: str) -> None:

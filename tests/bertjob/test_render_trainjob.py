@@ -12,13 +12,14 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from bertjob import launchers
-from bertjob.launchers import mpijob
+from bertjob.launchers import mpijob, registry
+from bertjob.launchers.trainjob import MPI_ENV_LIST
 from bertjob.render import render
 from bertjob_api.contract import (
     JOB_LABEL,
     JOB_PATH,
     MPI_RUNTIME,
+    MPIRUN_MCA_ENV,
     PREPARE_COMMAND,
     RUNTIME_PATCH_MANAGER,
     TORCH_RUNTIME,
@@ -29,7 +30,7 @@ from tests.bertjob.test_render import DEVICES, _job
 from tests.k8s_schema import assert_valid
 
 KUBERNETES_VERSION = "1.33"
-TRAINJOB = launchers.get("trainjob")
+TRAINJOB = registry.get("trainjob")
 POD = {
     "nodeSelector": {"pool": "a100"},
     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
@@ -191,7 +192,8 @@ def test_a_platform_runtime_replaces_the_charts() -> None:
 @pytest.mark.parametrize("deepspeed", [False, True])
 def test_mpi_ranks_get_what_the_mpijob_launcher_forwards(accelerator: str, deepspeed: bool) -> None:
     """The variables Open MPI forwards to the ranks started over ssh are those `mpirun -x` forwards
-    under launcher mpijob, and the binding is the MPIJob's `--map-by/--bind-to`."""
+    under launcher mpijob, and the placement is the MPIJob Launcher's (both the contract's
+    MPIRUN_MCA_ENV, as Open MPI's MCA variables)."""
     changes: dict[str, Any] = {"spec.pod": {"env": POD["env"]}}
     if deepspeed:
         changes["spec.distributed"] = {"deepspeed": {"zeroStage": 1}}
@@ -209,15 +211,11 @@ def test_mpi_ranks_get_what_the_mpijob_launcher_forwards(accelerator: str, deeps
         # Rank 0 runs on the first node pod, the hostfile's first line under Trainer v2.
         assert env["MASTER_ADDR"] == "demo-node-0-0.demo"
         assert env["MASTER_PORT"] == str(mpijob.DEEPSPEED_MASTER_PORT)
-    binding = {
-        "--map-by": "OMPI_MCA_rmaps_base_mapping_policy",
-        "--bind-to": "OMPI_MCA_hwloc_base_binding_policy",
-    }
-    for option, variable in binding.items():
-        if option in command:
-            assert env[variable] == command[command.index(option) + 1]
-        else:
-            assert variable not in env
+    launcher = render(as_mpijob)[-1]["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+    [container] = launcher["containers"]
+    mca = {name: value for name, value in _env(container).items() if name.startswith("OMPI_MCA_")}
+    assert mca == MPIRUN_MCA_ENV.get(accelerator, {})
+    assert {name: env[name] for name in env if name.startswith("OMPI_MCA_") and name != MPI_ENV_LIST} == mca
 
 
 @pytest.mark.parametrize("policy", ["torch", "mpi"])

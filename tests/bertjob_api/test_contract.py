@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bertjob import launchers
+from bertjob.launchers import registry
 from bertjob_api import contract
 from bertjob_api.crd import Progress
 
@@ -69,7 +69,7 @@ def _pods(document: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
         # The node pods as Trainer v2 makes them from the TrainJob's trainer and runtime patch.
         yield (
             f"{document['metadata']['name']} node",
-            launchers.get("trainjob").trainer_template(document)["spec"],
+            registry.get("trainjob").trainer_template(document)["spec"],
         )
     for role, replica in _replicas(document).items():
         yield f"{document['metadata']['name']} {role}", replica["template"]["spec"]

@@ -125,7 +125,7 @@ def one_thread() -> Iterator[None]:
     """Run tiny models on one intra-op thread (``pytestmark = pytest.mark.usefixtures(...)``): on
     a small shared machine a second OpenMP thread makes their steps slower, by up to hundreds of
     milliseconds when it is descheduled. ``OMP_NUM_THREADS`` keeps the xeon-cpu device setup of
-    :func:`bertpretrain.runtime.parallel.join` at one thread too (set apart from the test's own
+    :func:`bertpretrain.runtime.parallel.joining.join` at one thread too (set apart from the test's own
     ``monkeypatch``, which a test may undo halfway)."""
     threads = torch.get_num_threads()
     with pytest.MonkeyPatch.context() as patch:

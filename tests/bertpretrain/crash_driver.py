@@ -131,8 +131,8 @@ def plant(point: str, count: int, config: Path) -> None:
     """
     import torch
 
-    from bertpretrain import job
     from bertpretrain.runtime import engine
+    from bertpretrain.training import export
 
     if point == "shards":
         _watch_shards(config, count)
@@ -146,7 +146,7 @@ def plant(point: str, count: int, config: Path) -> None:
     elif point == "export":
         _staged_rename(count)
     elif point == "sigterm":
-        _wrap(job, "export_hf", count, action=terminate, after=True)
+        _wrap(export, "export_hf", count, action=terminate, after=True)
     else:
         raise ValueError(f"unknown crash point {point!r}; one of {', '.join(POINTS)}")
 

@@ -3,6 +3,7 @@ run in test_kubeflow_pods.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -17,16 +18,18 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-import bertpretrain.job
+import bertpretrain.pipeline
+import bertpretrain.run
 import bertpretrain.runtime.compiling
 from bertjob.cli import main as bertjob_main
+from bertjob_api.contract import EXIT_DISK_FULL
 from bertjob_api.plan import Plan
 from bertjob_testing.jobs import small_training_job, with_value
-from bertpretrain.common.files import DISK_FULL_EXIT_CODE, DiskFullError
+from bertpretrain.common.files import DiskFullError
 from bertpretrain.data.format.prepared import PreparedData
 from bertpretrain.data.load.loader import ShardError
 from bertpretrain.run import main as bertpretrain_main
-from bertpretrain.training.phase import DivergenceError
+from bertpretrain.training.errors import DivergenceError
 from bertpretrain.training.preemption import Preempted
 
 
@@ -99,18 +102,18 @@ def test_export_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
         (Preempted(signal.SIGTERM, 12, Path("/ckpt/phase1/step_000012.pt")), 143, "stopped after step 12"),
         (
             DiskFullError(Path("/ckpt/phase1/step_000012.pt"), 1024, 5 << 20),
-            DISK_FULL_EXIT_CODE,
+            EXIT_DISK_FULL,
             "step_000012.pt: no space left on the device: 1.0 KiB free, 5.0 MiB needed",
         ),
         # A full disk under a write that does not name its file: the message names the outputs.
         (
             OSError(errno.ENOSPC, "No space left on device"),
-            DISK_FULL_EXIT_CODE,
+            EXIT_DISK_FULL,
             "(free space: spec.data.shards ",
         ),
         (
             OSError(errno.EDQUOT, "Disk quota exceeded"),
-            DISK_FULL_EXIT_CODE,
+            EXIT_DISK_FULL,
             "Disk quota exceeded (free space: ",
         ),
     ],
@@ -126,7 +129,7 @@ def test_run_exit_codes(
     def fail(_plan: Any, *_finishing: Any) -> None:
         raise error
 
-    monkeypatch.setattr(bertpretrain.job, "run_job", fail)
+    monkeypatch.setattr(bertpretrain.pipeline, "run_job", fail)
     assert bertpretrain_main([command, "--config", str(job_file)]) == code
     captured = capsys.readouterr()
     assert message in captured.err + captured.out
@@ -167,7 +170,9 @@ def test_the_plan_is_made_for_the_world_that_runs_and_printed_first(
     for name, value in _torchrun(world).items() if world else ():
         monkeypatch.setenv(name, value)
     plans: list[Plan] = []
-    monkeypatch.setattr(bertpretrain.job, "run_job", lambda plan, *_: plans.append(plan) or _done(plan))
+    # No process group for a world that is not there: run_job, which would use it, is replaced too.
+    monkeypatch.setattr(bertpretrain.run, "_joined", lambda plan: contextlib.nullcontext())
+    monkeypatch.setattr(bertpretrain.pipeline, "run_job", lambda plan, *_: plans.append(plan) or _done(plan))
     assert bertpretrain_main(["run", "--config", str(job_file)]) == 0
     assert capsys.readouterr().out.splitlines()[0].startswith(f"bertpretrain: {first}")
     [plan] = plans
@@ -181,14 +186,15 @@ def test_a_world_the_batch_does_not_split_over_is_refused_before_any_work(
     job_file.write_text(yaml.safe_dump(small_training_job(tmp_path, processes=2)))
     for name, value in _torchrun(4).items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(bertpretrain.job, "run_job", lambda *_: pytest.fail("run_job called"))
+    monkeypatch.setattr(bertpretrain.pipeline, "run_job", lambda *_: pytest.fail("run_job called"))
     assert bertpretrain_main(["run", "--config", str(job_file)]) == 1
     # Phase 2's micro-batch is 8 // 2, for the topology's 2 processes.
     assert "globalBatchSize 8 is not divisible by world size 4 x microBatchSize 4" in capsys.readouterr().err
 
 
 def _done(plan: Plan) -> Any:
-    return bertpretrain.job.JobOutputs(PreparedData(plan.paths.shards, 0, []), [], plan.paths.export, 0.0)
+    data = PreparedData(plan.paths.shards, 0, [])
+    return bertpretrain.pipeline.JobOutputs(data, [], plan.paths.export, 0.0)
 
 
 @pytest.mark.slow
@@ -262,7 +268,7 @@ def test_the_entry_point_imports_no_torch_until_a_command_trains() -> None:
     stack, seconds and hundreds of MB it would not use."""
     probe = (
         "import sys, bertpretrain.run; "
-        "print(sorted(m for m in ('torch', 'bertpretrain.job') if m in sys.modules))"
+        "print(sorted(m for m in ('torch', 'bertpretrain.pipeline') if m in sys.modules))"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False

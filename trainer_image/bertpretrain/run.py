@@ -1,37 +1,73 @@
 """``python -m bertpretrain run|local|prepare|export|finetune --config FILE``: the trainer's entry point.
 
-It reads and checks the job file, then runs the command: ``prepare`` (the data stage) here, the
-others through :mod:`bertpretrain.job`, imported only then: torch, the model and the training loop
-take seconds and hundreds of MB to import, which a data-preparation Job does not need.
+The one command dispatcher: it parses the command line, reads and checks the job file, resolves
+the plan once (for the world the launcher started, or the topology's for the stages that do not
+train), joins the process group once where the command trains, calls the stages of
+:mod:`bertpretrain.pipeline`, and turns what they raise into the exit codes of
+:mod:`bertjob_api.contract`. ``prepare`` runs the data stage alone, without torch; the other
+commands import the training stack only when they run: torch, the model and the loop take seconds
+and hundreds of MB to import, which a data-preparation Job does not need.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from bertjob_api.contract import FINETUNE_COMMAND, LOCAL_COMMAND, PREPARE_COMMAND, RUN_COMMAND
-from bertjob_api.spec import JobSpec, SpecError, load_job
-from bertjob_api.validation import Purpose, checked
-from bertpretrain.common.files import (
-    DISK_FULL_EXIT_CODE,
-    DiskFullError,
-    format_size,
-    free_bytes,
-    is_disk_full,
+from bertjob_api.contract import (
+    EXIT_DISK_FULL,
+    EXIT_FAILURE,
+    EXIT_INVALID_JOB,
+    EXIT_SUCCESS,
+    FINETUNE_COMMAND,
+    FINETUNE_RESULTS,
+    LOCAL_COMMAND,
+    PREPARE_COMMAND,
+    RUN_COMMAND,
 )
+from bertjob_api.jobfile import load_job
+from bertjob_api.plan import Paths, Plan
+from bertjob_api.spec import BertPretrainJob, JobSpec, SpecError
+from bertjob_api.validation import Purpose, checked
+from bertpretrain.common.files import DiskFullError, format_size, free_bytes, is_disk_full
 from bertpretrain.data.prepare.stage import prepare
+from bertpretrain.runtime.world import World, detect_world
+from bertpretrain.training.errors import DivergenceError
+from bertpretrain.training.preemption import Preempted, StopSignals
 
+if TYPE_CHECKING:
+    from bertpretrain.runtime.parallel import DataParallel
+
+EXPORT_COMMAND = "export"
 # What each command checks the spec for (bertjob_api.validation.checked).
 _PURPOSES: dict[str, Purpose] = {
     RUN_COMMAND: "training",
     LOCAL_COMMAND: "training",
     PREPARE_COMMAND: "no-training",
-    "export": "no-training",
+    EXPORT_COMMAND: "no-training",
     FINETUNE_COMMAND: "no-training",
 }
+# The commands whose plan is for the world the launcher started; the others' is for the topology's.
+_TRAINING_COMMANDS = (RUN_COMMAND, LOCAL_COMMAND, FINETUNE_COMMAND)
+# A sentence whose answer the standard library's documentation teaches well.
+DEMO_SENTENCE = "the [MASK] statement exits a function and gives a value back to the caller."
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """One command, its checked job and its plan, resolved once by :func:`main`."""
+
+    job: BertPretrainJob
+    plan: Plan
+    world: World | None  # the world the launcher started; None for prepare and export
+    checkpoint: str | None  # export: --checkpoint
+    out: str | None  # export: --out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -50,10 +86,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     finished first); 1 bad input (data, checkpoint, vocabulary, a fine-tuning file, an output
     directory that cannot be written; the message names the file or field) or a diverged loss, which
     a restart would not mend; 2 an invalid job file; 128 + the signal number (143 for SIGTERM) when
-    a signal stopped training after a checkpoint; ``DISK_FULL_EXIT_CODE`` (200) when a volume is
+    a signal stopped training after a checkpoint; ``EXIT_DISK_FULL`` (200) when a volume is
     full or over its quota (the message names the file, the free space and the size needed; the
-    partial file is removed). Kubeflow's ``restartPolicy: ExitCode`` retries the last two (128-255),
-    and the data Job's ``podFailurePolicy`` fails only on 1 and 2.
+    partial file is removed); the names are :mod:`bertjob_api.contract`'s. Kubeflow's
+    ``restartPolicy: ExitCode`` retries the last two (128-255), and the data Job's
+    ``podFailurePolicy`` fails only on 1 and 2.
     """
     parser = argparse.ArgumentParser(prog="bertpretrain", description="Run a BertPretrainJob's trainer.")
     parser.add_argument("command", choices=list(_PURPOSES))
@@ -66,41 +103,172 @@ def main(argv: Sequence[str] | None = None) -> int:
         spec = checked(job.spec, args.config, _PURPOSES[args.command])
     except SpecError as error:
         print(error, file=sys.stderr)
-        return 2
+        return EXIT_INVALID_JOB
     try:
-        if args.command == PREPARE_COMMAND:
-            prepare(spec)
-            return 0
-        from bertpretrain import job as stages  # torch and the training stack, only now
-
-        return stages.command(args.command, job, spec, args.checkpoint, args.out)
+        if args.command == FINETUNE_COMMAND and not spec.finetune:
+            print("bertpretrain finetune: the job has no spec.finetune tasks", file=sys.stderr)
+            return EXIT_FAILURE
+        world = detect_world() if args.command in _TRAINING_COMMANDS else None
+        plan = Plan.resolve(spec, world.world_size if world else None)
+        return _COMMANDS[args.command](Invocation(job, plan, world, args.checkpoint, args.out))
     except OSError as error:
         if is_disk_full(error):  # a volume can be grown, or files removed: retryable
             print(f"bertpretrain {args.command}: {_disk_full_message(error, spec)}", file=sys.stderr)
-            return DISK_FULL_EXIT_CODE
+            return EXIT_DISK_FULL
         print(f"bertpretrain {args.command}: {error}", file=sys.stderr)
-        return 1
-    except ValueError as error:
-        # ShardError and CheckpointError are ValueErrors; each message names its file.
+        return EXIT_FAILURE
+    except (ValueError, DivergenceError) as error:
+        # ShardError and CheckpointError are ValueErrors; each message names its file. A diverged
+        # loss would diverge again from the same checkpoint.
         print(f"bertpretrain {args.command}: {error}", file=sys.stderr)
-        return 1
+        return EXIT_FAILURE
+
+
+def _run(call: Invocation) -> int:
+    """``run``: the whole job on every rank the launcher started."""
+    from bertpretrain import pipeline  # torch and the training stack, only now
+
+    plan, world = call.plan, call.world
+    assert world is not None
+    is_main = world.rank == 0
+    if is_main:
+        print(f"bertpretrain: plan: {plan.describe()}", flush=True)
+    deepspeed = plan.spec.distributed.deepspeed is not None and world.distributed
+    print(f"bertpretrain: {world.describe(deepspeed=deepspeed)}", flush=True)
+    if is_main:
+        print(f"bertpretrain: {describe(call.job, plan)}", flush=True)
+    finishing = StopSignals()
+    try:
+        pipeline.check(plan)
+        with _joined(plan) as parallel:
+            done = pipeline.run_job(plan, parallel, finishing)
+        if is_main:
+            print(f"bertpretrain: exported {done.export_dir} in {done.seconds:.0f} s", flush=True)
+        if finishing.received is not None:
+            name = signal.Signals(finishing.received).name
+            work = "the export is complete" if is_main else "this rank's work is done"
+            print(f"bertpretrain: {name} received once the training was done; {work}, exit 0", flush=True)
+        return EXIT_SUCCESS
+    except Preempted as stop:
+        print(f"bertpretrain: {stop}; exit {stop.exit_code} so that the pod is restarted", flush=True)
+        return stop.exit_code
+    finally:
+        finishing.restore()
+
+
+def _local(call: Invocation) -> int:
+    """``local`` (what ``bertjob run`` starts): the whole job on this machine, then a fill-mask
+    demonstration. Returns 0, or 128 + the signal number when a signal stopped training after a
+    checkpoint (run it again to resume)."""
+    from bertpretrain import pipeline  # torch and the training stack, only now
+    from bertpretrain.finetune.results import compare
+    from bertpretrain.model.huggingface import fill_mask
+
+    plan = call.plan
+    print(f"bertjob: running {describe(call.job, plan)}", flush=True)
+    print(f"bertpretrain: plan: {plan.describe()}", flush=True)
+    try:
+        pipeline.check(plan)
+        with _joined(plan) as parallel:
+            outputs = pipeline.run_job(plan, parallel)
+    except Preempted as stop:
+        print(f"bertjob: {stop}; exit {stop.exit_code}", flush=True)
+        return stop.exit_code
+    print("\nOutputs:")
+    print(f"  vocabulary       {outputs.data.vocab_dir}")
+    for index, directory in enumerate(outputs.data.phase_dirs):
+        print(f"  phase {index + 1} shards   {directory}")
+    for index, checkpoint in enumerate(outputs.checkpoints):
+        print(f"  phase {index + 1} final    {checkpoint}")
+    print(f"  Hugging Face     {outputs.export_dir}")
+    print(f'\nfill-mask with the exported model (transformers pipeline): "{DEMO_SENTENCE}"')
+    for token, score in fill_mask(outputs.export_dir, DEMO_SENTENCE):
+        print(f"  {score:6.3f}  {token}")
+    if outputs.finetune:
+        print(f"\nFine-tuned ({plan.paths.finetune / FINETUNE_RESULTS}):")
+        for line in compare(outputs.finetune):
+            print(f"  {line}")
+    print(f"\nbertjob: done in {outputs.seconds:.0f} s")
+    return EXIT_SUCCESS
+
+
+def _prepare(call: Invocation) -> int:
+    """``prepare``: the data stage alone, in this process and its workers."""
+    prepare(call.plan.spec)
+    return EXIT_SUCCESS
+
+
+def _export(call: Invocation) -> int:
+    """``export``: a checkpoint (the newest by default) to Hugging Face format, on one process."""
+    from bertpretrain.common.files import check_writable
+    from bertpretrain.training.export import export, newest_checkpoint
+
+    plan = call.plan
+    target = Path(call.out) if call.out else plan.paths.export
+    check_writable("--out" if call.out else "spec.export.path", target, parent=True)
+    source = Path(call.checkpoint) if call.checkpoint else newest_checkpoint(plan)
+    if source is None:
+        print(f"bertpretrain export: no checkpoint under {plan.spec.checkpoint.path}", file=sys.stderr)
+        return EXIT_FAILURE
+    export(plan, source, target)
+    print(f"bertpretrain: exported {source} to {target}", flush=True)
+    return EXIT_SUCCESS
+
+
+def _finetune(call: Invocation) -> int:
+    """``finetune``: the tasks of ``spec.finetune`` alone, on the job's export (or each task's
+    ``initFrom``), under whichever launcher started this process."""
+    from bertpretrain.finetune.results import compare
+    from bertpretrain.finetune.stage import check_files, finetune
+
+    plan = call.plan
+    check_files(plan)
+    export_dir = plan.paths.export if plan.paths.export.is_dir() else None
+    with _joined(plan) as parallel:
+        summaries = finetune(plan, parallel, export_dir)
+    if call.world is None or call.world.rank == 0:
+        for line in compare(summaries):
+            print(f"bertpretrain: {line}", flush=True)
+    return EXIT_SUCCESS
+
+
+_COMMANDS: dict[str, Callable[[Invocation], int]] = {
+    RUN_COMMAND: _run,
+    LOCAL_COMMAND: _local,
+    PREPARE_COMMAND: _prepare,
+    EXPORT_COMMAND: _export,
+    FINETUNE_COMMAND: _finetune,
+}
+
+
+@contextlib.contextmanager
+def _joined(plan: Plan) -> Iterator[DataParallel]:
+    """The job's process group, joined once for the command and left at its end."""
+    from bertpretrain.runtime.parallel.joining import join  # torch, only now
+
+    spec = plan.spec
+    with contextlib.closing(join(spec.accelerator, spec.tf32, spec.distributed)) as parallel:
+        yield parallel
+
+
+def describe(job: BertPretrainJob, plan: Plan) -> str:
+    """One line naming the job, its model, phases, optimizer, precision, accelerator and world size."""
+    spec, dims = plan.spec, plan.model
+    phases = ", ".join(
+        f"phase {i + 1}: seq {p.max_seq_length} x {p.steps} steps of {p.global_batch_size}"
+        for i, p in enumerate(spec.phases)
+    )
+    return (
+        f"BertPretrainJob {job.metadata.name!r}: {spec.model.preset} ({dims.num_hidden_layers} layers, "
+        f"hidden {dims.hidden_size}), {phases}; {spec.optimizer.name}, {spec.precision}, "
+        f"{spec.accelerator}, world size {spec.topology.world_size}"
+    )
 
 
 def _disk_full_message(error: OSError, spec: JobSpec) -> str:
     """``error``; unless it names its file, with the free space of each output directory."""
     if isinstance(error, DiskFullError):
         return str(error)
-    free = ", ".join(f"{field} {path}: {format_size(free_bytes(path))}" for field, path in outputs(spec))
+    outputs = Paths.of(spec).outputs()
+    free = ", ".join(f"{field} {path}: {format_size(free_bytes(path))}" for field, path in outputs)
     return f"{error} (free space: {free})"
-
-
-def outputs(spec: JobSpec) -> list[tuple[str, Path]]:
-    """Each directory the job writes, with its field: the data, the checkpoints, the log and the
-    export (the last two when set; ``with_defaults`` sets both)."""
-    fields: list[tuple[str, str | None]] = [
-        ("spec.data.shards", spec.data.shards),
-        ("spec.checkpoint.path", spec.checkpoint.path),
-        ("spec.logging.path", spec.logging.path),
-        ("spec.export.path", spec.export.path),
-    ]
-    return [(field, Path(path)) for field, path in fields if path]

@@ -9,7 +9,8 @@ from the jinja2 templates in ``templates/`` (StrictUndefined; every value from t
 ``tojson``), so no value can change its structure. A launcher also names the pod template that
 runs the trainer (the data-preparation Job copies it), how its status reads as the job's conditions
 (:mod:`bertjob.lifecycle`: Kubeflow's JobCondition list, or Trainer v2's TrainJob status) and which
-run-policy changes reach it while it runs. One module per launcher.
+run-policy changes reach it while it runs. One module per launcher, and
+:mod:`bertjob.launchers.registry` to find one by ``spec.launcher`` or by the child's kind.
 """
 
 from __future__ import annotations
@@ -26,13 +27,15 @@ import jinja2
 from bertjob import changes, lifecycle
 from bertjob_api.contract import JOB_CONFIG_VOLUME
 from bertjob_api.crd import Condition
-from bertjob_api.spec import Accelerator, JobSpec, SpecError, VolumeSpec
+from bertjob_api.spec import Accelerator, JobSpec, VolumeSpec
 
 MergePatch = dict[str, Any]
 # Kubernetes' strategic-merge directive: a mapping that carries {"$patch": "replace"} replaces the
-# base's mapping instead of merging into it (bertjob.render.merge).
+# base's mapping instead of merging into it, and an entry of a list merged by name that carries
+# {"$patch": "delete"} removes the base's entry of that name (bertjob.render.merge).
 DIRECTIVE = "$patch"
 REPLACE = "replace"
+DELETE = "delete"
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,8 @@ TOPOLOGY_OVERLAYS = ("single-node", "multi-node")
 
 def whole(value: Any) -> Any:
     """``value`` marked to replace what the base holds in its place rather than merge into it: a
-    mapping gains ``{"$patch": "replace"}``; anything else (a list without a merge key, a scalar)
+    mapping gains ``{"$patch": "replace"}`` (unless it carries a directive of its own, such as the
+    operator's ``delete`` of an env entry); anything else (a list without a merge key, a scalar)
     replaces it anyway. The template filter ``whole``; values from the job never carry the
     directive themselves (each is checked against its Kubernetes schema, unknown fields refused)."""
     return {DIRECTIVE: REPLACE, **value} if isinstance(value, Mapping) else value
@@ -273,39 +277,3 @@ def _volume(volume: VolumeSpec) -> dict[str, Any]:
     if volume.read_only:
         mount["readOnly"] = True
     return {"volume": {"name": volume.name, **volume.source}, "mount": mount}
-
-
-def _registry() -> dict[str, Launcher]:
-    # Imported here: the launcher modules import this module's types.
-    from bertjob.launchers.mpijob import MPIJobLauncher
-    from bertjob.launchers.pytorchjob import PyTorchJobLauncher
-    from bertjob.launchers.trainjob import TrainJobLauncher
-
-    return {"pytorchjob": PyTorchJobLauncher(), "mpijob": MPIJobLauncher(), "trainjob": TrainJobLauncher()}
-
-
-LAUNCHERS: dict[str, Launcher] = _registry()
-
-
-def get(name: str) -> Launcher:
-    """The launcher for ``spec.launcher``.
-
-    Raises:
-        SpecError: no launcher of that name is implemented.
-    """
-    try:
-        return LAUNCHERS[name]
-    except KeyError:
-        raise SpecError("<spec>", [("spec.launcher", f"{name} is not implemented")]) from None
-
-
-def of_kind(api_version: object, kind: object) -> Launcher | None:
-    """The launcher whose child has ``apiVersion`` and ``kind``; None for another kind."""
-    return next(
-        (
-            launcher
-            for launcher in LAUNCHERS.values()
-            if (launcher.child.api_version, launcher.child.kind) == (api_version, kind)
-        ),
-        None,
-    )

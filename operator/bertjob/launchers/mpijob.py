@@ -6,7 +6,11 @@ only run sshd, and the ranks start in them over ssh and run the trainer's comman
 trainer reads its rank and world from Open MPI's (``OMPI_COMM_WORLD_*``) or Horovod's
 (``HOROVOD_*``) variables and talks through Horovod, so no rendezvous address is needed. Ranks
 started over ssh do not see the pod's environment: mpirun forwards the Launcher's variables the
-trainer needs (``-x``); horovodrun forwards its whole environment.
+trainer needs (``-x``); horovodrun forwards its whole environment. mpirun's placement on the
+accelerator (:data:`bertjob_api.contract.MPIRUN_MCA_ENV`: one process per socket on Xeon) is not on
+its line but in the Launcher's environment, as the Open MPI MCA variables (``OMPI_MCA_*``) that
+mpirun reads, as the kustomize tree's accelerator component sets them by hand; under horovodrun,
+which passes its own placement to mpirun, the patch deletes them.
 
 An elastic job (``spec.elastic``, horovodrun only) runs elastic Horovod: no hostfile, but
 ``--host-discovery-script`` on the ``discover_hosts.sh`` that mpi-operator keeps listing the
@@ -25,8 +29,24 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
-from bertjob.launchers import ChildKind, KubeflowJob, MergePatch, PodNames, job_patch, pod_context
-from bertjob_api.contract import JOB_PATH, NAME_ENV, NAMESPACE_ENV, RUN_COMMAND, TRAINER_MODULE
+from bertjob.launchers import (
+    DELETE,
+    DIRECTIVE,
+    ChildKind,
+    KubeflowJob,
+    MergePatch,
+    PodNames,
+    job_patch,
+    pod_context,
+)
+from bertjob_api.contract import (
+    JOB_PATH,
+    MPIRUN_MCA_ENV,
+    NAME_ENV,
+    NAMESPACE_ENV,
+    RUN_COMMAND,
+    TRAINER_MODULE,
+)
 from bertjob_api.spec import Accelerator, ElasticSpec, JobSpec
 
 # Names and commands of kustomize/base/mpijob.yaml and the accelerator components; the patch finds
@@ -44,8 +64,6 @@ FORWARDED_ENV = [NAME_ENV, NAMESPACE_ENV]
 ACCELERATOR_ENV: dict[Accelerator, list[str]] = {"habana-hpu": ["PT_HPU_LAZY_MODE"]}
 # The port of rank 0's torch.distributed store under DeepSpeed (torchrun's default).
 DEEPSPEED_MASTER_PORT = 29500
-# One process per socket, bound to it (components/xeon-cpu); mpirun's defaults elsewhere.
-MPIRUN_BINDING: dict[Accelerator, list[str]] = {"xeon-cpu": ["--map-by", "socket", "--bind-to", "socket"]}
 
 
 class MPIJobLauncher(KubeflowJob):
@@ -57,14 +75,14 @@ class MPIJobLauncher(KubeflowJob):
     def patch(self, spec: JobSpec, *, name: str, namespace: str, pods: PodNames) -> MergePatch:
         """The patch of the built MPIJob; see :meth:`bertjob.launchers.Launcher.patch`."""
         ssh = PurePosixPath(spec.mpi.ssh_auth_mount_path)
+        launcher = pod_context(spec, pods, container=LAUNCHER_CONTAINER, labels=pods.labels, trainer=False)
+        launcher["env"] = [*launcher["env"], *launcher_mca_env(spec)]
         replicas: list[dict[str, Any]] = [
             {
                 "name": "Launcher",
                 "count": None,
                 "trainer": False,
-                "pod": pod_context(
-                    spec, pods, container=LAUNCHER_CONTAINER, labels=pods.labels, trainer=False
-                ),
+                "pod": launcher,
                 "container": {"command": launcher_command(spec, name, namespace)},
             },
             {
@@ -104,12 +122,23 @@ def launcher_command(spec: JobSpec, name: str = "", namespace: str = "") -> list
     head = [spec.mpi.command, "-np", world_size, "--hostfile", HOSTFILE]
     if spec.mpi.command == "mpirun":
         names = forwarded_env(spec)
-        head += MPIRUN_BINDING.get(spec.accelerator, [])
         head += [arg for env_name in names for arg in ("-x", env_name)]
         if spec.distributed.deepspeed is not None:
             first_worker = f"{name}-worker-0.{name}.{namespace}.svc"
             head += ["-x", f"MASTER_ADDR={first_worker}", "-x", f"MASTER_PORT={DEEPSPEED_MASTER_PORT}"]
     return [*head, *TRAINER_COMMAND]
+
+
+def launcher_mca_env(spec: JobSpec) -> list[dict[str, str]]:
+    """The Launcher's entries of :data:`~bertjob_api.contract.MPIRUN_MCA_ENV` for the accelerator:
+    under mpirun its variables, which the accelerator's component sets too (merged by name, so the
+    operator's value holds), and under horovodrun their deletion (``$patch: delete``), except of a
+    variable that ``spec.pod.env`` sets: horovodrun gives mpirun its own placement, as before."""
+    variables = MPIRUN_MCA_ENV.get(spec.accelerator, {})
+    if spec.mpi.command == "mpirun" and spec.elastic is None:
+        return [{"name": name, "value": value} for name, value in variables.items()]
+    own = {env.get("name") for env in spec.pod.env}
+    return [{"name": name, DIRECTIVE: DELETE} for name in variables if name not in own]
 
 
 def forwarded_env(spec: JobSpec) -> list[str]:

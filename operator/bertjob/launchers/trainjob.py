@@ -34,7 +34,7 @@ from typing import Any
 
 from bertjob import changes, lifecycle
 from bertjob.launchers import ChildKind, MergePatch, PodNames, mpijob, pod_context, whole
-from bertjob_api.contract import RUNTIME_PATCH_MANAGER, TRAINJOB_LAUNCHER, TRAINJOB_NODE
+from bertjob_api.contract import MPIRUN_MCA_ENV, RUNTIME_PATCH_MANAGER, TRAINJOB_LAUNCHER, TRAINJOB_NODE
 from bertjob_api.crd import Condition
 from bertjob_api.spec import JobSpec
 
@@ -42,11 +42,6 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 RUNTIME_GROUP = "trainer.kubeflow.org"
 # Open MPI forwards the variables this lists (';' between them) to every rank, as `mpirun -x` does.
 MPI_ENV_LIST = "OMPI_MCA_mca_base_env_list"
-# Open MPI's MCA variable for each of the MPIJob's mpirun binding options (mpijob.MPIRUN_BINDING).
-MPI_BINDING_VARIABLES = {
-    "--map-by": "OMPI_MCA_rmaps_base_mapping_policy",
-    "--bind-to": "OMPI_MCA_hwloc_base_binding_policy",
-}
 
 
 class TrainJobLauncher:
@@ -172,11 +167,7 @@ def mpi_env(spec: JobSpec, name: str) -> list[dict[str, str]]:
     ``<job>-node-0-<i>.<job>``), whose ranks mpirun starts first."""
     if spec.train_job.ml_policy != "mpi":
         return []
-    binding = mpijob.MPIRUN_BINDING.get(spec.accelerator, [])
-    env = {
-        MPI_BINDING_VARIABLES[option]: value
-        for option, value in zip(binding[::2], binding[1::2], strict=True)
-    }
+    env = dict(MPIRUN_MCA_ENV.get(spec.accelerator, {}))
     forwarded = mpijob.forwarded_env(spec)
     if spec.distributed.deepspeed is not None:
         env["MASTER_ADDR"] = f"{name}-{TRAINJOB_NODE}-0-0.{name}"

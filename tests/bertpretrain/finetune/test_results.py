@@ -18,7 +18,7 @@ from bertjob_api.spec import parse_job
 from bertjob_testing.jobs import valid_job, with_value
 from bertjob_testing.kube_emulator import one_job
 from bertpretrain.finetune import results
-from bertpretrain.finetune.stage import TaskFiles
+from bertpretrain.finetune.task_files import TaskFiles
 from bertpretrain.finetune.train import RunResult
 from bertpretrain.training.progress import StatusReporter
 from tests.k8s_schema import assert_valid

@@ -34,7 +34,8 @@ from bertpretrain.model.huggingface import (
     read_hf_config,
     save_hf,
 )
-from bertpretrain.training.checkpoint import export_hf, save_checkpoint
+from bertpretrain.training.checkpoint import save_checkpoint
+from bertpretrain.training.export import export_hf
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -23,12 +23,11 @@ from bertpretrain.model.bert import BertForPreTraining
 from bertpretrain.model.config import BertConfig, CheckpointError
 from bertpretrain.run import main as bertpretrain_main
 from bertpretrain.training.checkpoint import (
-    export_hf,
-    export_nvidia,
     load_initial_weights,
     read_checkpoint,
     save_checkpoint,
 )
+from bertpretrain.training.export import export_hf, export_nvidia
 from tests.bertpretrain.conftest import VOCAB, VOCAB_SIZE
 from tests.bertpretrain.training.test_phase import init_from, train_phase
 

@@ -1,6 +1,6 @@
 """One rank of the data-parallel equivalence test (tests/bertpretrain/runtime/test_data_parallel.py),
 run alone, under torchrun, horovodrun or mpirun: whichever started it, the engine joins that
-world (:func:`bertpretrain.runtime.parallel.join`).
+world (:func:`bertpretrain.runtime.parallel.joining.join`).
 
     python data_parallel_worker.py OUT_DIR ACCUMULATION_STEPS STEPS MICRO_BATCH [COMPRESSION]
 
@@ -22,7 +22,7 @@ from bertjob_api.spec import DistributedSpec, OptimizerSpec
 from bertpretrain.model.bert import BertForPreTraining
 from bertpretrain.model.config import BertConfig
 from bertpretrain.runtime.engine import Engine
-from bertpretrain.runtime.parallel import join
+from bertpretrain.runtime.parallel.joining import join
 from bertpretrain.training.accuracy import step_statistics
 from bertpretrain.training.optimizer import build_optimizer
 from bertpretrain.training.schedule import poly_warmup_schedule

@@ -33,7 +33,8 @@ from bertjob_api.spec import JobSpec, parse_job
 from bertjob_testing.jobs import valid_job
 from bertpretrain.model.bert import BertForPreTraining
 from bertpretrain.runtime.engine import Engine
-from bertpretrain.runtime.parallel import DataParallel, join
+from bertpretrain.runtime.parallel import DataParallel
+from bertpretrain.runtime.parallel.joining import join
 from bertpretrain.runtime.sharding import parameter_count, whole_parameters
 from bertpretrain.training.accuracy import step_statistics
 from bertpretrain.training.checkpoint import load_training_state, save_checkpoint

@@ -23,7 +23,7 @@ from bertpretrain.model.bert import BertForPreTraining
 from bertpretrain.model.config import BertConfig
 from bertpretrain.runtime import compiling
 from bertpretrain.runtime.engine import Engine
-from bertpretrain.runtime.parallel import join
+from bertpretrain.runtime.parallel.joining import join
 from bertpretrain.training.accuracy import step_statistics
 from bertpretrain.training.optimizer import Lamb, build_optimizer
 from bertpretrain.training.schedule import poly_warmup_schedule

@@ -18,7 +18,7 @@ import bertpretrain.runtime.engine
 from bertpretrain.model.bert import BertForPreTraining
 from bertpretrain.model.config import BertConfig
 from bertpretrain.runtime.engine import Engine
-from bertpretrain.runtime.parallel import join
+from bertpretrain.runtime.parallel.joining import join
 from bertpretrain.training.accuracy import StepStatistics, step_statistics
 from bertpretrain.training.checkpoint import read_checkpoint
 from bertpretrain.training.optimizer import build_optimizer
@@ -104,7 +104,7 @@ def test_adamw_gradients_are_clipped(tiny_config: BertConfig) -> None:
 
 
 WORKER = """
-import json, os, sys
+import contextlib, json, os, sys
 from pathlib import Path
 import torch
 import torch.distributed as dist
@@ -113,7 +113,7 @@ from bertjob_api.spec import parse_spec
 from bertjob_api.defaults import with_defaults
 from bertpretrain.runtime.engine import Engine
 from bertpretrain.data.load.loader import build_loader
-from bertpretrain.runtime.parallel import join
+from bertpretrain.runtime.parallel.joining import join
 from bertpretrain.model.bert import BertForPreTraining
 from bertpretrain.model.config import BertConfig
 from bertpretrain.data.format.prepared import PreparedData
@@ -142,7 +142,8 @@ for _ in range(6):
 (out / f"reductions{rank}").write_text(str(len([index for index in reductions if index == 0])))
 
 data = PreparedData(shard_dir.parent / "vocab", vocab_size, [shard_dir])
-final = Phase(Plan.resolve(spec), 0, data).train()
+with contextlib.closing(join(spec.accelerator, spec.tf32, spec.distributed)) as parallel:
+    final = Phase(Plan.resolve(spec), 0, data, parallel).train()
 (out / f"final{rank}").write_text(str(final))
 dist.destroy_process_group()
 """

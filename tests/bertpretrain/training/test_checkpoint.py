@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from bertjob_api.plan import phase_dir
 from bertpretrain.common import files
 from bertpretrain.common.files import DiskFullError
 from bertpretrain.model.bert import BertForPreTraining
@@ -25,7 +26,6 @@ from bertpretrain.training.checkpoint import (
     load_model_weights,
     load_training_state,
     newest_resumable,
-    phase_dir,
     read_checkpoint,
     rng_states,
     save_checkpoint,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -18,8 +19,10 @@ from bertjob_api.plan import Plan
 from bertjob_api.spec import JobSpec
 from bertpretrain.data.format.prepared import PreparedData
 from bertpretrain.runtime.engine import Engine
+from bertpretrain.runtime.parallel.joining import join
 from bertpretrain.training.checkpoint import CheckpointError, read_checkpoint
-from bertpretrain.training.phase import DivergenceError, Phase
+from bertpretrain.training.errors import DivergenceError
+from bertpretrain.training.phase import Phase
 from bertpretrain.training.preemption import Preempted
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -55,7 +58,8 @@ def train_phase(
     """Phase ``index`` of ``spec``'s plan (for its topology) on the shards in ``shard_dir``, in a
     process group of its own."""
     data = PreparedData(shard_dir.parent / "vocab", vocab_size, [shard_dir] * len(spec.phases))
-    return Phase(Plan.resolve(spec), index, data, init_from=init_from).train()
+    with contextlib.closing(join(spec.accelerator, spec.tf32, spec.distributed)) as parallel:
+        return Phase(Plan.resolve(spec), index, data, parallel, init_from).train()
 
 
 def log_records(spec: JobSpec) -> list[dict[str, Any]]:
@@ -403,6 +407,9 @@ def test_an_evaluation_due_when_sigterm_stopped_the_run_is_made_on_resume(
 def test_a_plan_for_another_world_is_refused(make_spec, make_phase, shard_dir: Path, vocab_size: int) -> None:
     spec = make_spec([make_phase(globalBatchSize=16, microBatchSize=4)])
     data = PreparedData(shard_dir.parent / "vocab", vocab_size, [shard_dir])
-    with pytest.raises(ValueError, match="the plan is for world size 2, but 1 processes train"):
-        Phase(Plan.resolve(spec, 2), 0, data).train()
+    with (
+        contextlib.closing(join(spec.accelerator)) as parallel,
+        pytest.raises(ValueError, match="the plan is for world size 2, but 1 processes train"),
+    ):
+        Phase(Plan.resolve(spec, 2), 0, data, parallel).train()
     assert not list(Path(spec.checkpoint.path).rglob("*.pt"))

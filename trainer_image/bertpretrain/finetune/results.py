@@ -23,10 +23,10 @@ from bertjob_api.spec import FinetuneTaskSpec
 from bertpretrain.common.files import write_atomically
 from bertpretrain.common.jsonable import finite
 from bertpretrain.finetune.metrics import summarise
+from bertpretrain.finetune.task_files import TaskFiles
 from bertpretrain.training.progress import StatusReporter
 
 if TYPE_CHECKING:
-    from bertpretrain.finetune.stage import TaskFiles
     from bertpretrain.finetune.train import RunResult
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,35 +21,17 @@ from bertjob_api.contract import TOKENIZER_FILE, VOCAB_FILE
 from bertjob_api.plan import Plan
 from bertjob_api.spec import FinetuneTaskSpec
 from bertpretrain.data.format.vocab import load_tokenizer
-from bertpretrain.data.prepare.stage import VOCAB_DIR
 from bertpretrain.finetune import results
-from bertpretrain.finetune.builtin import builtin_files, write_builtin_task
+from bertpretrain.finetune.builtin import write_builtin_task
 from bertpretrain.finetune.metrics import classification_metrics
 from bertpretrain.finetune.squad import predict_answers, read_squad, squad_features, squad_metrics
 from bertpretrain.finetune.tables import encode_classification, read_classification
+from bertpretrain.finetune.task_files import TaskFiles, task_files
 from bertpretrain.finetune.train import INPUTS, Init, RunResult, TaskData, run
 from bertpretrain.model.config import BertConfig
 from bertpretrain.model.huggingface import CONFIG_FILE, read_hf_config
 from bertpretrain.runtime.parallel import Alone, DataParallel
 from bertpretrain.runtime.world import World
-
-
-@dataclass(frozen=True)
-class TaskFiles:
-    """Where a task's examples are: its ``train`` and ``validation`` files and their format."""
-
-    train: Path
-    validation: Path
-    format: str
-
-
-def task_files(task: FinetuneTaskSpec, plan: Plan) -> TaskFiles:
-    """The task's files as the spec names them; a builtin task's are written (by the caller of
-    :func:`write_builtin`) under ``<checkpoint.path>/finetune/<task>/``."""
-    if task.builtin is not None:
-        return TaskFiles(*builtin_files(plan.paths.finetune / task.name), "tsv")
-    assert task.train is not None and task.validation is not None  # the spec checks it
-    return TaskFiles(Path(task.train), Path(task.validation), task.format)
 
 
 def write_builtin(task: FinetuneTaskSpec, plan: Plan) -> bool:
@@ -97,7 +78,7 @@ def tokenizer_source(source: Path | None, plan: Plan) -> Path:
                 return directory
     if plan.spec.data.vocab.file is not None:
         return Path(plan.spec.data.vocab.file)
-    return plan.paths.shards / VOCAB_DIR
+    return plan.paths.vocab
 
 
 def load_task(task: FinetuneTaskSpec, files: TaskFiles, tokenizer: Tokenizer) -> TaskData:

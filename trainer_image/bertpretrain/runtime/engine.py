@@ -2,8 +2,9 @@
 see them (in the manner of gpauloski/llm-pytorch's ``engine``).
 
 The device and the data parallelism (alone, DDP under torchrun, Horovod under mpirun or
-horovodrun, DeepSpeed ZeRO under either) come from :func:`bertpretrain.runtime.parallel.join`; gradients
-are averaged over ranks once per optimizer step, on the last micro-batch of each gradient accumulation.
+horovodrun, DeepSpeed ZeRO under either) come from
+:func:`bertpretrain.runtime.parallel.joining.join`; gradients are averaged over ranks once per
+optimizer step, on the last micro-batch of each gradient accumulation.
 Under DeepSpeed, precision, loss scaling and gradient clipping are DeepSpeed's (its config's
 ``fp16``/``bf16`` sections and ``gradient_clipping``), not the engine's autocast and gradient scaler.
 
@@ -75,7 +76,8 @@ def _set_rng_states(device: torch.device, states: tuple[torch.Tensor, torch.Tens
 class Engine:
     """Runs forward/backward and optimizer steps on one rank's device, in one precision.
 
-    ``parallel``: this rank's device and data parallelism, from :func:`bertpretrain.runtime.parallel.join`.
+    ``parallel``: this rank's device and data parallelism, from
+    :func:`bertpretrain.runtime.parallel.joining.join`.
     ``precision``: ``bf16`` or ``fp16`` autocast over fp32 parameters (fp16 with a gradient
     scaler), or ``fp32``. ``statistics``: what each micro-batch yields, its element 0 the loss
     (see :data:`Statistics`); ``forward``: how the model is called on a batch (see :data:`Forward`).

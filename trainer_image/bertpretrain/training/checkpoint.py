@@ -17,13 +17,11 @@ the one before, and the phase repeats the steps in between. ``evaluation.json`` 
 directory records its last held-out evaluation, so that a run stopped after a checkpoint but
 before the evaluation of that step makes it when resumed.
 
-:func:`export_hf` turns a checkpoint into a Hugging Face model directory, and :func:`export_nvidia`
-into NVIDIA DeepLearningExamples' files, whose formats are the model stage's
-(:mod:`bertpretrain.model.huggingface`, :mod:`bertpretrain.model.nvidia`).
-:func:`load_initial_weights` tells the formats a job can start from apart (these two and our own
-checkpoints) and refuses anything else, saying what it found. :class:`CheckpointError` is the model
-stage's too (:mod:`bertpretrain.model.config`): a Hugging Face directory that does not fit the
-model raises it as well.
+:mod:`bertpretrain.training.export` turns a checkpoint into a Hugging Face model directory or
+NVIDIA DeepLearningExamples' files. :func:`load_initial_weights` tells the formats a job can start
+from apart (these two and our own checkpoints) and refuses anything else, saying what it found.
+:class:`CheckpointError` is the model stage's too (:mod:`bertpretrain.model.config`): a Hugging
+Face directory that does not fit the model raises it as well.
 """
 
 from __future__ import annotations
@@ -37,18 +35,18 @@ from typing import Any
 
 import torch
 
+from bertjob_api.plan import phase_dir
 from bertpretrain.common import files
 from bertpretrain.model.bert import BertForPreTraining
 from bertpretrain.model.config import BertConfig, CheckpointError, shape_differences
 from bertpretrain.model.huggingface import CONFIG_FILE as HF_CONFIG_FILE
-from bertpretrain.model.huggingface import load_hf_weights, save_hf
+from bertpretrain.model.huggingface import load_hf_weights
 from bertpretrain.model.nvidia import CONFIG_FILE as NVIDIA_CONFIG_FILE
 from bertpretrain.model.nvidia import (
     find_nvidia_checkpoint,
     is_bert_state_dict,
     is_nvidia_state_dict,
     load_nvidia_weights,
-    save_nvidia,
 )
 from bertpretrain.runtime.sharding import whole_parameters
 
@@ -59,11 +57,6 @@ _ZIP_MAGIC = b"PK\x03\x04"
 _PICKLE_PROTO = b"\x80"
 # What resuming reads besides the weights and config.
 _TRAINING_STATE = ("optimizer", "scheduler", "scaler", "step", "data_position", "rng")
-
-
-def phase_dir(root: Path, phase_index: int) -> Path:
-    """The directory of phase ``phase_index`` (0-based) under ``root``: ``root/phase<index + 1>``."""
-    return root / f"phase{phase_index + 1}"
 
 
 def checkpoint_path(root: Path, phase_index: int, step: int) -> Path:
@@ -376,46 +369,6 @@ def _listing(directory: Path, count: int = 10) -> str:
         return "nothing"
     more = f", ... ({len(names)} in all)" if len(names) > count else ""
     return ", ".join(names[:count]) + more
-
-
-def export_nvidia(checkpoint: Path, vocab_dir: Path, out_dir: Path) -> Path:
-    """Write the model of ``checkpoint`` and the vocabulary of ``vocab_dir`` to ``out_dir`` in NVIDIA
-    DeepLearningExamples' format (:func:`bertpretrain.model.nvidia.save_nvidia`:
-    ``ckpt_<step>.pt`` named by the checkpoint's step in its phase, ``bert_config.json``,
-    ``vocab.txt``).
-
-    Returns:
-        ``out_dir``.
-
-    Raises:
-        CheckpointError: the checkpoint cannot be read.
-        FileNotFoundError: ``vocab_dir`` has no ``vocab.txt``.
-        ValueError: the model cannot be written in NVIDIA's format (see
-            :func:`bertpretrain.model.nvidia.config_to_nvidia`).
-        bertpretrain.common.files.DiskFullError: the export does not fit; nothing of it is left.
-    """
-    state = read_checkpoint(checkpoint)
-    step = int(state.get("step", 0))
-    return save_nvidia(state["model"], BertConfig(**state["config"]), vocab_dir, out_dir, step)
-
-
-def export_hf(checkpoint: Path, vocab_dir: Path, out_dir: Path, lowercase: bool) -> Path:
-    """Write the model of ``checkpoint`` and the vocabulary of ``vocab_dir`` to ``out_dir`` as a
-    Hugging Face model directory (:func:`bertpretrain.model.huggingface.save_hf`, which says how).
-
-    ``checkpoint`` is any training checkpoint, not only a phase's last; its weights are written as
-    they are stored. ``lowercase`` is the tokenizer's ``do_lower_case``.
-
-    Returns:
-        ``out_dir``.
-
-    Raises:
-        CheckpointError: the checkpoint cannot be read.
-        FileNotFoundError: ``vocab_dir`` has no ``vocab.txt``.
-        bertpretrain.common.files.DiskFullError: the export does not fit; nothing of it is left.
-    """
-    state = read_checkpoint(checkpoint)
-    return save_hf(state["model"], BertConfig(**state["config"]), vocab_dir, out_dir, lowercase)
 
 
 @dataclass(frozen=True)

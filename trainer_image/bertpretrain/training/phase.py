@@ -48,7 +48,7 @@ from bertpretrain.model.bert import BertForPreTraining
 from bertpretrain.model.config import BertConfig
 from bertpretrain.runtime import compiling
 from bertpretrain.runtime.engine import Engine
-from bertpretrain.runtime.parallel import DataParallel, join
+from bertpretrain.runtime.parallel import DataParallel
 from bertpretrain.runtime.sharding import parameter_count, whole_parameters
 from bertpretrain.training.accuracy import StepStatistics, step_statistics
 from bertpretrain.training.checkpoint import (
@@ -61,12 +61,12 @@ from bertpretrain.training.checkpoint import (
     load_model_weights,
     load_training_state,
     newest_resumable,
-    phase_dir,
     read_checkpoint,
     record_evaluation,
     rng_states,
     save_checkpoint,
 )
+from bertpretrain.training.errors import DivergenceError
 from bertpretrain.training.evaluation import Evaluation, evaluate
 from bertpretrain.training.logs import TrainingLog
 from bertpretrain.training.optimizer import build_optimizer
@@ -78,15 +78,11 @@ from bertpretrain.training.schedule import build_schedule
 MAX_CONSECUTIVE_SKIPS = 30
 
 
-class DivergenceError(RuntimeError):
-    """The training loss became NaN or infinite."""
-
-
 @dataclass(frozen=True)
 class Phase:
     """Phase ``index`` (0-based) of ``plan``, on ``data`` (the vocabulary and each phase's shards),
-    in ``parallel`` (the job's device and data parallelism; default:
-    :func:`bertpretrain.runtime.parallel.join` for this phase alone); :meth:`train` runs it.
+    in ``parallel`` (the job's device and data parallelism, joined once by the entry point:
+    :func:`bertpretrain.runtime.parallel.joining.join`); :meth:`train` runs it.
 
     The model starts from ``init_from``'s weights (phase 1's final checkpoint, for phase 2), else
     from ``spec.model.initFrom`` (a Hugging Face model, an NVIDIA DeepLearningExamples checkpoint or
@@ -98,7 +94,7 @@ class Phase:
     plan: Plan
     index: int
     data: PreparedData
-    parallel: DataParallel | None = None
+    parallel: DataParallel
     init_from: Path | None = None
 
     @property
@@ -107,24 +103,29 @@ class Phase:
         return self.plan.spec
 
     @property
-    def phase(self) -> PhasePlan:
-        """This phase's batch split, length and steps."""
+    def phase_plan(self) -> PhasePlan:
+        """This phase's batch split, length and steps, for the world that runs it."""
         return self.plan.phases[self.index]
 
     @property
-    def written(self) -> PhaseSpec:
+    def phase_spec(self) -> PhaseSpec:
         """This phase as the spec writes it (learning rate, warm-up)."""
         return self.spec.phases[self.index]
 
     @property
     def name(self) -> str:
         """``phase <n>/<phases>``, as the progress lines begin."""
-        return f"phase {self.phase.number}/{len(self.plan.phases)}"
+        return f"phase {self.phase_plan.number}/{len(self.plan.phases)}"
 
     @property
     def root(self) -> Path:
         """The checkpoint directory of the job (each phase's in ``phase<n>`` below it)."""
         return self.plan.paths.checkpoints
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """This phase's checkpoints, ``<checkpoint.path>/phase<n>``."""
+        return self.plan.paths.phase_checkpoints[self.index]
 
     @property
     def shard_dir(self) -> Path:
@@ -149,8 +150,7 @@ class Phase:
             ValueError: the plan is for another world size than ``parallel``'s.
             RuntimeError: an accelerator that is missing or not supported.
         """
-        spec = self.spec
-        parallel = self.parallel or join(spec.accelerator, spec.tf32, spec.distributed)
+        spec, parallel = self.spec, self.parallel
         log = None
         try:
             if parallel.world.world_size != self.plan.world_size:
@@ -160,25 +160,23 @@ class Phase:
                 )
             engine = Engine(parallel, spec.precision, step_statistics)
             directory = self.plan.paths.logs if engine.is_main else None
-            status = StatusReporter.from_environment(self.phase.steps) if directory else None
+            status = StatusReporter.from_environment(self.phase_plan.steps) if directory else None
             log = TrainingLog(directory, spec.logging.tensorboard, status, spec.logging.format)
             run = _build(self, engine, log)
             with StopSignals() as stop:
                 _train(run, stop)
             engine.barrier()
-            return checkpoint_path(self.root, self.index, self.phase.steps)
+            return checkpoint_path(self.root, self.index, self.phase_plan.steps)
         finally:
             if log is not None:
                 log.close()
-            if self.parallel is None:
-                parallel.close()
 
 
 @dataclass
 class _Run:
     """What the loop of one phase needs, built by :func:`_build`."""
 
-    of: Phase
+    phase: Phase  # the phase trained: its plan, spec, index, name and checkpoint directory
     engine: Engine
     model: BertForPreTraining
     loader: DataLoader[Batch]
@@ -186,26 +184,6 @@ class _Run:
     masking: DynamicMasking | None
     start_step: int
     log: TrainingLog
-
-    @property
-    def spec(self) -> JobSpec:
-        return self.of.spec
-
-    @property
-    def phase(self) -> PhasePlan:
-        return self.of.phase
-
-    @property
-    def index(self) -> int:
-        return self.of.index
-
-    @property
-    def name(self) -> str:
-        return self.of.name
-
-    @property
-    def root(self) -> Path:
-        return self.of.root
 
     @property
     def batches(self) -> PretrainingBatches:
@@ -218,7 +196,7 @@ def _seed(*parts: int) -> int:
 
 
 def _build(of: Phase, engine: Engine, log: TrainingLog) -> _Run:
-    spec, index, phase, written = of.spec, of.index, of.phase, of.written
+    spec, index, phase, written = of.spec, of.index, of.phase_plan, of.phase_spec
     vocab_size, shard_dir = of.data.vocab_size, of.shard_dir
     torch.manual_seed(_seed(spec.seed, index))
     model = BertForPreTraining(BertConfig.from_dims(of.plan.model, vocab_size))
@@ -282,7 +260,7 @@ def _resumable(of: Phase, engine: Engine) -> Resumable | None:
     it picked."""
     found = None
     if engine.is_main:
-        found = newest_resumable(phase_dir(of.root, of.index))
+        found = newest_resumable(of.checkpoint_dir)
         if found is not None:
             for reason in found.skipped:
                 print(f"{reason}; skipped, resuming from {found.path.name}", flush=True)
@@ -322,9 +300,9 @@ def _dynamic_masking(spec: JobSpec, vocab_dir: Path | None) -> DynamicMasking | 
 
 
 def _announce(run: _Run, origin: str) -> None:
-    phase, spec, engine = run.phase, run.spec, run.engine
+    phase, spec, engine = run.phase.phase_plan, run.phase.spec, run.engine
     description: dict[str, object] = {
-        "phase": run.index + 1,
+        "phase": run.phase.index + 1,
         "model": spec.model.preset,
         "parameters": parameter_count(run.model),
         "steps": phase.steps,
@@ -344,13 +322,13 @@ def _announce(run: _Run, origin: str) -> None:
         "init_from": origin,
     }
     if spec.optimizer.lr_scaling != "none":
-        description |= run.of.plan.learning_rate(run.index)
+        description |= run.phase.plan.learning_rate(run.phase.index)
     run.log.parameters(description)
     if not engine.is_main:
         return
     rows = "rows of packed sequences" if spec.data.packing != "none" else "sequences"
     print(
-        f"{run.name}: {spec.model.preset} ({description['parameters']:,} parameters), "
+        f"{run.phase.name}: {spec.model.preset} ({description['parameters']:,} parameters), "
         f"{phase.steps} steps x {phase.global_batch_size} {rows} of {phase.max_seq_length} tokens "
         f"(micro-batch {phase.micro_batch_size} x {phase.accumulation_steps} accumulation steps x "
         f"world size {engine.world_size}), {engine.device} {spec.precision} {spec.optimizer.name}; "
@@ -360,7 +338,7 @@ def _announce(run: _Run, origin: str) -> None:
 
 
 def _train(run: _Run, stop: StopSignals) -> None:
-    phase, engine, spec = run.phase, run.engine, run.spec
+    phase, engine, spec = run.phase.phase_plan, run.engine, run.phase.spec
     if run.heldout and _evaluation_owed(run):
         _evaluate(run, run.start_step)
     batches: Iterator[Batch] = iter(run.loader)
@@ -391,17 +369,18 @@ def _warm_up(run: _Run, batches: Iterator[Batch]) -> Iterator[Batch]:
     first = next(batches)
     seconds = run.engine.warm_up(first)
     if seconds is not None and run.engine.is_main:
+        planned = run.phase.phase_plan
         print(
-            f"{run.name}: compiled the model and the optimizer step for micro-batch "
-            f"{run.phase.micro_batch_size} x {run.phase.max_seq_length} tokens in {seconds:.1f} s",
+            f"{run.phase.name}: compiled the model and the optimizer step for micro-batch "
+            f"{planned.micro_batch_size} x {planned.max_seq_length} tokens in {seconds:.1f} s",
             flush=True,
         )
     return itertools.chain([first], batches)
 
 
 def _evaluation_due(run: _Run, step: int) -> bool:
-    every = run.spec.evaluation.every_steps
-    return step == run.phase.steps or bool(every and step % every == 0)
+    every = run.phase.spec.evaluation.every_steps
+    return step == run.phase.phase_plan.steps or bool(every and step % every == 0)
 
 
 def _evaluation_owed(run: _Run) -> bool:
@@ -409,7 +388,7 @@ def _evaluation_owed(run: _Run) -> bool:
     was stopped between that step's checkpoint and the end of its evaluation (collective: every
     rank gets rank 0's answer)."""
     step = run.start_step
-    owed = step > 0 and _evaluation_due(run, step) and evaluated_step(run.root, run.index) < step
+    owed = step > 0 and _evaluation_due(run, step) and evaluated_step(run.phase.root, run.phase.index) < step
     return run.engine.any_rank(run.engine.is_main and owed)
 
 
@@ -425,28 +404,28 @@ def _save(run: _Run, step: int) -> Path:
     optimizer state (collective)."""
     rng = run.engine.gather(rng_states())
     run.engine.gather_optimizer_state()
-    path = checkpoint_path(run.root, run.index, step)
+    path = checkpoint_path(run.phase.root, run.phase.index, step)
     # Whole weights in the file (ZeRO-3 gathers them from every rank), for export and phase 2.
     with whole_parameters(run.model):
         if run.engine.is_main:
             save_checkpoint(
-                run.root,
-                run.index,
+                run.phase.root,
+                run.phase.index,
                 step,
                 model=run.model,
                 optimizer=run.engine.optimizer,
                 scheduler=run.engine.scheduler,
                 scaler=run.engine.scaler,
-                keep=run.spec.checkpoint.keep,
-                data_position=run.batches.position(step * run.phase.accumulation_steps).to_dict(),
+                keep=run.phase.spec.checkpoint.keep,
+                data_position=run.batches.position(step * run.phase.phase_plan.accumulation_steps).to_dict(),
                 rng=rng,  # type: ignore[arg-type]
-                learning_rate=run.of.plan.learning_rate(run.index),
+                learning_rate=run.phase.plan.learning_rate(run.phase.index),
             )
     return path
 
 
 def _evaluate(run: _Run, step: int) -> Evaluation:
-    phase, engine = run.phase, run.engine
+    phase, engine = run.phase.phase_plan, run.engine
     result = evaluate(
         engine,
         heldout_batches(
@@ -455,17 +434,17 @@ def _evaluate(run: _Run, step: int) -> Evaluation:
             phase.micro_batch_size,
             engine.rank,
             engine.world_size,
-            seed=_seed(run.spec.seed, run.index, 1),
+            seed=_seed(run.phase.spec.seed, run.phase.index, 1),
             masking=run.masking,
             max_predictions_per_seq=phase.max_predictions_per_seq,
-            max_sequences=run.spec.evaluation.max_sequences,
+            max_sequences=run.phase.spec.evaluation.max_sequences,
         ),
     )
-    run.log.log(run.index + 1, step, "eval", result.values())
+    run.log.log(run.phase.index + 1, step, "eval", result.values())
     if engine.is_main:
-        record_evaluation(run.root, run.index, step, result.values())
+        record_evaluation(run.phase.root, run.phase.index, step, result.values())
         print(
-            f"{run.name} step {step}/{phase.steps} held-out: mlm_acc {result.accuracy.mlm:.4f} "
+            f"{run.phase.name} step {step}/{phase.steps} held-out: mlm_acc {result.accuracy.mlm:.4f} "
             f"nsp_acc {result.accuracy.nsp:.4f} loss {result.loss:.3f} (mlm {result.mlm_loss:.3f} "
             f"nsp {result.nsp_loss:.3f}), {result.accuracy.sequences:,} sequences in {result.seconds:.1f} s",
             flush=True,
@@ -515,9 +494,10 @@ class _Progress:
             self.sums += stats.to_tensor()
             self.steps += 1
             self.step_loss = stats.mean_losses(
-                self.run.phase.accumulation_steps * self.run.engine.world_size
+                self.run.phase.phase_plan.accumulation_steps * self.run.engine.world_size
             )[0]
-        if step % self.run.spec.logging.every_steps == 0 or step == self.run.phase.steps:
+        phase = self.run.phase
+        if step % phase.spec.logging.every_steps == 0 or step == phase.phase_plan.steps:
             self._emit(step, lr)
             self._reset()
 
@@ -528,8 +508,8 @@ class _Progress:
 
     def _diverged(self, step: int, stats: StepStatistics, skipped: bool) -> None:
         run = self.run
-        losses = stats.mean_losses(run.phase.accumulation_steps * run.engine.world_size)
-        newest = latest(phase_dir(run.root, run.index))
+        losses = stats.mean_losses(run.phase.phase_plan.accumulation_steps * run.engine.world_size)
+        newest = latest(run.phase.checkpoint_dir)
         kept = (
             f"the last good checkpoint is {newest}" if newest else "no checkpoint of this phase was written"
         )
@@ -537,15 +517,15 @@ class _Progress:
             f"{self.consecutive_skips} fp16 steps in a row overflowed" if skipped else f"loss is {losses[0]}"
         )
         raise DivergenceError(
-            f"{run.name} step {step}: {cause} (mlm {losses[1]} nsp {losses[2]}); stopping, {kept}. "
+            f"{run.phase.name} step {step}: {cause} (mlm {losses[1]} nsp {losses[2]}); stopping, {kept}. "
             f"Lower the learning rate, or use bf16 or fp32 instead of fp16."
         )
 
     def _emit(self, step: int, lr: float) -> None:
-        run, phase = self.run, self.run.phase
+        run, phase = self.run, self.run.phase.phase_plan
         elapsed = time.perf_counter() - self.start
         # NaN when every step since the last line was skipped.
-        micro_batches = self.steps * run.phase.accumulation_steps * run.engine.world_size
+        micro_batches = self.steps * run.phase.phase_plan.accumulation_steps * run.engine.world_size
         total = StepStatistics.from_tensor(self.sums)
         loss, mlm, nsp = total.mean_losses(micro_batches)
         accuracy = total.accuracy()
@@ -556,7 +536,7 @@ class _Progress:
         values["sequences"] = float(accuracy.sequences)
         if self.skipped:
             values["skipped_steps"] = float(self.skipped)
-        run.log.log(run.index + 1, step, "train", values, step_loss=self.step_loss)
+        run.log.log(run.phase.index + 1, step, "train", values, step_loss=self.step_loss)
         self.trained_sequences += accuracy.sequences
         self.last_loss = loss
         if not run.engine.is_main:
@@ -564,7 +544,7 @@ class _Progress:
         eta = datetime.timedelta(seconds=round((phase.steps - step) * elapsed / max(steps_done, 1)))
         skipped = f" skipped {self.skipped} (fp16 overflow)" if self.skipped else ""
         print(
-            f"{run.name} step {step}/{phase.steps} loss {loss:.3f} (mlm {mlm:.3f} nsp {nsp:.3f}) "
+            f"{run.phase.name} step {step}/{phase.steps} loss {loss:.3f} (mlm {mlm:.3f} nsp {nsp:.3f}) "
             f"mlm_acc {accuracy.mlm:.3f} lr {lr:.2e} seq/s {rate:.1f} eta {eta}{skipped}",
             flush=True,
         )

@@ -12,7 +12,9 @@ from tokenizers import Tokenizer, pre_tokenizers
 
 from bertjob_api.spec import SourceSpec
 from bertpretrain.data.format.vocab import SpecialIds, load_tokenizer
-from bertpretrain.data.prepare import corpus
+from bertpretrain.data.prepare.corpus import splitting
+from bertpretrain.data.prepare.corpus.pydocs import BUILTIN_PYTHON_DOCS
+from bertpretrain.data.prepare.corpus.sources import read_source
 from bertpretrain.data.prepare.documents import (
     DocumentEncoder,
     TokenizedDocuments,
@@ -39,15 +41,15 @@ AWKWARD = [
 
 @pytest.fixture(scope="module", params=[True, False], ids=["uncased", "cased"])
 def tokenizer(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
-    builtin = corpus.read_source(SourceSpec(path=corpus.BUILTIN_PYTHON_DOCS), collections.Counter())
-    sentences = [s for document in islice(builtin, 40) for s in corpus.sentences(document)]
+    builtin = read_source(SourceSpec(path=BUILTIN_PYTHON_DOCS), collections.Counter())
+    sentences = [s for document in islice(builtin, 40) for s in splitting.sentences(document)]
     return load_tokenizer(train_vocab(sentences, 800, request.param, tmp_path_factory.mktemp("vocab")))
 
 
 @pytest.fixture(scope="module")
 def documents() -> list[list[str]]:
-    builtin = corpus.read_source(SourceSpec(path=corpus.BUILTIN_PYTHON_DOCS), collections.Counter())
-    return [corpus.sentences(document) for document in islice(builtin, 100)] + AWKWARD
+    builtin = read_source(SourceSpec(path=BUILTIN_PYTHON_DOCS), collections.Counter())
+    return [splitting.sentences(document) for document in islice(builtin, 100)] + AWKWARD
 
 
 def one_sentence_at_a_time(tokenizer: Tokenizer, documents: list[list[str]]) -> list[list[list[int]]]:

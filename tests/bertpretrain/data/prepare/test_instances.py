@@ -29,7 +29,9 @@ import pytest
 from bertjob_api.spec import SourceSpec
 from bertpretrain.data.format.masking import mask_tokens
 from bertpretrain.data.format.vocab import SpecialIds, load_tokenizer
-from bertpretrain.data.prepare.corpus import BUILTIN_PYTHON_DOCS, read_source, sentences
+from bertpretrain.data.prepare.corpus.pydocs import BUILTIN_PYTHON_DOCS
+from bertpretrain.data.prepare.corpus.sources import read_source
+from bertpretrain.data.prepare.corpus.splitting import sentences
 from bertpretrain.data.prepare.documents import DocumentEncoder, TokenizedDocuments
 from bertpretrain.data.prepare.instances import InstanceParams, Pairs, assemble, create_pairs
 from bertpretrain.data.prepare.vocab import train_vocab

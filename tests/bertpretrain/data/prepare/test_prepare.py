@@ -17,7 +17,9 @@ from bertjob_api.spec import JobSpec, SourceSpec, parse_spec
 from bertpretrain.data.format.packed import PACKED_DTYPES, attention_mask
 from bertpretrain.data.format.prepared import PreparedData
 from bertpretrain.data.format.shards import DYNAMIC_DTYPES, SHARD_DTYPES, read_shard
-from bertpretrain.data.prepare import corpus
+from bertpretrain.data.prepare.corpus import sources, splitting
+from bertpretrain.data.prepare.corpus.pydocs import BUILTIN_PYTHON_DOCS
+from bertpretrain.data.prepare.corpus.sources import read_source
 from bertpretrain.data.prepare.stage import prepare
 
 PHASE_128 = {"maxSeqLength": 128, "maxPredictionsPerSeq": 20, "globalBatchSize": 8, "learningRate": 1e-3,
@@ -43,8 +45,8 @@ def make_spec(shards: Path, sources: list[dict[str, Any]], phases: list[dict[str
 def text_corpus(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     """60 documents of the Python docs in BERT's format: a sentence per line, blank line between."""
     path = tmp_path_factory.mktemp("corpus") / "docs.txt"
-    builtin = corpus.read_source(SourceSpec(path=corpus.BUILTIN_PYTHON_DOCS), collections.Counter())
-    documents = [corpus.sentences(document) for document in islice(builtin, 60)]
+    builtin = read_source(SourceSpec(path=BUILTIN_PYTHON_DOCS), collections.Counter())
+    documents = [splitting.sentences(document) for document in islice(builtin, 60)]
     path.write_text("\n\n".join("\n".join(document) for document in documents) + "\n", encoding="utf-8")
     return [{"path": str(path)}]
 
@@ -115,7 +117,7 @@ def test_second_run_reads_nothing(
     def no_corpus(*_: object) -> None:
         raise AssertionError("the corpus was read again")
 
-    monkeypatch.setattr(corpus, "read_corpus", no_corpus)
+    monkeypatch.setattr(sources, "read_corpus", no_corpus)
     assert prepare(spec) == first
     assert {d: modified_times(d) for d in before} == before
 

@@ -20,7 +20,9 @@ import yaml
 from bertjob_api.spec import SourceSpec
 from bertjob_testing.jobs import valid_job, with_value
 from bertpretrain.data.format.shards import read_shard
-from bertpretrain.data.prepare import corpus
+from bertpretrain.data.prepare.corpus import splitting
+from bertpretrain.data.prepare.corpus.pydocs import BUILTIN_PYTHON_DOCS
+from bertpretrain.data.prepare.corpus.sources import read_source
 from bertpretrain.data.prepare.stage import prepare
 from bertpretrain.run import main as bertpretrain_main
 from tests.bertpretrain.data.prepare.test_prepare import make_spec, modified_times
@@ -32,8 +34,8 @@ def write_corpus(path: Path, first: int, count: int) -> Path:
     """Documents ``first`` to ``first + count`` of the built-in text, in BERT's format.
 
     Each document is a module's docstrings, so two ranges share no document."""
-    builtin = corpus.read_source(SourceSpec(path=corpus.BUILTIN_PYTHON_DOCS), collections.Counter())
-    documents = [corpus.sentences(d) for d in islice(builtin, first, first + count)]
+    builtin = read_source(SourceSpec(path=BUILTIN_PYTHON_DOCS), collections.Counter())
+    documents = [splitting.sentences(d) for d in islice(builtin, first, first + count)]
     path.write_text("\n\n".join("\n".join(d) for d in documents) + "\n", encoding="utf-8")
     return path
 
@@ -223,7 +225,7 @@ def _alive(processes: dict[int, str]) -> list[int]:
 @pytest.mark.slow
 def test_workers_die_with_the_main_process(tmp_path: Path, vocab_file: str) -> None:
     data = {
-        "sources": [{"path": corpus.BUILTIN_PYTHON_DOCS}], "shards": str(tmp_path / "out"),
+        "sources": [{"path": BUILTIN_PYTHON_DOCS}], "shards": str(tmp_path / "out"),
         "vocab": {"file": vocab_file}, "numShards": 12, "dupeFactor": 5, "workers": 2,
     }  # fmt: skip
     job = with_value(valid_job(), "spec.data", data)

@@ -11,15 +11,17 @@ from tokenizers import Tokenizer, models
 
 from bertjob_api.spec import SourceSpec
 from bertpretrain.data.format.vocab import SPECIAL_TOKENS, SpecialIds, continuation_table, load_tokenizer
-from bertpretrain.data.prepare import corpus
+from bertpretrain.data.prepare.corpus import splitting
+from bertpretrain.data.prepare.corpus.pydocs import BUILTIN_PYTHON_DOCS
+from bertpretrain.data.prepare.corpus.sources import read_source
 from bertpretrain.data.prepare.vocab import import_vocab, train_vocab
 
 
 @pytest.fixture(scope="module")
 def small_corpus() -> list[str]:
     """The sentences of 80 documents of the Python docs."""
-    builtin = corpus.read_source(SourceSpec(path=corpus.BUILTIN_PYTHON_DOCS), collections.Counter())
-    return [s for document in islice(builtin, 80) for s in corpus.sentences(document)]
+    builtin = read_source(SourceSpec(path=BUILTIN_PYTHON_DOCS), collections.Counter())
+    return [s for document in islice(builtin, 80) for s in splitting.sentences(document)]
 
 
 @pytest.fixture(scope="module")

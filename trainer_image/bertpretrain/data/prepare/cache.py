@@ -20,7 +20,7 @@ from typing import Any
 from bertjob_api.spec import DataSpec, JobSpec, PhaseSpec
 from bertpretrain.data.format import vocab
 from bertpretrain.data.format.shards import SHARD_FORMAT
-from bertpretrain.data.prepare import corpus
+from bertpretrain.data.prepare.corpus.sources import describe_change
 from bertpretrain.data.prepare.instances import InstanceParams
 from bertpretrain.data.prepare.messages import report
 
@@ -151,7 +151,7 @@ def _differences(old: dict[str, Any], new: dict[str, Any]) -> str:
         if old.get(name) == new.get(name):
             continue
         if name == "corpus":
-            changes.append(corpus.describe_change(old.get(name) or [], new.get(name) or []))
+            changes.append(describe_change(old.get(name) or [], new.get(name) or []))
         elif name in _CHANGED:
             changes.append(_CHANGED[name])
         else:

@@ -16,8 +16,10 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from bertjob_api.spec import JobSpec
-from bertpretrain.data.prepare import corpus, documents
+from bertpretrain.data.prepare import documents
 from bertpretrain.data.prepare.cache import MANIFEST_FILE, read_json, reuse, start_directory, write_json
+from bertpretrain.data.prepare.corpus import sources, splitting
+from bertpretrain.data.prepare.corpus.raw import RawDocument
 from bertpretrain.data.prepare.messages import NO_TEXT, report, skips
 from bertpretrain.data.prepare.pool import TOKENIZERS_PARALLELISM, run_parallel
 
@@ -66,7 +68,7 @@ def make_documents(
     start_directory(directory, key, "piece_*.npz")
     started = time.perf_counter()
     skipped: collections.Counter[str] = collections.Counter()
-    raw_documents = corpus.read_corpus(data.sources, spec.seed, skipped)
+    raw_documents = sources.read_corpus(data.sources, spec.seed, skipped)
     tasks = (
         (_make_piece, (directory / f"piece_{index:06d}.npz", piece))
         for index, piece in enumerate(_cut(raw_documents, piece_bytes))
@@ -98,12 +100,12 @@ def make_documents(
     return pieces
 
 
-def _cut(raw_documents: Iterable[corpus.RawDocument], piece_bytes: int) -> Iterator[list[corpus.RawDocument]]:
+def _cut(raw_documents: Iterable[RawDocument], piece_bytes: int) -> Iterator[list[RawDocument]]:
     """Consecutive runs of documents of at most ``piece_bytes`` of UTF-8 text.
 
     A document is never cut, so one larger than ``piece_bytes`` makes a piece on its own.
     """
-    piece: list[corpus.RawDocument] = []
+    piece: list[RawDocument] = []
     size = 0
     for document in raw_documents:
         document_bytes = len(document.text.encode("utf-8", "surrogatepass"))
@@ -131,7 +133,7 @@ def _release_encoder() -> None:
     _encoder = None
 
 
-def _make_piece(path: Path, raw_documents: list[corpus.RawDocument]) -> Piece:
+def _make_piece(path: Path, raw_documents: list[RawDocument]) -> Piece:
     """Worker: split, tokenize and save one piece, unless an earlier run saved it already."""
     if path.is_file():
         try:
@@ -139,6 +141,6 @@ def _make_piece(path: Path, raw_documents: list[corpus.RawDocument]) -> Piece:
         except ValueError:
             path.unlink()
     assert _encoder is not None
-    tokenized = _encoder.encode([corpus.sentences(document) for document in raw_documents])
+    tokenized = _encoder.encode([splitting.sentences(document) for document in raw_documents])
     documents.save_piece(tokenized, path)
     return _piece_counts(path.name, tokenized)

@@ -11,7 +11,8 @@ Everything goes under ``spec.data.shards``::
     <dataset>/metadata.json                       parameters and counts, written last
 
 ``<dataset>`` is ``seq_len_{L}_max_pred_{P}`` as NVIDIA names it, with ``_dynamic`` or
-``_packed_{algorithm}`` appended for those modes.
+``_packed_{algorithm}`` appended for those modes; every one of these paths is named once, in
+:class:`bertjob_api.plan.Paths`.
 
 Two passes, each spread over ``workers`` processes:
 
@@ -58,30 +59,19 @@ from typing import Any
 
 from tqdm import tqdm
 
-from bertjob_api.spec import DataSpec, JobSpec, PhaseSpec
+from bertjob_api.plan import Paths
+from bertjob_api.spec import DataSpec, JobSpec
 from bertpretrain.common.cpus import available_cpus
 from bertpretrain.common.files import check_writable
 from bertpretrain.data.format import vocab
 from bertpretrain.data.format.prepared import PreparedData
-from bertpretrain.data.prepare import cache, corpus
+from bertpretrain.data.prepare import cache
 from bertpretrain.data.prepare.cache import METADATA_FILE, PARAMETERS_FILE, read_json, reuse, write_json
+from bertpretrain.data.prepare.corpus import sources, splitting
 from bertpretrain.data.prepare.make_shards import make_dataset
 from bertpretrain.data.prepare.messages import NO_TEXT, report, skips
 from bertpretrain.data.prepare.pieces import make_documents
 from bertpretrain.data.prepare.vocab import import_vocab, train_vocab
-
-VOCAB_DIR = "vocab"
-DOCUMENTS_DIR = "documents"
-
-
-def dataset_dir_name(phase: PhaseSpec, data: DataSpec) -> str:
-    """Name of a phase's dataset directory: NVIDIA's ``seq_len_{L}_max_pred_{P}``, plus the mode."""
-    name = f"seq_len_{phase.max_seq_length}_max_pred_{phase.max_predictions_per_seq}"
-    if data.masking == "dynamic":
-        return name + "_dynamic"
-    if data.packing != "none":
-        return f"{name}_packed_{data.packing}"
-    return name
 
 
 def prepare(spec: JobSpec) -> PreparedData:
@@ -96,11 +86,10 @@ def prepare(spec: JobSpec) -> PreparedData:
         ValueError: a corpus file is unreadable (the message names it), or the vocabulary lacks
             a special token.
     """
-    data = spec.data
-    root = Path(data.shards)
-    check_writable("spec.data.shards", root)
-    vocab_dir = root / VOCAB_DIR
-    corpus_identity = corpus.identity(data.sources)
+    data, paths = spec.data, Paths.of(spec)
+    check_writable("spec.data.shards", paths.shards)
+    vocab_dir = paths.vocab
+    corpus_identity = sources.identity(data.sources)
     _make_vocab(spec, corpus_identity, vocab_dir)
     tokenizer = vocab.load_tokenizer(vocab_dir)
     special = vocab.SpecialIds.of(tokenizer, vocab_dir / vocab.VOCAB_FILE)
@@ -108,14 +97,14 @@ def prepare(spec: JobSpec) -> PreparedData:
     report(f"vocabulary: {vocab_size} tokens, lowercase={vocab.has_lowercase(tokenizer)}")
 
     documents_key = cache.documents_key(spec, corpus_identity, vocab_dir)
-    phase_dirs = [root / dataset_dir_name(phase, data) for phase in spec.phases]
+    phase_dirs = list(paths.datasets)
     pending = {}
     for phase, directory in zip(spec.phases, phase_dirs, strict=True):
         key = cache.dataset_key(spec, phase, documents_key, vocab_size)
         if not reuse(str(directory), read_json(directory / METADATA_FILE).get("parameters"), key):
             pending[directory] = key
     if pending:
-        documents_dir = root / DOCUMENTS_DIR
+        documents_dir = paths.documents
         pieces = make_documents(spec, tokenizer, documents_key, documents_dir, _workers(data))
         for directory, parameters in pending.items():
             make_dataset(directory, documents_dir, parameters, pieces, special, tokenizer, _workers(data))
@@ -154,8 +143,9 @@ def _make_vocab(spec: JobSpec, corpus_identity: list[dict[str, Any]], vocab_dir:
     skipped: collections.Counter[str] = collections.Counter()
     # Sentence splitting runs here, in one process: training needs one pass over the text, and
     # tokenizers' trainer holds word counts, not the corpus.
-    documents_read = tqdm(corpus.read_corpus(data.sources, spec.seed, skipped), desc="vocabulary", unit="doc")
-    sentences = (s for document in documents_read for s in corpus.sentences(document))
+    raw_documents = sources.read_corpus(data.sources, spec.seed, skipped)
+    documents_read = tqdm(raw_documents, desc="vocabulary", unit="doc")
+    sentences = (s for document in documents_read for s in splitting.sentences(document))
     first = next(sentences, None)
     if first is None:
         # Trained on nothing, the vocabulary would hold the special tokens alone: all text [UNK].

@@ -1,8 +1,9 @@
 """Data parallelism behind one small interface: the same training loop runs alone, under
 torchrun with ``torch.distributed`` DDP (:mod:`.ddp`), under mpirun/horovodrun with Horovod
 (:mod:`.hvd`), or, with ``spec.distributed.deepspeed``, under torchrun or mpirun with DeepSpeed ZeRO
-(:mod:`.deepspeed`). :func:`join` picks the one the job and its launcher call for
-(:mod:`bertpretrain.runtime.world`) and sets up this rank's device (:mod:`bertpretrain.runtime.devices`).
+(:mod:`.deepspeed`). :func:`bertpretrain.runtime.parallel.joining.join` picks the one the job and
+its launcher call for (:mod:`bertpretrain.runtime.world`) and sets up this rank's device
+(:mod:`bertpretrain.runtime.devices`).
 
 Per optimizer step the engine calls, in order: ``accumulate(model, sync)`` around each
 micro-batch's forward and ``backward`` (gradients are averaged over ranks once, on the last one),
@@ -23,9 +24,8 @@ from typing import Any, Protocol, TypeVar
 import torch
 from torch import nn
 
-from bertjob_api.spec import Accelerator, DistributedSpec
-from bertpretrain.runtime.devices import Device, open_device
-from bertpretrain.runtime.world import World, detect_world
+from bertpretrain.runtime.devices import Device
+from bertpretrain.runtime.world import World
 
 T = TypeVar("T")
 
@@ -181,35 +181,3 @@ class Alone(EngineSteps):
 
     def close(self) -> None:
         return None
-
-
-def join(accelerator: Accelerator, tf32: bool = True, spec: DistributedSpec | None = None) -> DataParallel:
-    """Set up this rank's device for ``spec.accelerator`` and join the job's process group in the
-    way the job and its launcher call for: DeepSpeed (over ``torch.distributed``) under torchrun or
-    mpirun when ``spec.deepspeed`` is set and more than one process trains, else Horovod under mpirun
-    or horovodrun, ``torch.distributed`` otherwise, nothing for one process (also with DeepSpeed:
-    one rank has nothing to shard). ``spec``: ``spec.distributed`` (default: its defaults).
-
-    Raises:
-        RuntimeError: see :func:`bertpretrain.runtime.devices.open_device`; mpirun/horovodrun without
-            Horovod installed; a rendezvous that failed within ``spec.timeout_seconds``; DeepSpeed
-            under mpirun without ``MASTER_ADDR``/``MASTER_PORT``, or not installed.
-        ValueError: bad launcher variables (:func:`bertpretrain.runtime.world.detect_world`), or bf16
-            gradient compression under Horovod, which has no bf16 compressor.
-    """
-    spec = spec or DistributedSpec()
-    world = detect_world()
-    device = open_device(accelerator, world, tf32)
-    if spec.deepspeed is not None and world.distributed:
-        from bertpretrain.runtime.parallel.deepspeed import DeepSpeedParallel
-
-        return DeepSpeedParallel(world, device, spec)
-    if world.uses_horovod:
-        from bertpretrain.runtime.parallel.hvd import HorovodParallel
-
-        return HorovodParallel(world, device, spec)
-    if world.distributed:
-        from bertpretrain.runtime.parallel.ddp import TorchDistributed
-
-        return TorchDistributed(world, device, spec)
-    return Alone(world, device)

@@ -12,7 +12,9 @@ import pyarrow.ipc
 import pyarrow.parquet as pq
 
 from bertjob_api.spec import SourceSpec
-from bertpretrain.data.prepare.corpus import RawDocument, read_source, sentences
+from bertpretrain.data.prepare.corpus.raw import RawDocument
+from bertpretrain.data.prepare.corpus.sources import read_source
+from bertpretrain.data.prepare.corpus.splitting import sentences
 
 Counter = collections.Counter[str]
 

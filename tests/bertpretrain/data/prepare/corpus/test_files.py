@@ -11,9 +11,7 @@ import pyarrow.feather
 import pyarrow.ipc
 import pytest
 
-from bertpretrain.data.prepare.corpus import (
-    detect_format,
-)
+from bertpretrain.data.prepare.corpus.files import detect_format
 from tests.bertpretrain.data.prepare.corpus.reading import read, split, write_table
 
 # --- directories and auto ------------------------------------------------------------------------

@@ -9,12 +9,10 @@ from itertools import islice
 import pytest
 
 from bertjob_api.spec import SourceSpec
-from bertpretrain.data.prepare.corpus import (
-    BUILTIN_PYTHON_DOCS,
-    RawDocument,
-    read_source,
-    sentences,
-)
+from bertpretrain.data.prepare.corpus.pydocs import BUILTIN_PYTHON_DOCS
+from bertpretrain.data.prepare.corpus.raw import RawDocument
+from bertpretrain.data.prepare.corpus.sources import read_source
+from bertpretrain.data.prepare.corpus.splitting import sentences
 from tests.bertpretrain.data.prepare.corpus.reading import read
 
 # --- builtin:python-docs --------------------------------------------------------------------------

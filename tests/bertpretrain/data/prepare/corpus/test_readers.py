@@ -17,10 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from bertjob_api.spec import SourceSpec
-from bertpretrain.data.prepare.corpus import (
-    read_source,
-    readers,
-)
+from bertpretrain.data.prepare.corpus import readers
+from bertpretrain.data.prepare.corpus.sources import read_source
 from tests.bertpretrain.data.prepare.corpus.reading import read, split, write_table
 
 # --- bert and text --------------------------------------------------------------------------------

@@ -9,10 +9,8 @@ from pathlib import Path
 import pytest
 
 from bertjob_api.spec import SourceSpec
-from bertpretrain.data.prepare.corpus import (
-    RawDocument,
-    read_corpus,
-)
+from bertpretrain.data.prepare.corpus.raw import RawDocument
+from bertpretrain.data.prepare.corpus.sources import read_corpus
 from tests.bertpretrain.data.prepare.corpus.reading import Counter
 
 # --- weights --------------------------------------------------------------------------------------

@@ -7,10 +7,8 @@ from typing import Any, cast
 
 import pytest
 
-from bertpretrain.data.prepare.corpus import (
-    RawDocument,
-    sentences,
-)
+from bertpretrain.data.prepare.corpus.raw import RawDocument
+from bertpretrain.data.prepare.corpus.splitting import sentences
 
 # --- sentences ------------------------------------------------------------------------------------
 

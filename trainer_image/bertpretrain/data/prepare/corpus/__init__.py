@@ -1,8 +1,8 @@
 """The corpus: read a job's sources as raw documents, and split documents into sentences.
 
-Reading and splitting are two steps: :func:`read_source` and :func:`read_corpus` run in one
-process and yield :class:`RawDocument` objects (text plus how to split it), and
-:func:`sentences` turns one document into sentences; the data pipeline runs it in worker
+Reading and splitting are two steps: :func:`.sources.read_source` and :func:`.sources.read_corpus`
+run in one process and yield :class:`.raw.RawDocument` objects (text plus how to split it), and
+:func:`.splitting.sentences` turns one document into sentences; the data pipeline runs it in worker
 processes, so it is a pure function of the document.
 
 Formats (``SourceSpec.format``)
@@ -31,7 +31,7 @@ Formats (``SourceSpec.format``)
 ``wikipedia``
     A MediaWiki XML dump (``.xml``, ``.xml.bz2`` or ``.xml.gz``) read page by page with
     ``mwxml``. Only articles are kept: pages outside the main namespace, redirects and
-    disambiguation pages are skipped and counted. The markup is stripped in :func:`sentences`
+    disambiguation pages are skipped and counted. The markup is stripped in :func:`.splitting.sentences`
     (in the workers) with ``mwparserfromhell``; see :func:`.wikitext.wikitext_to_prose` for what
     is kept. Stubs are not skipped: how many sentences a page has is known only after stripping.
 ``pubmed``
@@ -80,28 +80,7 @@ a sentence, so that one call splits a whole document.
 
 Modules: :mod:`.sources` (the entry points below), :mod:`.files` (finding, opening, sniffing),
 :mod:`.readers` (one per format), :mod:`.wikitext` (markup stripper), :mod:`.pydocs`
-(``builtin:python-docs``), :mod:`.splitting` (sentences), :mod:`.raw` (:class:`RawDocument`).
+(``builtin:python-docs``), :mod:`.splitting` (sentences), :mod:`.raw` (:class:`.raw.RawDocument`).
+This ``__init__`` imports none of them (docs/design.md, "What counts as an import"): import the
+module that holds a name.
 """
-
-from __future__ import annotations
-
-from bertpretrain.data.prepare.corpus.files import detect_format, source_files
-from bertpretrain.data.prepare.corpus.pydocs import BUILTIN_PYTHON_DOCS
-from bertpretrain.data.prepare.corpus.raw import DocumentKind, RawDocument, Skipped
-from bertpretrain.data.prepare.corpus.sources import describe_change, identity, read_corpus, read_source
-from bertpretrain.data.prepare.corpus.splitting import sentences, split_sentences
-
-__all__ = [
-    "BUILTIN_PYTHON_DOCS",
-    "DocumentKind",
-    "RawDocument",
-    "Skipped",
-    "describe_change",
-    "detect_format",
-    "identity",
-    "read_corpus",
-    "read_source",
-    "sentences",
-    "source_files",
-    "split_sentences",
-]
