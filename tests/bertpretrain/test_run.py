@@ -23,9 +23,9 @@ import bertpretrain.run
 import bertpretrain.runtime.compiling
 from bertjob.cli import main as bertjob_main
 from bertjob_api.contract import EXIT_DISK_FULL
+from bertjob_api.files import DiskFullError
 from bertjob_api.plan import Plan
 from bertjob_testing.jobs import small_training_job, with_value
-from bertpretrain.common.files import DiskFullError
 from bertpretrain.data.format.prepared import PreparedData
 from bertpretrain.data.load.loader import ShardError
 from bertpretrain.run import main as bertpretrain_main

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from bertjob_api.contract import EXIT_DISK_FULL
+from bertjob_api.files import DiskFullError, free_bytes
 from bertjob_testing.jobs import small_training_job, with_value
-from bertpretrain.common.files import DiskFullError, free_bytes
 from bertpretrain.model.config import BertConfig
 from bertpretrain.run import main as bertpretrain_main
 from tests.bertpretrain.training.test_checkpoint import Training

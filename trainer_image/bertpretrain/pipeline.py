@@ -53,7 +53,7 @@ def check(plan: Plan) -> None:
 
     Raises:
         PermissionError: ``"<field> <path>: cannot write there (<reason>)"``.
-        bertpretrain.common.files.DiskFullError: not even an empty file fits.
+        bertjob_api.files.DiskFullError: not even an empty file fits.
         bertpretrain.finetune.errors.TaskDataError: a fine-tuning file is missing or bad (naming the
             file and the row).
     """
@@ -74,7 +74,7 @@ def run_job(plan: Plan, parallel: DataParallel, finishing: StopSignals | None = 
     Raises:
         FileNotFoundError, ValueError: bad corpus, vocabulary, shards or checkpoint (the message
             names the file).
-        bertpretrain.common.files.DiskFullError: a checkpoint or the export does not fit.
+        bertjob_api.files.DiskFullError: a checkpoint or the export does not fit.
         bertpretrain.training.errors.DivergenceError: the loss diverged.
         bertpretrain.training.preemption.Preempted: SIGTERM stopped training after a checkpoint.
     """

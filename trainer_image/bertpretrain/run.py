@@ -31,11 +31,11 @@ from bertjob_api.contract import (
     PREPARE_COMMAND,
     RUN_COMMAND,
 )
+from bertjob_api.files import DiskFullError, format_size, free_bytes, is_disk_full
 from bertjob_api.jobfile import load_job
 from bertjob_api.plan import Paths, Plan
 from bertjob_api.spec import BertPretrainJob, JobSpec, SpecError
 from bertjob_api.validation import Purpose, checked
-from bertpretrain.common.files import DiskFullError, format_size, free_bytes, is_disk_full
 from bertpretrain.data.prepare.stage import prepare
 from bertpretrain.runtime.world import World, detect_world
 from bertpretrain.training.errors import DivergenceError

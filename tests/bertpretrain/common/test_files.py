@@ -9,12 +9,13 @@ from typing import BinaryIO
 
 import pytest
 
+from bertjob_api.files import format_size, is_disk_full, write_atomically
 from bertpretrain.common import files
 
 
 def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path: Path) -> None:
     target = tmp_path / "out" / "state.json"
-    files.write_atomically(target, lambda file: file.write(b"old"))
+    write_atomically(target, lambda file: file.write(b"old"))
     assert target.read_bytes() == b"old"
 
     def fails_halfway(file: BinaryIO) -> None:
@@ -22,7 +23,7 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path: Pat
         raise ValueError("the serializer failed")
 
     with pytest.raises(ValueError, match="the serializer failed"):  # not taken for a full disk
-        files.write_atomically(target, fails_halfway)
+        write_atomically(target, fails_halfway)
     assert target.read_bytes() == b"old"
     assert [path.name for path in target.parent.iterdir()] == ["state.json"]
 
@@ -30,10 +31,10 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path: Pat
 def test_a_full_disk_is_told_apart_from_other_errors() -> None:
     cut_short = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
     cut_short.__context__ = OSError(errno.ENOSPC, "No space left on device")  # as torch.save raises it
-    assert files.is_disk_full(cut_short)
-    assert files.is_disk_full(OSError(errno.EDQUOT, "Disk quota exceeded"))
-    assert not files.is_disk_full(OSError(errno.EIO, "Input/output error"))
-    assert not files.is_disk_full(RuntimeError("unexpected pos 704 vs 598"))
+    assert is_disk_full(cut_short)
+    assert is_disk_full(OSError(errno.EDQUOT, "Disk quota exceeded"))
+    assert not is_disk_full(OSError(errno.EIO, "Input/output error"))
+    assert not is_disk_full(RuntimeError("unexpected pos 704 vs 598"))
 
 
 def test_check_writable_names_the_field(tmp_path: Path) -> None:
@@ -53,4 +54,4 @@ def test_check_writable_names_the_field(tmp_path: Path) -> None:
     ("count", "text"), [(0, "0 bytes"), (1023, "1023 bytes"), (1536, "1.5 KiB"), (5 << 30, "5.0 GiB")]
 )
 def test_format_size(count: int, text: str) -> None:
-    assert files.format_size(count) == text
+    assert format_size(count) == text

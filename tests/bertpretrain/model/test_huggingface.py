@@ -23,8 +23,8 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
+from bertjob_api.files import DiskFullError
 from bertpretrain.common import files
-from bertpretrain.common.files import DiskFullError
 from bertpretrain.model.bert import IGNORE_INDEX, BertForPreTraining, pretraining_loss
 from bertpretrain.model.config import BertConfig, CheckpointError
 from bertpretrain.model.huggingface import (

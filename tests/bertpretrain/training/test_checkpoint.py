@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 
+from bertjob_api.files import DiskFullError
 from bertjob_api.plan import phase_dir
 from bertpretrain.common import files
-from bertpretrain.common.files import DiskFullError
 from bertpretrain.model.bert import BertForPreTraining
 from bertpretrain.model.config import BertConfig
 from bertpretrain.training.checkpoint import (

@@ -1,8 +1,8 @@
 """Output files that survive crashes, power cuts and full disks: the trainer's side of them.
 
-- The one atomic write, :func:`write_atomically` (a temporary beside the file, ``fsync``, rename,
-  ``fsync`` of the directory), and :class:`DiskFullError` live in :mod:`bertjob_api.files`, which
-  the API's generators use too; they are re-exported here with the helpers they come with. The
+- The one atomic write, :func:`bertjob_api.files.write_atomically` (a temporary beside the file,
+  ``fsync``, rename, ``fsync`` of the directory), and :class:`bertjob_api.files.DiskFullError` live
+  in the API package, which the API's generators use too; import them from there. The
   entry point exits with :data:`bertjob_api.contract.EXIT_DISK_FULL` on a full disk, which
   Kubeflow retries (a volume can be grown).
 - Writers of a directory hold an exclusive ``flock`` on a lock file in it while their
@@ -29,33 +29,20 @@ from pathlib import Path
 from typing import Literal
 
 from bertjob_api.files import (
-    TEMPORARY,
     DiskFullError,
-    format_size,
     free_bytes,
-    fsync_directory,
     is_disk_full,
     make_directory,
     temporary_name,
-    write_atomically,
 )
 
 __all__ = [
     "LOCK_FILE",
     "STALE_SECONDS",
-    "TEMPORARY",
-    "DiskFullError",
     "LockState",
     "check_writable",
-    "format_size",
-    "free_bytes",
-    "fsync_directory",
-    "is_disk_full",
     "lock",
-    "make_directory",
     "remove_stale",
-    "temporary_name",
-    "write_atomically",
     "write_file",
     "writing",
 ]

@@ -21,7 +21,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from bertpretrain.common.files import write_atomically
+from bertjob_api.files import write_atomically
 from bertpretrain.data.prepare.corpus.pydocs import BUILTIN_PYTHON_DOCS, python_docs
 from bertpretrain.data.prepare.corpus.splitting import sentences
 
@@ -169,7 +169,7 @@ def _tsv(rows: list[tuple[str, str]], key: bytes) -> bytes:
 
 
 def _write_if_changed(path: Path, content: bytes) -> None:
-    """Write ``content`` to ``path`` (:func:`bertpretrain.common.files.write_atomically`: a
+    """Write ``content`` to ``path`` (:func:`bertjob_api.files.write_atomically`: a
     temporary, synced, then renamed; its directory made if missing), unless it is there already."""
     try:
         if path.read_bytes() == content:

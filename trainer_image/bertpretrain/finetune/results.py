@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bertjob_api.contract import FINETUNE_RESULTS, RESULTS_FIELD
+from bertjob_api.files import write_atomically
 from bertjob_api.spec import FinetuneTaskSpec
-from bertpretrain.common.files import write_atomically
 from bertpretrain.common.jsonable import finite
 from bertpretrain.finetune.metrics import summarise
 from bertpretrain.finetune.task_files import TaskFiles
@@ -126,7 +126,7 @@ def write(directory: Path, summaries: Sequence[dict[str, Any]]) -> Path:
     """Write ``directory/finetune.json`` with every task's summary so far (atomically).
 
     Raises:
-        bertpretrain.common.files.DiskFullError: it does not fit.
+        bertjob_api.files.DiskFullError: it does not fit.
     """
     path = directory / FINETUNE_RESULTS
     _write_json(path, finite({"tasks": list(summaries)}))
@@ -149,7 +149,7 @@ def write_predictions(directory: Path, runs: Sequence[RunResult]) -> None:
     predicted), for SQuAD ``{id: answer text}`` as the official evaluation script reads them.
 
     Raises:
-        bertpretrain.common.files.DiskFullError: they do not fit.
+        bertjob_api.files.DiskFullError: they do not fit.
     """
     for run in runs:
         _write_json(predictions_path(directory, run.init, run.seed), run.predictions)

@@ -27,7 +27,7 @@ from bertpretrain.finetune.metrics import classification_metrics
 from bertpretrain.finetune.squad import predict_answers, read_squad, squad_features, squad_metrics
 from bertpretrain.finetune.tables import encode_classification, read_classification
 from bertpretrain.finetune.task_files import TaskFiles, task_files
-from bertpretrain.finetune.train import INPUTS, Init, RunResult, TaskData, run
+from bertpretrain.finetune.train import Init, RunResult, TaskData, run
 from bertpretrain.model.config import BertConfig
 from bertpretrain.model.huggingface import CONFIG_FILE, read_hf_config
 from bertpretrain.runtime.parallel import Alone, DataParallel
@@ -111,11 +111,17 @@ def load_task(task: FinetuneTaskSpec, files: TaskFiles, tokenizer: Tokenizer) ->
         assert train_features.start_positions is not None and train_features.end_positions is not None
         return TaskData(
             train={
-                **{name: getattr(train_features, name) for name in INPUTS},
+                "input_ids": train_features.input_ids,
+                "token_type_ids": train_features.token_type_ids,
+                "attention_mask": train_features.attention_mask,
                 "start_positions": train_features.start_positions,
                 "end_positions": train_features.end_positions,
             },
-            validation={name: getattr(eval_features, name) for name in INPUTS},
+            validation={
+                "input_ids": eval_features.input_ids,
+                "token_type_ids": eval_features.token_type_ids,
+                "attention_mask": eval_features.attention_mask,
+            },
             score=score_squad,
             num_labels=None,
             train_file=str(files.train),

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from bertpretrain.common.batch import TaskBatch
 from bertpretrain.data.format.vocab import SpecialIds
 from bertpretrain.finetune.errors import TaskDataError
 
@@ -141,7 +142,7 @@ def read_classification(
 
 def encode_classification(
     examples: Sequence[ClassificationExample], tokenizer: Tokenizer, max_seq_length: int
-) -> dict[str, torch.Tensor]:
+) -> TaskBatch:
     """BERT's classification features: ``[CLS] A [SEP]`` or ``[CLS] A [SEP] B [SEP]``, padded.
 
     Texts are tokenized with ``tokenizer.encode_batch(..., add_special_tokens=False)`` (any
@@ -188,12 +189,12 @@ def encode_classification(
         input_ids[position, : len(ids)] = ids
         token_type_ids[position, length_a : len(ids)] = 1
         attention_mask[position, : len(ids)] = 1
-    return {
-        "input_ids": torch.from_numpy(input_ids),
-        "token_type_ids": torch.from_numpy(token_type_ids),
-        "attention_mask": torch.from_numpy(attention_mask),
-        "labels": torch.tensor([example.label for example in examples], dtype=torch.int64),
-    }
+    return TaskBatch(
+        input_ids=torch.from_numpy(input_ids),
+        token_type_ids=torch.from_numpy(token_type_ids),
+        attention_mask=torch.from_numpy(attention_mask),
+        labels=torch.tensor([example.label for example in examples], dtype=torch.int64),
+    )
 
 
 def truncate_seq_pair(tokens_a: list[int], tokens_b: list[int], max_length: int) -> None:

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ from torch import nn
 from bertjob_api import deepspeed
 from bertjob_api.defaults import gradient_accumulation_steps, micro_batch_size
 from bertjob_api.spec import FinetuneTaskSpec, JobSpec
-from bertpretrain.common.batch import Batch
+from bertpretrain.common.batch import TaskBatch, tensors
 from bertpretrain.finetune.errors import TaskDataError
 from bertpretrain.model.bert import BertForPreTraining
 from bertpretrain.model.config import BertConfig
@@ -44,9 +44,6 @@ from bertpretrain.training.schedule import build_schedule
 # BERT's Adam: beta2 0.999 and epsilon 1e-6 (Google's AdamWeightDecayOptimizer).
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-6
-# The encoder inputs every feature set has; the rest are targets.
-INPUTS = ("input_ids", "token_type_ids", "attention_mask")
-
 Init = Literal["pretrained", "random"]
 
 
@@ -63,8 +60,8 @@ class TaskData:
     evaluation script's input). ``num_labels`` is None for SQuAD.
     """
 
-    train: Mapping[str, torch.Tensor]
-    validation: Mapping[str, torch.Tensor]
+    train: TaskBatch
+    validation: TaskBatch
     score: Callable[[Any], tuple[dict[str, float], Any]]
     num_labels: int | None
     train_file: str
@@ -118,34 +115,34 @@ def build_model(
     return BertForSequenceClassification(pretraining.bert, config, num_labels)
 
 
-def _forward(model: Callable[..., Any], batch: Batch) -> Any:
-    return model(*(batch[name] for name in INPUTS))
+def _forward(model: Callable[..., Any], batch: TaskBatch) -> Any:
+    return model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
 
 
-def _statistics(task: FinetuneTaskSpec) -> Callable[[Batch, Any], torch.Tensor]:
+def _statistics(task: FinetuneTaskSpec) -> Callable[[TaskBatch, Any], torch.Tensor]:
     if task.type == "squad":
 
-        def squad(batch: Batch, outputs: Any) -> torch.Tensor:
+        def squad(batch: TaskBatch, outputs: Any) -> torch.Tensor:
             start, end = outputs
             return span_loss(start, end, batch["start_positions"], batch["end_positions"]).reshape(1)
 
         return squad
 
-    def classification(batch: Batch, outputs: Any) -> torch.Tensor:
+    def classification(batch: TaskBatch, outputs: Any) -> torch.Tensor:
         return classification_loss(outputs, batch["labels"]).reshape(1)
 
     return classification
 
 
-def _trimmed(batch: Batch) -> Batch:
+def _trimmed(batch: TaskBatch) -> TaskBatch:
     """``batch`` cut to its longest row (padding is at the end of each row): the short sentences of
     classification tasks then cost what their length does, not maxSeqLength."""
     length = int(batch["attention_mask"].sum(dim=1).max())
-    return {name: t[:, :length] if t.dim() == 2 else t for name, t in batch.items()}
+    return cast(TaskBatch, {name: t[:, :length] if t.dim() == 2 else t for name, t in tensors(batch).items()})
 
 
-def _rows(features: Mapping[str, torch.Tensor], index: np.ndarray | slice) -> Batch:
-    return {name: tensor[index] for name, tensor in features.items()}
+def _rows(features: TaskBatch, index: np.ndarray | slice) -> TaskBatch:
+    return cast(TaskBatch, {name: tensor[index] for name, tensor in tensors(features).items()})
 
 
 def run(
@@ -277,7 +274,7 @@ def _train(
     return mean_loss
 
 
-def predict(engine: Engine, features: Mapping[str, torch.Tensor], batch_size: int, trim: bool) -> Any:
+def predict(engine: Engine, features: TaskBatch, batch_size: int, trim: bool) -> Any:
     """The model's outputs on every row of ``features``, in order, on every rank: each rank runs
     batches ``rank, rank + world size, ...`` of ``batch_size`` rows, every rank the same number of
     forward passes (a rank short of one repeats its first, whose outputs are dropped: under ZeRO-3
@@ -290,7 +287,12 @@ def predict(engine: Engine, features: Mapping[str, torch.Tensor], batch_size: in
     batches = math.ceil(rows / batch_size)
     mine = list(range(rank, batches, world_size))
     rounds = math.ceil(batches / world_size)
-    inputs = {name: features[name] for name in INPUTS}
+    # The encoder inputs alone: validation features may carry targets.
+    inputs = TaskBatch(
+        input_ids=features["input_ids"],
+        token_type_ids=features["token_type_ids"],
+        attention_mask=features["attention_mask"],
+    )
     outputs: list[tuple[int, Any]] = []
     for turn in range(rounds):
         # A rank short of a batch repeats its first (rank 0's first, when it has none at all).

@@ -15,8 +15,10 @@ knows.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from bertjob_api.defaults import ModelDims
@@ -134,6 +136,26 @@ class BertConfig(ModelDims):
             return cls(**{name: value for name, value in data.items() if name in names})
         except (TypeError, ValueError) as error:
             raise ValueError(f"not a BERT config ({error})") from None
+
+
+def read_config(path: Path, missing: str) -> BertConfig:
+    """Our config of the BERT that the JSON file at ``path`` describes in transformers' keys
+    (:meth:`BertConfig.from_hf_dict`): a Hugging Face ``config.json`` or NVIDIA's
+    ``bert_config.json``. ``missing``: why the file should be there, for the error.
+
+    Raises:
+        CheckpointError: naming ``path``, when it is missing, not JSON, or not a config of our model.
+    """
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no such file ({missing})") from None
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"{path}: not a readable JSON file ({error})") from None
+    try:
+        return BertConfig.from_hf_dict(data)
+    except ValueError as error:
+        raise CheckpointError(f"{path}: {error}") from None
 
 
 def shape_differences(found: BertConfig, model: BertConfig) -> list[str]:

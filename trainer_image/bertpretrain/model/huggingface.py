@@ -13,7 +13,7 @@ as written by ``save_pretrained`` from ``BertForPreTraining``, ``BertForMaskedLM
 ``BertModel``, and by transformers' early versions (``LayerNorm.gamma``/``beta``).
 
 The module knows the model and the format, nothing of training: exporting a training checkpoint
-(reading it, then :func:`save_hf`) is :func:`bertpretrain.training.checkpoint.export_hf`, and the
+(reading it, then :func:`save_hf`) is :func:`bertpretrain.training.export.export_hf`, and the
 vocabulary's file names are the contract's (:mod:`bertjob_api.contract`), which the data stage
 writes by.
 """
@@ -33,9 +33,10 @@ import torch
 from safetensors.torch import load_file, save
 
 from bertjob_api.contract import TOKENIZER_FILE, VOCAB_FILE
+from bertjob_api.files import DiskFullError, free_bytes, fsync_directory, is_disk_full
 from bertpretrain.common import files
 from bertpretrain.model.bert import BertForPreTraining
-from bertpretrain.model.config import BertConfig, CheckpointError, shape_differences
+from bertpretrain.model.config import BertConfig, CheckpointError, read_config, shape_differences
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
@@ -77,7 +78,7 @@ def save_hf(
 
     Raises:
         FileNotFoundError: ``vocab_dir`` has no ``vocab.txt``.
-        bertpretrain.common.files.DiskFullError: the export does not fit (naming ``out_dir``, the free
+        bertjob_api.files.DiskFullError: the export does not fit (naming ``out_dir``, the free
             space and the export's size); nothing of it is left.
     """
     vocab = vocab_dir / VOCAB_FILE
@@ -107,7 +108,7 @@ def write_directory(out_dir: Path, contents: Mapping[str, bytes]) -> Path:
         ``out_dir``.
 
     Raises:
-        bertpretrain.common.files.DiskFullError: the files do not fit (naming ``out_dir``, the free
+        bertjob_api.files.DiskFullError: the files do not fit (naming ``out_dir``, the free
             space and their size); nothing of them is left.
     """
     with files.writing(out_dir.parent, _staging_names(out_dir), _lock_name(out_dir)):
@@ -115,13 +116,13 @@ def write_directory(out_dir: Path, contents: Mapping[str, bytes]) -> Path:
         try:
             for name, data in contents.items():
                 files.write_file(staging / name, data)
-            files.fsync_directory(staging)
+            fsync_directory(staging)
             _replace_dir(staging, out_dir)
         except BaseException as error:
             shutil.rmtree(staging, ignore_errors=True)
-            if files.is_disk_full(error):
+            if is_disk_full(error):
                 size = sum(len(data) for data in contents.values())
-                raise files.DiskFullError(out_dir, files.free_bytes(out_dir.parent), size) from None
+                raise DiskFullError(out_dir, free_bytes(out_dir.parent), size) from None
             raise
     return out_dir
 
@@ -178,11 +179,11 @@ def _replace_dir(new: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
         os.rename(target, old)
         os.rename(new, target)
-        files.fsync_directory(target.parent)
+        fsync_directory(target.parent)
         shutil.rmtree(old)
     else:
         os.rename(new, target)
-        files.fsync_directory(target.parent)
+        fsync_directory(target.parent)
 
 
 def fill_mask(export_dir: Path, text: str, top_k: int = 5) -> list[tuple[str, float]]:
@@ -224,17 +225,7 @@ def read_hf_config(hf_dir: Path) -> BertConfig:
         CheckpointError: naming ``config.json``, when it is missing or not JSON, or with
             :meth:`BertConfig.from_hf_dict`'s reason when it is not a config of our model.
     """
-    path = hf_dir / CONFIG_FILE
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: no such file (a Hugging Face model directory has one)") from None
-    except (OSError, ValueError) as error:
-        raise CheckpointError(f"{path}: not a readable JSON file ({error})") from None
-    try:
-        return BertConfig.from_hf_dict(data)
-    except ValueError as error:
-        raise CheckpointError(f"{path}: {error}") from None
+    return read_config(hf_dir / CONFIG_FILE, "a Hugging Face model directory has one")
 
 
 def load_hf_weights(hf_dir: Path, model: BertForPreTraining) -> list[str]:

@@ -42,7 +42,7 @@ import torch
 
 from bertjob_api.contract import VOCAB_FILE
 from bertpretrain.model.bert import BertForPreTraining
-from bertpretrain.model.config import BertConfig, CheckpointError, shape_differences
+from bertpretrain.model.config import BertConfig, CheckpointError, read_config, shape_differences
 from bertpretrain.model.huggingface import load_weights, our_name, write_directory
 
 CONFIG_FILE = "bert_config.json"
@@ -192,18 +192,7 @@ def read_nvidia_config(path: Path) -> BertConfig:
         CheckpointError: naming ``path``, when it is missing, not JSON, or not a config of our model
             (see :meth:`BertConfig.from_hf_dict`).
     """
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(
-            f"{path}: no such file (NVIDIA's checkpoints need their bert_config.json beside them)"
-        ) from None
-    except (OSError, ValueError) as error:
-        raise CheckpointError(f"{path}: not a readable JSON file ({error})") from None
-    try:
-        return BertConfig.from_hf_dict(data)
-    except ValueError as error:
-        raise CheckpointError(f"{path}: {error}") from None
+    return read_config(path, "NVIDIA's checkpoints need their bert_config.json beside them")
 
 
 def find_nvidia_checkpoint(directory: Path) -> Path | None:
@@ -282,7 +271,7 @@ def save_nvidia(
     Raises:
         FileNotFoundError: ``vocab_dir`` has no ``vocab.txt``.
         ValueError: see :func:`config_to_nvidia`.
-        bertpretrain.common.files.DiskFullError: the files do not fit; nothing of them is left.
+        bertjob_api.files.DiskFullError: the files do not fit; nothing of them is left.
     """
     vocab = vocab_dir / VOCAB_FILE
     if not vocab.is_file():

@@ -18,41 +18,41 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from bertjob_api.spec import Precision
-from bertpretrain.common.batch import Batch
+from bertpretrain.common.batch import Batch, TaskBatch, tensors
 from bertpretrain.runtime import compiling
 from bertpretrain.runtime.parallel import DataParallel
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _NATIVE_INSTRUCTIONS = {"bf16": "AVX512-BF16 or AMX-BF16", "fp16": "AVX512-FP16 or AMX-FP16"}
-# Batch entries of packed rows, passed to the model by name.
-_PACKED_INPUTS = ("position_ids", "next_sentence_positions")
-
 # The model's outputs for a batch: the masked-LM logits and the next-sentence logits.
 Outputs = tuple[torch.Tensor, torch.Tensor]
-# A micro-batch's statistics from the batch and the model's outputs: a 1-D tensor whose element 0 is
-# the loss to minimise (a mean over the micro-batch, differentiable), the rest whatever the caller
-# counts. The engine weights element 0 for accumulation and back-propagates it.
-Statistics = Callable[[Batch, Any], torch.Tensor]
+# A micro-batch's statistics from the batch (a Batch, or a TaskBatch when fine-tuning) and the
+# model's outputs: a 1-D tensor whose element 0 is the loss to minimise (a mean over the
+# micro-batch, differentiable), the rest whatever the caller counts. The engine weights element 0
+# for accumulation and back-propagates it.
+Statistics = Callable[[Any, Any], torch.Tensor]
 # How a model is called on a batch (on the device): the pretraining model's call by default; a
 # fine-tuning head's takes only the three encoder inputs.
-Forward = Callable[[Callable[..., Any], Batch], Any]
+Forward = Callable[[Callable[..., Any], Any], Any]
 
 
 def pretraining_forward(model: Callable[..., Outputs], batch: Batch) -> Outputs:
     """The pretraining model on ``batch`` (as :func:`bertpretrain.data.load.loader.to_batch` makes it):
     its MLM logits at the masked positions and its NSP logits."""
+    # Packed rows only carry position_ids and next_sentence_positions; None is the model's default.
     return model(
         batch["input_ids"],
         batch["token_type_ids"],
         batch["attention_mask"],
         batch["masked_lm_positions"],
-        **{name: batch[name] for name in _PACKED_INPUTS if name in batch},
+        position_ids=batch.get("position_ids"),
+        next_sentence_positions=batch.get("next_sentence_positions"),
     )
 
 
@@ -152,7 +152,7 @@ class Engine:
         """Whether the model runs compiled (after :meth:`prepare`; false again after a fallback)."""
         return compiling.is_compiled(self.module)
 
-    def warm_up(self, batch: Batch) -> float | None:
+    def warm_up(self, batch: Batch | TaskBatch) -> float | None:
         """Compile the model's training forward and backward and the optimizer's step on ``batch``
         (the first micro-batch, as :meth:`forward_backward` takes it) before the first step, so
         that no timed step compiles. Nothing of the training changes: the gradients are computed
@@ -235,20 +235,21 @@ class Engine:
     def _autocast(self) -> torch.autocast:
         return torch.autocast(self.device.type, self.autocast_dtype, enabled=self.autocast_dtype is not None)
 
-    def _on_device(self, batch: Batch) -> Batch:
-        return {name: tensor.to(self.device, non_blocking=True) for name, tensor in batch.items()}
+    def _on_device(self, batch: Batch | TaskBatch) -> Batch | TaskBatch:
+        moved = {name: tensor.to(self.device, non_blocking=True) for name, tensor in tensors(batch).items()}
+        return cast(Batch | TaskBatch, moved)
 
-    def _outputs(self, model: Callable[..., Any], batch: Batch) -> Any:
+    def _outputs(self, model: Callable[..., Any], batch: Batch | TaskBatch) -> Any:
         """:attr:`forward` of ``model`` on ``batch`` (on the device) under autocast."""
         with self._autocast():
             return self.forward(model, batch)
 
-    def _statistics(self, model: Callable[..., Any], batch: Batch) -> torch.Tensor:
+    def _statistics(self, model: Callable[..., Any], batch: Batch | TaskBatch) -> torch.Tensor:
         """The model's forward pass on ``batch`` under autocast, then :attr:`statistics` of its
         outputs outside autocast (the statistics function computes in the outputs' dtypes)."""
         return self.statistics(batch, self._outputs(model, batch))
 
-    def forward_backward(self, batch: Batch, accumulation_steps: int) -> torch.Tensor:
+    def forward_backward(self, batch: Batch | TaskBatch, accumulation_steps: int) -> torch.Tensor:
         """Forward and backward on one micro-batch, its loss weighted ``1 / accumulation_steps``.
 
         ``batch`` as :func:`bertpretrain.data.load.loader.to_batch` makes it. Returns this micro-batch's
@@ -265,7 +266,7 @@ class Engine:
         return stats.detach()
 
     @torch.no_grad()
-    def evaluate(self, batch: Batch, model: nn.Module | None = None) -> torch.Tensor:
+    def evaluate(self, batch: Batch | TaskBatch, model: nn.Module | None = None) -> torch.Tensor:
         """Statistics of one held-out batch as :meth:`forward_backward` gives them, without
         gradients, on the unwrapped model or on ``model`` (a copy of it with whole parameters,
         :func:`bertpretrain.runtime.sharding.whole_copy`): no collective. Call with the model in
@@ -273,7 +274,7 @@ class Engine:
         return self._statistics(self.module if model is None else model, self._on_device(batch))
 
     @torch.no_grad()
-    def predict(self, batch: Batch) -> Any:
+    def predict(self, batch: Batch | TaskBatch) -> Any:
         """The outputs of :attr:`forward` on ``batch`` (moved to the device) under autocast, without
         gradients, on the unwrapped model: no collective of its own (under ZeRO-3 the forward
         gathers each layer's parameters from every rank). Call in eval mode."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import torch
 
@@ -22,6 +22,14 @@ from bertpretrain.common.labels import IGNORE_INDEX
 from bertpretrain.model.bert import pretraining_loss
 
 COUNTS = ("mlm_correct", "mlm_total", "nsp_correct", "nsp_total")
+
+
+class MeanLosses(NamedTuple):
+    """Losses averaged over micro-batches, in nats: the pretraining loss and its two parts."""
+
+    loss: float  # mlm_loss + nsp_loss
+    mlm_loss: float  # masked-LM cross-entropy
+    nsp_loss: float  # next-sentence cross-entropy
 
 
 def prediction_counts(
@@ -114,13 +122,13 @@ class StepStatistics:
         """Whether the three losses are finite."""
         return bool(torch.isfinite(torch.stack([self.loss, self.mlm_loss, self.nsp_loss])).all())
 
-    def mean_losses(self, micro_batches: int) -> tuple[float, float, float]:
-        """``(loss, mlm_loss, nsp_loss)`` divided by ``micro_batches`` (in fp32, as summed): the
-        means of a sum over that many micro-batches; NaN for none."""
+    def mean_losses(self, micro_batches: int) -> MeanLosses:
+        """The three losses divided by ``micro_batches`` (in fp32, as summed): the means of a sum
+        over that many micro-batches; NaN for none."""
         if not micro_batches:
-            return math.nan, math.nan, math.nan
+            return MeanLosses(math.nan, math.nan, math.nan)
         loss, mlm, nsp = (torch.stack([self.loss, self.mlm_loss, self.nsp_loss]) / micro_batches).tolist()
-        return loss, mlm, nsp
+        return MeanLosses(loss, mlm, nsp)
 
     def counts(self) -> torch.Tensor:
         """fp32 ``[4]``: the counts, as :func:`prediction_counts` gives them."""

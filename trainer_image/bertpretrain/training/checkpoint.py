@@ -7,7 +7,7 @@ config, the data position (epoch, shard, row and sequences read, see
 (``bertjob_api.plan.Plan.learning_rate``) and the RNG states of every rank, all loadable with
 ``torch.load(weights_only=True)``. Each is written
 under a temporary name and renamed into place, the directory synced after the rename
-(:func:`bertpretrain.common.files.write_atomically`), so a reader never sees half a file, and only the
+(:func:`bertjob_api.files.write_atomically`), so a reader never sees half a file, and only the
 newest ``keep`` of a phase are kept. A save first removes the temporaries that writers killed
 halfway left (:mod:`bertpretrain.common.files` tells them from a live writer's).
 
@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from bertjob_api.files import TEMPORARY, write_atomically
 from bertjob_api.plan import phase_dir
 from bertpretrain.common import files
 from bertpretrain.model.bert import BertForPreTraining
@@ -115,8 +116,8 @@ def save_checkpoint(
         "rng": rng if rng is not None else [rng_states()],
         "learning_rate": learning_rate or {},
     }
-    with files.writing(path.parent, files.TEMPORARY):
-        files.write_atomically(path, lambda file: torch.save(state, file), _tensor_bytes(state))
+    with files.writing(path.parent, TEMPORARY):
+        write_atomically(path, lambda file: torch.save(state, file), _tensor_bytes(state))
         _prune(path.parent, keep)
     return path
 
@@ -136,7 +137,7 @@ def _tensor_bytes(value: Any) -> int:
 def clean_temporaries(directory: Path) -> list[Path]:
     """Remove the temporaries that killed writers left in the phase directory ``directory``; none
     while a live writer holds it (:func:`bertpretrain.common.files.remove_stale`). Returns them."""
-    return files.remove_stale(directory, files.TEMPORARY)
+    return files.remove_stale(directory, TEMPORARY)
 
 
 def _prune(directory: Path, keep: int) -> None:
@@ -424,8 +425,8 @@ def record_evaluation(root: Path, phase_index: int, step: int, values: dict[str,
     with ``values`` (the figures by name), in ``<phase dir>/evaluation.json``."""
     document = json.dumps({"step": step, "values": values}, indent=2, sort_keys=True) + "\n"
     directory = phase_dir(root, phase_index)
-    with files.writing(directory, files.TEMPORARY):
-        files.write_atomically(directory / EVALUATION_FILE, lambda file: file.write(document.encode()))
+    with files.writing(directory, TEMPORARY):
+        write_atomically(directory / EVALUATION_FILE, lambda file: file.write(document.encode()))
 
 
 def evaluated_step(root: Path, phase_index: int) -> int:

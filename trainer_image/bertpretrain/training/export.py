@@ -60,7 +60,7 @@ def export_hf(checkpoint: Path, vocab_dir: Path, out_dir: Path, lowercase: bool)
     Raises:
         bertpretrain.model.config.CheckpointError: the checkpoint cannot be read.
         FileNotFoundError: ``vocab_dir`` has no ``vocab.txt``.
-        bertpretrain.common.files.DiskFullError: the export does not fit; nothing of it is left.
+        bertjob_api.files.DiskFullError: the export does not fit; nothing of it is left.
     """
     state = read_checkpoint(checkpoint)
     return save_hf(state["model"], BertConfig(**state["config"]), vocab_dir, out_dir, lowercase)
@@ -80,7 +80,7 @@ def export_nvidia(checkpoint: Path, vocab_dir: Path, out_dir: Path) -> Path:
         FileNotFoundError: ``vocab_dir`` has no ``vocab.txt``.
         ValueError: the model cannot be written in NVIDIA's format (see
             :func:`bertpretrain.model.nvidia.config_to_nvidia`).
-        bertpretrain.common.files.DiskFullError: the export does not fit; nothing of it is left.
+        bertjob_api.files.DiskFullError: the export does not fit; nothing of it is left.
     """
     state = read_checkpoint(checkpoint)
     step = int(state.get("step", 0))

@@ -493,9 +493,8 @@ class _Progress:
         if finite:
             self.sums += stats.to_tensor()
             self.steps += 1
-            self.step_loss = stats.mean_losses(
-                self.run.phase.phase_plan.accumulation_steps * self.run.engine.world_size
-            )[0]
+            micro_batches = self.run.phase.phase_plan.accumulation_steps * self.run.engine.world_size
+            self.step_loss = stats.mean_losses(micro_batches).loss
         phase = self.run.phase
         if step % phase.spec.logging.every_steps == 0 or step == phase.phase_plan.steps:
             self._emit(step, lr)
@@ -513,12 +512,11 @@ class _Progress:
         kept = (
             f"the last good checkpoint is {newest}" if newest else "no checkpoint of this phase was written"
         )
-        cause = (
-            f"{self.consecutive_skips} fp16 steps in a row overflowed" if skipped else f"loss is {losses[0]}"
-        )
+        overflowed = f"{self.consecutive_skips} fp16 steps in a row overflowed"
+        cause = overflowed if skipped else f"loss is {losses.loss}"
         raise DivergenceError(
-            f"{run.phase.name} step {step}: {cause} (mlm {losses[1]} nsp {losses[2]}); stopping, {kept}. "
-            f"Lower the learning rate, or use bf16 or fp32 instead of fp16."
+            f"{run.phase.name} step {step}: {cause} (mlm {losses.mlm_loss} nsp {losses.nsp_loss}); "
+            f"stopping, {kept}. Lower the learning rate, or use bf16 or fp32 instead of fp16."
         )
 
     def _emit(self, step: int, lr: float) -> None:

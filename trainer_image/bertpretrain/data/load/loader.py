@@ -245,31 +245,27 @@ def verify_phases(
 
 
 def to_batch(arrays: Arrays) -> Batch:
-    """Model inputs from shard rows: every tensor int64, labels -100 where there is nothing to predict.
-
-    Shapes: ``input_ids``, ``token_type_ids``, ``attention_mask`` [B, L];
-    ``masked_lm_positions``, ``masked_lm_labels`` [B, P]; ``next_sentence_labels`` [B].
-    Packed rows (S instances each) add ``position_ids`` [B, L] and ``next_sentence_positions``
-    [B, S]; their ``masked_lm_*`` are [B, S*P], ``next_sentence_labels`` [B, S] (-100 on empty
-    slots) and ``attention_mask`` holds each token's instance number (1..S, 0 on padding).
-    """
+    """Model inputs from shard rows: every tensor int64, labels -100 where there is nothing to
+    predict; the keys and shapes are :class:`bertpretrain.common.batch.Batch`'s."""
     positions = arrays["masked_lm_positions"].astype(np.int64)
     labels = np.where(positions == 0, IGNORE_INDEX, arrays["masked_lm_ids"]).astype(np.int64)
     next_sentence_labels = arrays["next_sentence_labels"].astype(np.int64)
-    batch = {
-        "input_ids": torch.from_numpy(arrays["input_ids"].astype(np.int64)),
-        "token_type_ids": torch.from_numpy(arrays["segment_ids"].astype(np.int64)),
-        "attention_mask": torch.from_numpy(arrays["input_mask"].astype(np.int64)),
-        "masked_lm_positions": torch.from_numpy(positions),
-        "masked_lm_labels": torch.from_numpy(labels),
-    }
-    if "next_sentence_positions" in arrays:
+    packed = "next_sentence_positions" in arrays
+    if packed:
         next_sentence_labels[arrays["next_sentence_weights"] == 0] = IGNORE_INDEX
+    # The HDF5 datasets keep NVIDIA's names (segment_ids, input_mask, masked_lm_ids).
+    batch = Batch(
+        input_ids=torch.from_numpy(arrays["input_ids"].astype(np.int64)),
+        token_type_ids=torch.from_numpy(arrays["segment_ids"].astype(np.int64)),
+        attention_mask=torch.from_numpy(arrays["input_mask"].astype(np.int64)),
+        masked_lm_positions=torch.from_numpy(positions),
+        masked_lm_labels=torch.from_numpy(labels),
+        next_sentence_labels=torch.from_numpy(next_sentence_labels),
+    )
+    if packed:
         batch["position_ids"] = torch.from_numpy(arrays["position_ids"].astype(np.int64))
-        batch["next_sentence_positions"] = torch.from_numpy(
-            arrays["next_sentence_positions"].astype(np.int64)
-        )
-    batch["next_sentence_labels"] = torch.from_numpy(next_sentence_labels)
+        next_sentence_positions = arrays["next_sentence_positions"].astype(np.int64)
+        batch["next_sentence_positions"] = torch.from_numpy(next_sentence_positions)
     return batch
 
 
