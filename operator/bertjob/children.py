@@ -20,6 +20,7 @@ from bertjob_api.contract import API_VERSION, KIND, job_path, status_path
 from bertjob_api.crd import PendingEvent
 
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 # The kinds the renderer makes besides the launchers' own, by (apiVersion, kind).
 BUILTIN_PLURALS = {
     ("v1", "ConfigMap"): "configmaps",
@@ -169,6 +170,25 @@ def patch_status(api: ApiClient, job: Mapping[str, Any], status: Mapping[str, An
     """
     meta = job["metadata"]
     call(api, "PATCH", status_path(meta["namespace"], meta["name"]), {"status": status}, MERGE_PATCH)
+
+
+def clear_status(api: ApiClient, job: Mapping[str, Any], fields: Iterable[str]) -> None:
+    """Remove ``fields`` from a BertPretrainJob's status, or (``"status"`` among them) make the
+    status an empty object; a JSON patch through the status subresource. A merge patch that sets a
+    field would do as much on an API server (RFC 7386 replaces what is not an object), but not on
+    every server: kmock's emulator merges no object into a string.
+
+    Raises:
+        ApiException: the API server refused the patch (a field is gone already), or failed.
+    """
+    meta = job["metadata"]
+    names = sorted(fields)
+    if "status" in names:
+        ops = [{"op": "replace", "path": "/status", "value": {}}]
+    else:
+        escaped = [name.replace("~", "~0").replace("/", "~1") for name in names]
+        ops = [{"op": "remove", "path": f"/status/{name}"} for name in escaped]
+    call(api, "PATCH", status_path(meta["namespace"], meta["name"]), ops, JSON_PATCH)
 
 
 def post_event(api: ApiClient, job: Mapping[str, Any], name: str, event: PendingEvent) -> bool:

@@ -31,6 +31,7 @@ from bertjob import changes, launchers, lifecycle, prerequisites
 from bertjob import monitoring as metrics
 from bertjob.children import (
     ForeignObjectError,
+    clear_status,
     create_children,
     is_prepare_job,
     is_training_child,
@@ -120,8 +121,34 @@ def _unannounced(namespace: str, names: Iterable[str]) -> list[str]:
 
 
 def _has_pending_events(body: kopf.Body, type: str | None, **_: Any) -> bool:
-    pending = (body.get("status") or {}).get("pendingEvents") or {}
+    pending = lifecycle.of(body).pending_events
     return type != "DELETED" and bool(_unannounced(str(body.metadata.namespace), pending))
+
+
+def _has_junk_status(body: kopf.Body, type: str | None, **_: Any) -> bool:
+    return type != "DELETED" and bool(lifecycle.read(body)[1])
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL, when=_has_junk_status)
+def repair_status(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+    """Write a well-formed status over one that has fields of the wrong shape (or is not an object),
+    with one warning naming them. A job that the create handler has handled and whose phase is lost
+    with them is launched again (its children exist already and are found, not made twice), which
+    writes its status anew; otherwise only the junk fields are removed. Either write is a status
+    that reads whole, so the event it causes passes this handler by.
+
+    Raises:
+        kopf.PermanentError, kopf.TemporaryError: as :func:`launch`; an event handler is not
+            retried, so a failure is logged once (and a bad spec recorded as a condition).
+        ApiException: the API server refused the status patch.
+    """
+    current, junk = lifecycle.read(body)
+    logger.warning("status fields of the wrong shape, read as absent and rewritten: %s", ", ".join(junk))
+    annotations = body.metadata.annotations or {}
+    if current.phase is None and f"{STORAGE_PREFIX}/last-handled-configuration" in annotations:
+        launch(memo.api, body)
+    else:
+        _write(memo.api, body, current, current)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL, when=_has_pending_events)
@@ -173,7 +200,7 @@ def prepare_finished(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     Raises:
         kopf.TemporaryError: the API server could not take the training job yet.
     """
-    outcome = lifecycle.prepare_outcome(body.get("status") or {})
+    outcome = lifecycle.prepare_outcome(_status_of(body))
     job = read_owner(memo.api, body) if outcome else None
     if outcome is None or job is None:
         return
@@ -203,7 +230,7 @@ def prepare_finished(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 def mirror_child(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Copy a training job's conditions into its BertPretrainJob's phase and conditions."""
     launcher = registry.of_kind(body.get("apiVersion"), body.get("kind"))
-    conditions = launcher.conditions(body.get("status") or {}, lifecycle.now()) if launcher else []
+    conditions = launcher.conditions(_status_of(body), lifecycle.now()) if launcher else []
     job = read_owner(memo.api, body) if launcher and conditions else None
     if job is None:
         return
@@ -346,6 +373,11 @@ def _write(
         for index, event in enumerate([*([phase_change] if phase_change else []), *events])
     }
     patch = lifecycle.status_patch(old, lifecycle.record(new, named, lifecycle.now()))
+    # Fields of the wrong shape in the status as read (lifecycle.read) go first: they read as
+    # absent, so the patch is computed as if they were.
+    junk = lifecycle.read(job)[1]
+    if junk:
+        clear_status(api, job, junk)
     if patch:
         patch_status(api, job, patch)
 
@@ -417,12 +449,18 @@ def _has_conditions(body: kopf.Body, **_: Any) -> bool:
     """Whether :func:`mirror_child` has anything to mirror from a training job: without, it returns
     at once, and the filter spares kopf the hop to a thread and back (a created child's first event)."""
     launcher = registry.of_kind(body.get("apiVersion"), body.get("kind"))
-    return launcher is not None and launcher.has_conditions(body.get("status") or {})
+    return launcher is not None and launcher.has_conditions(_status_of(body))
 
 
 def _has_outcome(body: kopf.Body, **_: Any) -> bool:
     """Whether :func:`prepare_finished` has an outcome to act on (it returns at once without)."""
-    return lifecycle.prepare_outcome(body.get("status") or {}) is not None
+    return lifecycle.prepare_outcome(_status_of(body)) is not None
+
+
+def _status_of(child: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A child's status; one that is not an object reads as empty."""
+    status = child.get("status")
+    return status if isinstance(status, Mapping) else {}
 
 
 # One watcher per launcher's child kind, and one for the data Jobs, for the objects we label.

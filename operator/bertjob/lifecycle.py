@@ -52,12 +52,39 @@ def now() -> datetime:
 
 
 def of(obj: Mapping[str, Any]) -> JobStatus:
-    """The status of a BertPretrainJob as read from the API server; a status this operator did not
-    write (hand-edited, or of an older shape) reads as empty rather than stopping the operator."""
-    try:
-        return JobStatus.model_validate(obj.get("status") or {})
-    except pydantic.ValidationError:
-        return JobStatus()
+    """The status of a BertPretrainJob as read from the API server (:func:`read`, without the
+    names of the fields it could not read)."""
+    return read(obj)[0]
+
+
+def read(obj: Mapping[str, Any]) -> tuple[JobStatus, tuple[str, ...]]:
+    """The status of a BertPretrainJob as read from the API server, and the fields of it that
+    were of the wrong shape (``("status",)`` when the status is not an object at all).
+
+    Every handler and filter reads the status through here, so a status this operator did not
+    write (hand-edited, of an older shape, or malformed: the API server keeps what it is sent when
+    the CRD's schema is not enforced) never raises: a status that is not an object reads as empty,
+    and each field of the wrong shape (a phase not among the phases, conditions that are not a
+    list of conditions, pendingEvents that is not a map of Events, ...) reads as absent, the others
+    as they are. The handlers remove those fields before their next status write."""
+    raw = obj.get("status")
+    if raw is None:
+        return JobStatus(), ()
+    if not isinstance(raw, Mapping):
+        return JobStatus(), ("status",)
+    fields = dict(raw)
+    junk: set[str] = set()
+    # Each round drops the top-level fields that failed; the rest validate on their own.
+    for _ in range(len(fields) + 1):
+        try:
+            return JobStatus.model_validate(fields), tuple(sorted(junk))
+        except pydantic.ValidationError as error:
+            failed = {str(item["loc"][0]) for item in error.errors() if item["loc"]} & fields.keys()
+            if not failed:
+                break
+            junk |= failed
+            fields = {key: value for key, value in fields.items() if key not in failed}
+    return JobStatus(), tuple(sorted(junk | set(fields)))
 
 
 def dump(status: JobStatus) -> dict[str, Any]:

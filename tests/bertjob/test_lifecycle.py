@@ -417,3 +417,32 @@ def test_short(length: int, kept: int) -> None:
     message = lifecycle.short("x" * length)
     assert len(message) == kept
     assert message.endswith("...") == (length > lifecycle.MESSAGE_LIMIT)
+
+
+@pytest.mark.parametrize(
+    ("raw", "phase", "conditions", "junk"),
+    [
+        (None, None, [], ()),
+        ("garbage", None, [], ("status",)),
+        (["Running"], None, [], ("status",)),
+        (12, None, [], ("status",)),
+        ({"phase": 12}, None, [], ("phase",)),
+        ({"phase": "Running", "conditions": "x"}, "Running", [], ("conditions",)),
+        ({"phase": 12, "conditions": "x", "configMap": "demo-job"}, None, [], ("conditions", "phase")),
+        ({"phase": "Pending", "conditions": ["x", 1]}, "Pending", [], ("conditions",)),
+        ({"phase": "Pending", "pendingEvents": "x"}, "Pending", [], ("pendingEvents",)),
+        ({"phase": "Pending", "pendingEvents": {"a": "x"}}, "Pending", [], ("pendingEvents",)),
+        ({"phase": "Pending", "progress": "x", "observedGeneration": "one"}, "Pending", [],
+         ("observedGeneration", "progress")),
+        ({"phase": "Pending", "conditions": [{"type": "Created", "status": "True", "reason": "R",
+          "message": "m", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}, "Pending", ["Created"], ()),
+    ],
+)  # fmt: skip
+def test_a_malformed_status_reads_field_by_field(
+    raw: Any, phase: Phase | None, conditions: list[str], junk: tuple[str, ...]
+) -> None:
+    status, found = lifecycle.read({"status": raw})
+    assert (status.phase, [c.type for c in status.conditions], found) == (phase, conditions, junk)
+    assert lifecycle.of({"status": raw}) == status
+    if isinstance(raw, dict) and "configMap" in raw:
+        assert status.config_map == raw["configMap"]
