@@ -115,7 +115,6 @@ class Paths:
     phase_checkpoints: tuple[Path, ...]  # <checkpoints>/phase<n>: each phase's checkpoints
     logs: Path  # spec.logging.path (default <checkpoints>/logs)
     export: Path  # spec.export.path (default <checkpoints>/hf)
-    nvidia_export: Path  # <export>/nvidia: spec.export.nvidia's files
     finetune: Path  # <checkpoints>/finetune: finetune.json, and builtin tasks' files
 
     @classmethod
@@ -136,7 +135,6 @@ class Paths:
             phase_checkpoints=tuple(phase_dir(checkpoints, index) for index in range(len(spec.phases))),
             logs=Path(spec.logging.path),
             export=export,
-            nvidia_export=export / NVIDIA_EXPORT_DIR,
             finetune=checkpoints / FINETUNE_DIR,
         )
 

@@ -36,6 +36,7 @@ from bertjob_api.jobfile import load_job
 from bertjob_api.plan import Paths, Plan
 from bertjob_api.spec import BertPretrainJob, JobSpec, SpecError
 from bertjob_api.validation import Purpose, checked
+from bertpretrain.common.files import check_writable
 from bertpretrain.data.prepare.stage import prepare
 from bertpretrain.runtime.world import World, detect_world
 from bertpretrain.training.errors import DivergenceError
@@ -200,7 +201,6 @@ def _prepare(call: Invocation) -> int:
 
 def _export(call: Invocation) -> int:
     """``export``: a checkpoint (the newest by default) to Hugging Face format, on one process."""
-    from bertpretrain.common.files import check_writable
     from bertpretrain.training.export import export, newest_checkpoint
 
     plan = call.plan
@@ -221,12 +221,13 @@ def _finetune(call: Invocation) -> int:
     from bertpretrain.finetune.results import compare
     from bertpretrain.finetune.stage import check_files, finetune
 
-    plan = call.plan
+    plan, world = call.plan, call.world
+    assert world is not None
     check_files(plan)
     export_dir = plan.paths.export if plan.paths.export.is_dir() else None
     with _joined(plan) as parallel:
         summaries = finetune(plan, parallel, export_dir)
-    if call.world is None or call.world.rank == 0:
+    if world.rank == 0:
         for line in compare(summaries):
             print(f"bertpretrain: {line}", flush=True)
     return EXIT_SUCCESS

@@ -4,7 +4,8 @@ The formats are the model stage's (:mod:`bertpretrain.model.huggingface` maps ou
 Hugging Face's names and writes the directory, :mod:`bertpretrain.model.nvidia` to NVIDIA
 DeepLearningExamples'); this module reads the checkpoint that training wrote
 (:mod:`bertpretrain.training.checkpoint`) and hands its weights and config to them. Where the
-export goes is the plan's (:class:`bertjob_api.plan.Paths`: ``export``, ``nvidia_export``).
+export goes is the plan's (:class:`bertjob_api.plan.Paths`), NVIDIA's files in its
+``NVIDIA_EXPORT_DIR``.
 """
 
 from __future__ import annotations
