@@ -118,8 +118,12 @@ EXIT_PREEMPTED: Final = 128 + signal.SIGTERM  # 143: SIGTERM after a checkpoint;
 # Above 128 + 64 (SIGRTMAX), so no signal's death reads the same (unlike 137 for SIGKILL or 143 for
 # SIGTERM); retried, since a volume can be grown.
 EXIT_DISK_FULL: Final = 200
+# This rank was well but another rank of the world was lost (a collective failed or timed out
+# because its peer is gone, on this node or another): retried, since the cause is elsewhere, and
+# the process that lost the peer never hides the peer's own code (issue 29).
+EXIT_PEER_LOST: Final = 201
 PERMANENT_EXIT_CODES: Final = (EXIT_FAILURE, EXIT_INVALID_JOB)
-RETRYABLE_EXIT_CODES: Final = (EXIT_PREEMPTED, EXIT_DISK_FULL)
+RETRYABLE_EXIT_CODES: Final = (EXIT_PREEMPTED, EXIT_DISK_FULL, EXIT_PEER_LOST)
 
 # `status.results`: one entry per fine-tuning task, patched by the trainer's rank 0 as each task
 # ends (bertjob_api.crd.TaskResult). Like `status.progress`, the operator never writes it.
