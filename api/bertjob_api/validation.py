@@ -6,11 +6,12 @@ names the field at fault in its YAML spelling, so a user or a status condition c
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any, Literal
 
 from bertjob_api import deepspeed, kubenames, passthrough
-from bertjob_api.contract import RESERVED_VOLUMES, TRAINJOB_LAUNCHER, TRAINJOB_NODE
+from bertjob_api.contract import JOB_FILE, RESERVED_VOLUMES, TRAINJOB_LAUNCHER, TRAINJOB_NODE
 from bertjob_api.defaults import (
     ModelDims,
     batch_split_problem,
@@ -19,7 +20,9 @@ from bertjob_api.defaults import (
     volumes,
     with_defaults,
 )
-from bertjob_api.spec import BertPretrainJob, JobSpec, MpiSpec, SpecError
+from bertjob_api.files import format_size
+from bertjob_api.jobfile import MAX_BYTES, dump
+from bertjob_api.spec import BertPretrainJob, JobSpec, MpiSpec, SpecError, to_document
 
 # Volumes the base pod template mounts itself (kustomize/base): a job volume may not take their names.
 TOLERATION_OPERATORS = ("Exists", "Equal")
@@ -545,6 +548,48 @@ def cluster_job(job: BertPretrainJob, source: str = "<job>") -> BertPretrainJob:
         spec = checked(job.spec, source, "cluster")
     except SpecError as error:
         raise SpecError(source, problems + error.problems) from None
+    job = job.model_copy(update={"spec": spec})
+    problems += stored_size_problems(to_document(job))
     if problems:
         raise SpecError(source, problems)
-    return job.model_copy(update={"spec": spec})
+    return job
+
+
+def stored_size_problems(document: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """A problem when ``document`` (the job after defaults, as :func:`bertjob_api.spec.to_document`
+    gives it) written as the operator stores it, the ``job.yaml`` of its ConfigMap, exceeds the
+    :data:`bertjob_api.jobfile.MAX_BYTES` (1 MiB) Kubernetes allows a ConfigMap's data; it names
+    the field that takes most of that room (the deepest one holding over half of its parent's
+    bytes), with its size and the whole file's."""
+    size = _stored_bytes(document)
+    if size <= MAX_BYTES:
+        return []
+    path, value = "", document
+    while True:
+        children = _children(path, value)
+        if not children:
+            break
+        sizes = {child: _stored_bytes({"field": child_value}) for child, child_value in children.items()}
+        largest = max(sizes, key=sizes.__getitem__)
+        if 2 * sizes[largest] < _stored_bytes({"field": value}):
+            break
+        path, value = largest, children[largest]
+    message = (
+        f"takes {format_size(_stored_bytes({'field': value}))} of the {format_size(size)} job file the "
+        f"operator stores in the job's ConfigMap ({JOB_FILE}), which Kubernetes limits to "
+        f"{format_size(MAX_BYTES)}; keep large values in a file on a volume"
+    )
+    return [(path or "spec", message)]
+
+
+def _stored_bytes(document: Any) -> int:
+    return len(dump(document).encode("utf-8"))
+
+
+def _children(path: str, value: Any) -> dict[str, Any]:
+    """The fields (``spec.pod.env``) or items (``spec.pod.env[3]``) of ``value`` at ``path``."""
+    if isinstance(value, Mapping):
+        return {f"{path}.{key}" if path else str(key): item for key, item in value.items()}
+    if isinstance(value, list):
+        return {f"{path}[{index}]": item for index, item in enumerate(value)}
+    return {}

@@ -7,7 +7,8 @@ import pytest
 
 from bertjob_api import kubenames, passthrough
 from bertjob_api.defaults import with_defaults
-from bertjob_api.spec import SpecError, parse_job
+from bertjob_api.jobfile import MAX_BYTES, dump
+from bertjob_api.spec import SpecError, parse_job, to_document
 from bertjob_api.validation import check, checked, cluster_job, cluster_problems, problems
 from bertjob_testing.jobs import valid_job, with_value
 
@@ -611,3 +612,35 @@ def test_metadata_nested_without_end_is_refused_without_overflowing():
         labels = labels["a"]
     found = _refusals(document)
     assert any("nested deeper than" in message for message in found.values()), found
+
+
+# The job as the operator stores it (its ConfigMap's job.yaml) must fit the 1 MiB Kubernetes allows
+# a ConfigMap, after defaults; a job file within that size may still grow past it (issue 29, item 8).
+
+
+def _big_env(value_bytes):
+    return [{"name": "SMALL", "value": "1"}, {"name": "BLOB", "value": "x" * value_bytes}]
+
+
+def test_a_job_too_large_for_its_configmap_is_refused_naming_the_field():
+    refusals = _refusals(_changed({"spec.pod.env": _big_env(MAX_BYTES)}))
+    assert list(refusals) == ["spec.pod.env[1].value"]
+    assert refusals["spec.pod.env[1].value"].startswith(
+        "takes 1.0 MiB of the 1.0 MiB job file the operator stores"
+    )
+    assert "limits to 1.0 MiB" in refusals["spec.pod.env[1].value"]
+
+
+def test_a_job_just_within_its_configmap_is_accepted():
+    # A value of one character ("x", unquoted) grows the file by a byte per character added.
+    stored = len(dump(to_document(cluster_job(parse_job(_changed({"spec.pod.env": _big_env(1)}))))).encode())
+    fits = 1 + MAX_BYTES - stored
+    document = _changed({"spec.pod.env": _big_env(fits)})
+    assert _refusals(document) == {}
+    assert len(dump(to_document(cluster_job(parse_job(document)))).encode()) == MAX_BYTES
+    assert list(_refusals(_changed({"spec.pod.env": _big_env(fits + 1)}))) == ["spec.pod.env[1].value"]
+
+
+def test_many_small_fields_are_named_by_their_list():
+    env = [{"name": f"VAR_{index}", "value": "x" * 100} for index in range(10_000)]
+    assert list(_refusals(_changed({"spec.pod.env": env}))) == ["spec.pod.env"]

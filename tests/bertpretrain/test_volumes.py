@@ -4,6 +4,8 @@ run.py inject the same errors everywhere)."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from bertjob_api.contract import EXIT_DISK_FULL
 from bertjob_api.files import DiskFullError, free_bytes
@@ -70,7 +73,8 @@ def _job(tmp_path: Path, checkpoints: Path) -> Path:
     document = small_training_job(tmp_path, processes=1)
     document = with_value(document, "spec.phases", [{**document["spec"]["phases"][0], "steps": 10}])
     document = with_value(document, "spec.checkpoint.path", str(checkpoints))
-    # TensorBoard's writer thread dies on a full disk with its file open, and the volume busy.
+    # Off: the message tested is the checkpoint's, and TensorBoard's events on the same volume
+    # could be the first write that does not fit (the test below fills TensorBoard's volume).
     document = with_value(document, "spec.logging.tensorboard", False)
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(document))
@@ -101,6 +105,41 @@ def test_a_run_whose_checkpoint_does_not_fit_exits_to_be_retried(
     error = _message(capsys.readouterr().err)
     assert error.startswith("bertpretrain run: [Errno 28] No space left on device (free space: "), error
     assert f"spec.checkpoint.path {volume}/checkpoints: 0 bytes," in error
+
+
+@pytest.mark.slow
+def test_a_full_disk_under_tensorboard_exits_to_be_retried(
+    tmp_path: Path, mount_tmpfs: Mount, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "logs").mkdir()
+    volume = mount_tmpfs("logs/tensorboard", size="64k")
+    document = small_training_job(tmp_path)
+    document = with_value(document, "spec.logging", {"path": str(tmp_path / "logs"), "everySteps": 1})
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(document))
+    # Another job's file leaves one page: the first events fit, a later one does not.
+    filler = volume / "other-job.bin"
+    with filler.open("wb", buffering=0) as file, pytest.raises(OSError, match="No space left"):
+        while True:
+            file.write(b"\0" * 4096)
+    os.truncate(filler, filler.stat().st_size - 4096)
+
+    assert bertpretrain_main(["run", "--config", str(job)]) == EXIT_DISK_FULL
+    error = _message(capsys.readouterr().err)
+    [events] = volume.glob("events.out.tfevents.*")
+    assert error.startswith(f"bertpretrain run: {events}: no space left on the device: "), error
+    assert error.endswith("(TensorBoard's event file was closed at its last whole event)"), error
+    open_files = [os.readlink(fd) for fd in Path("/proc/self/fd").iterdir() if fd.is_symlink()]
+    assert not [path for path in open_files if path.startswith(str(volume))], "a file is left open"
+    # What was written before is whole: TensorBoard reads the losses the JSON-lines log has.
+    scalars = EventAccumulator(str(volume))
+    scalars.Reload()
+    losses = [event.value for event in scalars.Scalars("phase1/train/loss")]
+    logged = [json.loads(line) for line in (tmp_path / "logs" / "train.jsonl").read_text().splitlines()]
+    train = [
+        line["data"]["loss"] for line in logged if line["type"] == "LOG" and line["data"]["split"] == "train"
+    ]
+    assert 0 < len(losses) < len(train) and losses == pytest.approx(train[: len(losses)])
 
 
 def _message(stderr: str) -> str:

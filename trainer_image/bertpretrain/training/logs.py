@@ -27,10 +27,13 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from bertpretrain.training import dllogger
 from bertpretrain.training.progress import StatusReporter
+
+if TYPE_CHECKING:
+    from bertpretrain.training.tensorboard import ScalarWriter
 
 Split = Literal["train", "eval"]
 Format = Literal["jsonl", "dllogger"]
@@ -46,7 +49,9 @@ class TrainingLog:
     A log made with ``directory=None`` (every rank but 0) writes nothing.
 
     Raises:
-        OSError: the directory cannot be created or written.
+        OSError: the directory cannot be created or written (a full volume:
+            :class:`bertjob_api.files.DiskFullError` where the writer knows the file, as TensorBoard's
+            does).
         ValueError: an unknown ``format``.
     """
 
@@ -62,7 +67,7 @@ class TrainingLog:
         self.started = time.perf_counter()
         self._file = None
         self._dllogger: dllogger.DLLoggerFile | None = None
-        self._writer: Any = None
+        self._tensorboard: ScalarWriter | None = None
         self._status = status
         if directory is None:
             return
@@ -72,10 +77,10 @@ class TrainingLog:
         else:
             self._file = (directory / LOG_FILE).open("a", encoding="utf-8")
         if tensorboard:
-            # Imported here: it takes about a second, and only rank 0 writes.
-            from torch.utils.tensorboard import SummaryWriter
+            # Imported here: TensorBoard's protobufs take a while, and only rank 0 writes.
+            from bertpretrain.training.tensorboard import ScalarWriter
 
-            self._writer = SummaryWriter(str(directory / "tensorboard"))
+            self._tensorboard = ScalarWriter(directory / "tensorboard")
 
     def _write(self, kind: str, step: Any, data: dict[str, Any]) -> None:
         if self._file is None:
@@ -111,10 +116,13 @@ class TrainingLog:
         self._write("LOG", [phase, step], {"split": split, **values})
         if self._status is not None and split == "train":
             self._status.report(phase, step, values)
-        if self._writer is not None:
-            for name, value in values.items():
-                if math.isfinite(value):
-                    self._writer.add_scalar(f"phase{phase}/{split}/{name}", value, step)
+        if self._tensorboard is not None:
+            finite = {
+                f"phase{phase}/{split}/{name}": value
+                for name, value in values.items()
+                if math.isfinite(value)
+            }
+            self._tensorboard.add_scalars(step, finite)
 
     def summary(self, train_seconds: float, sequences: float, final_loss: float) -> None:
         """Record the end of a phase: ``sequences`` trained in ``train_seconds`` of optimizer
@@ -133,6 +141,6 @@ class TrainingLog:
         if self._file is not None:
             self._file.close()
             self._file = None
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
