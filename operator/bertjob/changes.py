@@ -9,20 +9,29 @@ so it is refused and reaches no child. A spec that is invalid as a whole is refu
 its safe fields are applied. The accepted spec stays in the job's ConfigMap; children made later
 (the training job after the data Job) are rendered from it, with the safe fields as last applied
 (:func:`applied_run_policy`).
+
+Each child records the safe fields last applied to it, and a change writes to it only the fields
+that differ from that record (:func:`child_patch`): what others wrote to the child stays. A child
+that Kueue manages (the ``kueue.x-k8s.io/queue-name`` label, :func:`queued`) is created suspended
+and is never unsuspended by the operator: Kueue unsuspends it when it admits it, and a user's
+resume only stops the operator holding it suspended (:func:`to_write`).
 """
 
 from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 # Fields of spec.runPolicy applied to a running job, as named in Kubeflow's RunPolicy too.
 SAFE_RUN_POLICY = ("suspend", "ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit")
 SAFE_FIELDS = tuple(f"spec.runPolicy.{name}" for name in SAFE_RUN_POLICY)
-# On the data Job: the safe fields as last applied, for the training job made when it completes.
+# On the data Job and the training job: the safe fields as last applied to it (the data Job's for
+# the training job made when it completes), which the next change is compared with.
 APPLIED_ANNOTATION = "bertjob.dev/applied-run-policy"
+# The label by which Kueue manages a job (spec.queueName sets it).
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 
 def changed_fields(old: object, new: object, prefix: str = "spec") -> list[str]:
@@ -71,31 +80,90 @@ def suspended(spec: object) -> bool:
     return safe_run_policy(spec)["suspend"] is True
 
 
-def training_patch(spec: object) -> dict[str, Any]:
-    """Merge patch that gives a Kubeflow training job (PyTorchJob, MPIJob) the safe fields of ``spec``."""
-    policy = safe_run_policy(spec)
-    policy["suspend"] = policy["suspend"] is True
-    return {"spec": {"runPolicy": policy}}
+def training_patch(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge patch that writes ``fields`` (safe run-policy fields by name, as :func:`to_write`
+    gives them) into a Kubeflow training job's ``runPolicy`` (PyTorchJob, MPIJob); {} for none."""
+    return {"spec": {"runPolicy": dict(fields)}} if fields else {}
 
 
-def prepare_patch(spec: object) -> dict[str, Any]:
-    """Merge patch that suspends or resumes the data-preparation Job with the job, and records the
-    safe fields of ``spec`` on it as applied (:data:`APPLIED_ANNOTATION`)."""
-    applied = json.dumps(safe_run_policy(spec), sort_keys=True)
-    return {"metadata": {"annotations": {APPLIED_ANNOTATION: applied}}, "spec": {"suspend": suspended(spec)}}
+def prepare_patch(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge patch that writes ``fields`` (as :func:`to_write` gives them) into the data-preparation
+    Job: its ``suspend``, the one run-policy field it takes after its creation; {} for none."""
+    return {"spec": {"suspend": fields["suspend"]}} if "suspend" in fields else {}
 
 
-def applied_run_policy(prepare_job: Mapping[str, Any], accepted_spec: object) -> dict[str, Any]:
-    """The safe run-policy fields as last applied to a job that has a data Job: those recorded on
-    the data Job by :func:`prepare_patch`, or, before any change was applied (or when the record is
-    unreadable), those of the accepted spec."""
-    annotations = (prepare_job.get("metadata") or {}).get("annotations") or {}
+def queued(obj: Mapping[str, Any]) -> bool:
+    """Whether Kueue manages ``obj`` (a child as rendered or as read): it carries the
+    ``kueue.x-k8s.io/queue-name`` label, from ``spec.queueName`` or from Kueue's webhook."""
+    labels = (obj.get("metadata") or {}).get("labels")
+    return isinstance(labels, Mapping) and bool(labels.get(QUEUE_LABEL))
+
+
+def normal(policy: Mapping[str, Any]) -> dict[str, Any]:
+    """The safe run-policy fields of ``policy`` (by name, missing ones as None) with ``suspend`` as
+    a child holds it: true or false, never absent."""
+    found = {name: policy.get(name) for name in SAFE_RUN_POLICY}
+    return found | {"suspend": found["suspend"] is True}
+
+
+def to_write(applied: Mapping[str, Any], wanted: Mapping[str, Any], *, queued: bool) -> dict[str, Any]:
+    """The safe run-policy fields to write to a child (by name; None removes one) that holds
+    ``applied`` (the fields as last written to it, :func:`applied_run_policy`) so that it takes
+    ``wanted``: only those that differ, so a change writes what the user changed and leaves what
+    others wrote; and never ``suspend: false`` to a queued child, which Kueue suspends and
+    unsuspends on admission (it runs outside its quota otherwise), while a suspend by the user is
+    written to it, as a parent may suspend a job that Kueue manages."""
+    before, after = normal(applied), normal(wanted)
+    fields = {name: after[name] for name in SAFE_RUN_POLICY if after[name] != before[name]}
+    if queued and fields.get("suspend") is False:
+        del fields["suspend"]
+    return fields
+
+
+def recorded(policy: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge patch that records ``policy`` on a child as the safe run-policy fields applied to it
+    (:data:`APPLIED_ANNOTATION`), which the next change is compared with (:func:`to_write`)."""
+    return {"metadata": {"annotations": {APPLIED_ANNOTATION: json.dumps(normal(policy), sort_keys=True)}}}
+
+
+def child_patch(
+    applied: Mapping[str, Any],
+    wanted: Mapping[str, Any],
+    *,
+    queued: bool,
+    write: Callable[[Mapping[str, Any]], dict[str, Any]],
+) -> dict[str, Any]:
+    """Merge patch that gives a child holding ``applied`` the fields of ``wanted`` that changed
+    (:func:`to_write`, turned into a patch of the child's kind by ``write``: a launcher's
+    ``policy_patch`` or :func:`prepare_patch`) and records ``wanted`` as applied; {} when nothing
+    changed."""
+    if normal(applied) == normal(wanted):
+        return {}
+    return merged(write(to_write(applied, wanted, queued=queued)), recorded(wanted))
+
+
+def as_created(
+    obj: Mapping[str, Any], policy: Mapping[str, Any], write: Callable[[Mapping[str, Any]], dict[str, Any]]
+) -> dict[str, Any]:
+    """``obj`` (a child rendered with the safe run-policy fields ``policy``) as it is created: with
+    ``policy`` recorded as applied (:func:`recorded`), and suspended if it is queued (Kueue's
+    webhook would suspend it anyway, and unsuspends it on admission; ``write`` makes the patch of
+    its kind, as in :func:`child_patch`)."""
+    created = merged(obj, recorded(policy))
+    return merged(created, write({"suspend": True})) if queued(obj) else created
+
+
+def applied_run_policy(child: Mapping[str, Any], accepted_spec: object) -> dict[str, Any]:
+    """The safe run-policy fields as last applied to a child (the training job or the data Job):
+    those recorded on it (:func:`recorded`), or, where it has no readable record (a child made
+    before records were kept), those of ``accepted_spec``."""
+    annotations = (child.get("metadata") or {}).get("annotations") or {}
     try:
-        recorded = json.loads(annotations.get(APPLIED_ANNOTATION) or "null")
+        found = json.loads(annotations.get(APPLIED_ANNOTATION) or "null")
     except (TypeError, ValueError):
-        recorded = None
-    if isinstance(recorded, dict) and set(recorded) == set(SAFE_RUN_POLICY):
-        return recorded
+        found = None
+    if isinstance(found, dict) and set(found) == set(SAFE_RUN_POLICY):
+        return found
     return safe_run_policy(accepted_spec)
 
 

@@ -20,7 +20,6 @@ from bertjob_api.contract import API_VERSION, KIND, job_path, status_path
 from bertjob_api.crd import PendingEvent
 
 MERGE_PATCH = "application/merge-patch+json"
-JSON_PATCH = "application/json-patch+json"
 # The kinds the renderer makes besides the launchers' own, by (apiVersion, kind).
 BUILTIN_PLURALS = {
     ("v1", "ConfigMap"): "configmaps",
@@ -162,33 +161,38 @@ def read_owner(api: ApiClient, child: Mapping[str, Any]) -> dict[str, Any] | Non
     return None
 
 
-def patch_status(api: ApiClient, job: Mapping[str, Any], status: Mapping[str, Any]) -> None:
-    """Merge-patch the given fields of a BertPretrainJob's status (through its status subresource).
+def read_job(api: ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
+    """The BertPretrainJob ``namespace/name`` as the API server holds it; None if there is none.
 
     Raises:
-        ApiException: the API server refused the patch, or failed.
+        ApiException: the API server failed.
     """
-    meta = job["metadata"]
-    call(api, "PATCH", status_path(meta["namespace"], meta["name"]), {"status": status}, MERGE_PATCH)
+    try:
+        return call(api, "GET", job_path(namespace, name))
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
 
 
-def clear_status(api: ApiClient, job: Mapping[str, Any], fields: Iterable[str]) -> None:
-    """Remove ``fields`` from a BertPretrainJob's status, or (``"status"`` among them) make the
-    status an empty object; a JSON patch through the status subresource. A merge patch that sets a
-    field would do as much on an API server (RFC 7386 replaces what is not an object), but not on
-    every server: kmock's emulator merges no object into a string.
+def patch_status(
+    api: ApiClient, job: Mapping[str, Any], status: Mapping[str, Any], resource_version: str | None = None
+) -> dict[str, Any]:
+    """Merge-patch the given fields of a BertPretrainJob's status (through its status subresource);
+    the job as written. With ``resource_version`` the patch is a precondition: the API server
+    applies it only to the job of that resourceVersion, and answers 409 Conflict otherwise. A
+    field that is not an object in the status is replaced whole by what the patch gives it
+    (RFC 7386), ``None`` removes one.
 
     Raises:
-        ApiException: the API server refused the patch (a field is gone already), or failed.
+        ApiException: the API server refused the patch (409: ``resource_version`` is stale), or
+            failed.
     """
     meta = job["metadata"]
-    names = sorted(fields)
-    if "status" in names:
-        ops = [{"op": "replace", "path": "/status", "value": {}}]
-    else:
-        escaped = [name.replace("~", "~0").replace("/", "~1") for name in names]
-        ops = [{"op": "remove", "path": f"/status/{name}"} for name in escaped]
-    call(api, "PATCH", status_path(meta["namespace"], meta["name"]), ops, JSON_PATCH)
+    body: dict[str, Any] = {"status": status}
+    if resource_version is not None:
+        body["metadata"] = {"resourceVersion": resource_version}
+    return call(api, "PATCH", status_path(meta["namespace"], meta["name"]), body, MERGE_PATCH)
 
 
 def post_event(api: ApiClient, job: Mapping[str, Any], name: str, event: PendingEvent) -> bool:

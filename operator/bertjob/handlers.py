@@ -18,7 +18,7 @@ import collections
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
 import kopf
@@ -31,7 +31,6 @@ from bertjob import changes, launchers, lifecycle, prerequisites
 from bertjob import monitoring as metrics
 from bertjob.children import (
     ForeignObjectError,
-    clear_status,
     create_children,
     is_prepare_job,
     is_training_child,
@@ -39,6 +38,7 @@ from bertjob.children import (
     patch_status,
     post_event,
     read,
+    read_job,
     read_owner,
 )
 from bertjob.launchers import registry
@@ -51,6 +51,10 @@ from bertjob_api.validation import cluster_job
 # kopf's bookkeeping goes to annotations under our own domain, never into the status.
 STORAGE_PREFIX = GROUP
 RETRY_DELAY_S = 30
+# A status write that finds the job changed since it was read (409 Conflict) reads it again and
+# recomputes, this many times in all, then leaves it to kopf's retry (after CONFLICT_DELAY_S).
+WRITE_ATTEMPTS = 5
+CONFLICT_DELAY_S = 1
 # Failures that a corrected spec may clear: the job is rendered again from the new spec.
 RENDERED_AGAIN = ("InvalidSpec", "RenderFailed")
 READY = threading.Event()
@@ -148,7 +152,7 @@ def repair_status(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> No
     if current.phase is None and f"{STORAGE_PREFIX}/last-handled-configuration" in annotations:
         launch(memo.api, body)
     else:
-        _write(memo.api, body, current, current)
+        _write(memo.api, body, lambda status: status)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL, when=_has_pending_events)
@@ -209,21 +213,17 @@ def prepare_finished(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         return
     verdict, reason, message = outcome
     if verdict == "Failed":
-        _fail(memo.api, job, current, "PrepareFailed", f"{body.metadata.name}: {reason}: {message}")
+        _fail(memo.api, job, "PrepareFailed", f"{body.metadata.name}: {reason}: {message}")
         return
     accepted = _accepted(memo.api, job, current) or _document(job)
     # Not the spec as it is now: a change refused since must not reach the training job.
     policy = changes.applied_run_policy(body, accepted["spec"])
-    objects = _children_of(memo.api, job, current, changes.accepted_document(accepted, policy))
-    _create(memo.api, job, current, objects)
+    objects = _children_of(memo.api, job, changes.accepted_document(accepted, policy))
+    _create(memo.api, job, objects)
     [training] = [_ref(obj) for obj in objects if is_training_child(obj)]
     suspended = policy["suspend"] is True
-    _write(
-        memo.api,
-        job,
-        current,
-        lifecycle.prepared(current, training, reason, message, suspended, lifecycle.now()),
-    )
+    at = lifecycle.now()
+    _write(memo.api, job, lambda status: lifecycle.prepared(status, training, reason, message, suspended, at))
 
 
 @metrics.observed("mirror")
@@ -234,13 +234,18 @@ def mirror_child(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     job = read_owner(memo.api, body) if launcher and conditions else None
     if job is None:
         return
-    current = lifecycle.of(job)
-    # Until the job's status names this child, a status patch of the create handler may follow ours.
-    if _ref(body) not in current.children:
-        return
-    # The child's own spec holds the suspend as applied (a refused change never reaches it).
+    # The child's own spec holds the suspend as applied (a refused change never reaches it), or
+    # as Kueue holds it until it admits the child.
     suspended = launcher is not None and launcher.suspended(body.get("spec"))
-    _write(memo.api, job, current, lifecycle.follow_child(current, conditions, suspended, lifecycle.now()))
+    child, at = _ref(body), lifecycle.now()
+
+    def follow(status: JobStatus) -> JobStatus:
+        # Until the job's status names this child, a status patch of the create handler may follow.
+        if child not in status.children:
+            return status
+        return lifecycle.follow_child(status, conditions, suspended, at)
+
+    _write(memo.api, job, follow)
 
 
 def launch(api: ApiClient, job: Mapping[str, Any]) -> None:
@@ -252,34 +257,40 @@ def launch(api: ApiClient, job: Mapping[str, Any]) -> None:
             refused; the status is Failed with a condition saying why.
         kopf.TemporaryError: the API server could not take the children yet; kopf retries.
     """
-    current = lifecycle.of(job)
-    objects = _children_of(api, job, current, _document(job))
+    objects = _children_of(api, job, _document(job))
     preparing = any(is_prepare_job(obj) for obj in objects)
     first = [obj for obj in objects if not (preparing and is_training_child(obj))]
-    _create(api, job, current, first)
-    launched = lifecycle.launched(
-        current,
-        children=[_ref(obj) for obj in first if is_prepare_job(obj) or is_training_child(obj)],
-        config_map=config_map_name(job["metadata"]["name"]),
-        preparing=preparing,
-        suspended=changes.suspended(job.get("spec")),
-        generation=job["metadata"].get("generation"),
-        at=lifecycle.now(),
+    _create(api, job, first)
+    refs = [_ref(obj) for obj in first if is_prepare_job(obj) or is_training_child(obj)]
+    at = lifecycle.now()
+    _write(
+        api,
+        job,
+        lambda status: lifecycle.launched(
+            status,
+            children=refs,
+            config_map=config_map_name(job["metadata"]["name"]),
+            preparing=preparing,
+            suspended=changes.suspended(job.get("spec")),
+            generation=job["metadata"].get("generation"),
+            at=at,
+        ),
     )
-    _write(api, job, current, launched)
 
 
 def change(api: ApiClient, job: Mapping[str, Any], old: Any, new: Any) -> None:
     """Apply a change of ``job``'s spec from ``old`` to ``new``.
 
     A job that failed for its spec is rendered again. Otherwise the new spec is compared with the
-    accepted one (in the job's ConfigMap): the safe run-policy fields are patched into the
-    children, and the rest is refused with a SpecChangeRefused condition and a warning event
-    naming the fields; an invalid new spec is refused whole: no child is patched and the phase
-    does not move (not even for ``suspend``).
+    accepted one (in the job's ConfigMap): the safe run-policy fields are written to the children
+    where they differ from those last applied to each (:func:`_apply_run_policy`), and the rest is
+    refused with a SpecChangeRefused condition and a warning event naming the fields; an invalid
+    new spec is refused whole: no child is patched and the phase does not move (not even for
+    ``suspend``).
 
     Raises:
-        kopf.PermanentError, kopf.TemporaryError: as :func:`launch`, when rendering again.
+        kopf.PermanentError, kopf.TemporaryError: as :func:`launch`, when rendering again; a status
+            write that kept conflicting with others (:func:`_write`).
         ApiException: the API server refused a child's patch.
     """
     current = lifecycle.of(job)
@@ -305,88 +316,150 @@ def change(api: ApiClient, job: Mapping[str, Any], old: Any, new: Any) -> None:
         valid, refused, safe_fields = False, changes.changed_fields(old, new), ()
         why = f"invalid spec ({_problems(error)}), nothing applied"
     spec = job.get("spec")
-    # The safe fields are patched whole each time: the children then follow the spec as it is now.
     if valid and current.phase not in lifecycle.TERMINAL_PHASES:
-        for ref in current.children:
-            target = {"apiVersion": ref.api_version, "kind": ref.kind, "metadata": _meta(job, ref.name)}
-            if launcher := registry.of_kind(ref.api_version, ref.kind):
-                patch_child(api, target, launcher.policy_patch(spec))
-            elif current.phase in ("Preparing", "Suspended") and not any(map(_trains, current.children)):
-                # Recorded for the training job made later: what its launcher takes of the change.
-                applied = changes.applicable(spec, (accepted or {}).get("spec", spec), safe_fields)
-                patch_child(api, target, changes.prepare_patch(applied))
+        accepted_spec = accepted["spec"] if accepted else old
+        _apply_run_policy(api, job, current, spec, accepted_spec, safe_fields)
     at = lifecycle.now()
-    updated = lifecycle.spec_change(current, refused, why, job["metadata"].get("generation"), at)
-    if valid and changes.suspended(spec) != (current.phase == "Suspended"):
-        has_training = any(map(_trains, current.children))
-        updated = lifecycle.suspension(updated, changes.suspended(spec), has_training, at)
+    generation = job["metadata"].get("generation")
+    suspend = changes.suspended(spec)
+
+    def changed(status: JobStatus) -> JobStatus:
+        updated = lifecycle.spec_change(status, refused, why, generation, at)
+        if valid and suspend != (status.phase == "Suspended"):
+            updated = lifecycle.suspension(updated, suspend, any(map(_trains, status.children)), at)
+        return updated
+
     message = lifecycle.short(f"{why}: {', '.join(refused)}")
     warning = [lifecycle.Transition("Warning", "SpecChangeRefused", message)] if refused else []
-    _write(api, job, current, updated, warning)
+    _write(api, job, changed, warning)
 
 
-def _children_of(
-    api: ApiClient, job: Mapping[str, Any], current: JobStatus, document: dict[str, Any]
-) -> list[dict[str, Any]]:
-    """The rendered children of ``document``, owned by ``job``. Callers pass a document whose
-    safe run-policy fields are those applied to the job (:func:`bertjob.changes.accepted_document`),
-    so the children render with them."""
+def _apply_run_policy(
+    api: ApiClient,
+    job: Mapping[str, Any],
+    current: JobStatus,
+    spec: object,
+    accepted_spec: object,
+    safe_fields: tuple[str, ...],
+) -> None:
+    """Write into each child the safe run-policy fields (of ``safe_fields``) that ``spec`` changes
+    from those last applied to it (:func:`bertjob.changes.child_patch`), and record them on it: the
+    training job, or, while the data Job runs first, the data Job, for the training job made from
+    its record later. Only the fields that changed are written, so what others wrote stays, and a
+    child that Kueue manages is never unsuspended (:func:`bertjob.changes.to_write`).
+
+    Raises:
+        ApiException: the API server refused a child's read or patch.
+    """
+    found = {ref: read(api, _target(job, ref)) for ref in current.children}
+    prepare = next((obj for obj in found.values() if obj is not None and is_prepare_job(obj)), None)
+    trains = any(map(_trains, current.children))
+    for ref, child in found.items():
+        launcher = registry.of_kind(ref.api_version, ref.kind)
+        if child is None or (
+            launcher is None and (trains or current.phase not in ("Preparing", "Suspended"))
+        ):
+            continue
+        # A training job made before records were kept was rendered with the data Job's record.
+        made_with = {"runPolicy": changes.applied_run_policy(prepare or {}, accepted_spec)}
+        applied = changes.applied_run_policy(child, made_with if launcher else accepted_spec)
+        wanted = changes.applicable(spec, {"runPolicy": applied}, safe_fields)["runPolicy"]
+        write = launcher.policy_patch if launcher else changes.prepare_patch
+        patch = changes.child_patch(applied, wanted, queued=changes.queued(child), write=write)
+        if patch:
+            patch_child(api, _target(job, ref), patch)
+
+
+def _children_of(api: ApiClient, job: Mapping[str, Any], document: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rendered children of ``document``, owned by ``job``, as they are created
+    (:func:`bertjob.changes.as_created`: a queued one suspended, each with its run policy recorded).
+    Callers pass a document whose safe run-policy fields are those applied to the job
+    (:func:`bertjob.changes.accepted_document`), so the children render with them."""
     meta = job["metadata"]
     try:
         objects = render(parse_job(document, f"{meta['namespace']}/{meta['name']}"))
     except SpecError as error:
-        raise _fail(api, job, current, "InvalidSpec", _problems(error)) from error
+        raise _fail(api, job, "InvalidSpec", _problems(error)) from error
     except RenderError as error:
-        raise _fail(api, job, current, "RenderFailed", str(error)) from error
+        raise _fail(api, job, "RenderFailed", str(error)) from error
+    policy = changes.safe_run_policy(document.get("spec"))
+    for index, obj in enumerate(objects):
+        launcher = registry.of_kind(obj.get("apiVersion"), obj.get("kind"))
+        if launcher is not None:
+            objects[index] = changes.as_created(obj, policy, launcher.policy_patch)
+        elif is_prepare_job(obj) and changes.queued(obj):
+            objects[index] = changes.as_created(obj, policy, changes.prepare_patch)
     kopf.adopt(objects, owner=_body(job))
     return objects
 
 
-def _create(
-    api: ApiClient, job: Mapping[str, Any], current: JobStatus, objects: list[dict[str, Any]]
-) -> None:
+def _create(api: ApiClient, job: Mapping[str, Any], objects: list[dict[str, Any]]) -> None:
     try:
         create_children(api, objects, owner_uid=str(job["metadata"]["uid"]))
     except ForeignObjectError as error:
-        raise _fail(api, job, current, "ChildConflict", str(error)) from error
+        raise _fail(api, job, "ChildConflict", str(error)) from error
     except ApiException as error:
         answer = f"{error.status} {error.reason}"
         if error.status in (400, 422):
-            raise _fail(api, job, current, "ChildRejected", f"{answer}: {error.body}") from error
+            raise _fail(api, job, "ChildRejected", f"{answer}: {error.body}") from error
         raise kopf.TemporaryError(f"the API server answered {answer}", delay=RETRY_DELAY_S) from error
 
 
 def _write(
     api: ApiClient,
     job: Mapping[str, Any],
-    old: JobStatus,
-    new: JobStatus,
+    change: Callable[[JobStatus], JobStatus],
     events: Sequence[lifecycle.Transition] = (),
     transition: bool = True,
 ) -> None:
-    """Patch the fields of the status that changed, recording ``events`` and, if ``transition``,
-    the Event of a phase change in the same patch; :func:`announce` posts them."""
-    phase_change = lifecycle.transition(old, new) if transition else None
-    stamp = time.time_ns()
-    named = {
-        lifecycle.event_name(job["metadata"]["name"], stamp + index): event
-        for index, event in enumerate([*([phase_change] if phase_change else []), *events])
-    }
-    patch = lifecycle.status_patch(old, lifecycle.record(new, named, lifecycle.now()))
-    # Fields of the wrong shape in the status as read (lifecycle.read) go first: they read as
-    # absent, so the patch is computed as if they were.
-    junk = lifecycle.read(job)[1]
-    if junk:
-        clear_status(api, job, junk)
-    if patch:
-        patch_status(api, job, patch)
+    """Write the status that ``change`` (a pure function of :mod:`bertjob.lifecycle`) makes of the
+    job's status, recording ``events`` and, if ``transition``, the Event of a phase change in the
+    same patch; :func:`announce` posts them.
+
+    Optimistic concurrency: ``change`` is applied to the status as read (``job`` first), and the
+    fields that differ are merge-patched with the resourceVersion read as a precondition, so a
+    writer that read before another wrote (the training job's conditions and a spec change, both
+    rewriting ``conditions``) gets 409 Conflict instead of undoing the other's write: it reads the
+    job again and applies ``change`` to that, up to :data:`WRITE_ATTEMPTS` times. Fields of the
+    wrong shape (:func:`bertjob.lifecycle.read`) are written over in the same patch. Nothing is
+    written to a job that is gone, or to another job of its name.
+
+    Raises:
+        kopf.TemporaryError: every attempt conflicted; kopf retries a change or create handler.
+        ApiException: the API server refused the patch otherwise, or failed.
+    """
+    meta = job["metadata"]
+    read: Mapping[str, Any] | None = job
+    for _ in range(WRITE_ATTEMPTS):
+        if read is None or read["metadata"].get("uid") != meta.get("uid"):
+            return
+        current, junk = lifecycle.read(read)
+        new = change(current)
+        phase_change = lifecycle.transition(current, new) if transition else None
+        stamp = time.time_ns()
+        named = {
+            lifecycle.event_name(meta["name"], stamp + index): event
+            for index, event in enumerate([*([phase_change] if phase_change else []), *events])
+        }
+        patch = lifecycle.status_patch(current, lifecycle.record(new, named, lifecycle.now()), junk)
+        if not patch and not junk:
+            return
+        try:
+            patch_status(api, read, patch, resource_version=read["metadata"].get("resourceVersion"))
+            return
+        except ApiException as error:
+            if error.status != 409:
+                raise
+        read = read_job(api, meta["namespace"], meta["name"])
+    raise kopf.TemporaryError(
+        f"the status changed under each of {WRITE_ATTEMPTS} writes (409 Conflict)", delay=CONFLICT_DELAY_S
+    )
 
 
-def _fail(
-    api: ApiClient, job: Mapping[str, Any], current: JobStatus, reason: str, message: str
-) -> kopf.PermanentError:
+def _fail(api: ApiClient, job: Mapping[str, Any], reason: str, message: str) -> kopf.PermanentError:
     warning = lifecycle.Transition("Warning", reason, lifecycle.short(message))
-    _write(api, job, current, lifecycle.failed(current, reason, message, lifecycle.now()), [warning], False)
+    at = lifecycle.now()
+    _write(api, job, lambda status: lifecycle.failed(status, reason, message, at), [warning], False)
     return kopf.PermanentError(f"{reason}: {lifecycle.short(message)}")
 
 
@@ -420,6 +493,11 @@ def _body(job: Mapping[str, Any]) -> kopf.Body:
 
 def _meta(job: Mapping[str, Any], name: str) -> dict[str, str]:
     return {"name": name, "namespace": job["metadata"]["namespace"]}
+
+
+def _target(job: Mapping[str, Any], ref: ChildRef) -> dict[str, Any]:
+    """The child ``ref`` of ``job`` as :mod:`bertjob.children` addresses it."""
+    return {"apiVersion": ref.api_version, "kind": ref.kind, "metadata": _meta(job, ref.name)}
 
 
 def _ref(obj: Mapping[str, Any]) -> ChildRef:

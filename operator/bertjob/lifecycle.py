@@ -92,16 +92,25 @@ def dump(status: JobStatus) -> dict[str, Any]:
     return status.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-def status_patch(old: JobStatus, new: JobStatus) -> dict[str, Any]:
+def status_patch(old: JobStatus, new: JobStatus, junk: Collection[str] = ()) -> dict[str, Any]:
     """The JSON merge patch of ``status`` that takes ``old`` to ``new``: only top-level fields
     that differ (``None`` deletes one), and never those that the trainer writes. A field that is a
-    map (``pendingEvents``) is patched key by key, so that two writers adding keys keep both."""
+    map (``pendingEvents``) is patched key by key, so that two writers adding keys keep both.
+
+    ``junk`` names the fields that :func:`read` found of the wrong shape (and read as absent): each
+    is given whole, as ``new`` has it, or deleted (the trainer's too: it writes them again);
+    ``"status"`` among them (the status was not an object) gives every field of ``new`` whole. A
+    merge patch replaces what is not an object (RFC 7386), so the patch writes a well-formed
+    status over them."""
     before, after = dump(old), dump(new)
-    return {
+    if "status" in junk:
+        return after
+    patch = {
         key: _diff(before.get(key), after.get(key))
         for key in sorted(before.keys() | after.keys())
         if key not in FOREIGN_FIELDS and before.get(key) != after.get(key)
     }
+    return patch | {key: after.get(key) for key in sorted(junk)}
 
 
 def _diff(before: object, after: object) -> object:

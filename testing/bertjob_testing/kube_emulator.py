@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import datetime
 import itertools
 import os
@@ -33,7 +34,7 @@ import kmock
 import pytest
 import yaml
 from kmock._internal import parsing
-from kmock._internal.k8s import KubernetesObjectNotFoundError
+from kmock._internal.k8s import KubernetesError, KubernetesObjectNotFoundError
 from kubernetes.client import ApiClient, Configuration, CustomObjectsApi
 from kubernetes.config import new_client_from_config
 
@@ -119,13 +120,67 @@ class Call:
     namespace: str | None = None
 
 
+MERGE_PATCH = "application/merge-patch+json"
+RESOURCE_VERSION_PATH = "/metadata/resourceVersion"
+
+
+@attrs.frozen
+class ConflictError(KubernetesError):
+    """409 Conflict: a write whose ``metadata.resourceVersion`` is not the stored object's, as an API
+    server answers it (a Status with reason Conflict)."""
+
+    status: int = 409
+    reason: str = "Conflict"
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """``target`` with the JSON merge patch ``patch`` applied, as RFC 7386 defines it and an API
+    server applies one: an object merges key by key (None removes a key), anything else replaces
+    what it patches, an object over a string or a list too (where kmock's own merge refuses)."""
+    if not isinstance(patch, Mapping):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, Mapping) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def _content_type(request: kmock.Request) -> str:
+    found = [value for key, value in request.headers.items() if key.lower() == "content-type"]
+    return found[0].split(";")[0].strip() if found else ""
+
+
+def precondition(data: Any) -> str | None:
+    """The resourceVersion that a write's body asks the stored object to have: the one its object
+    (a merge patch, a PUT) carries, or the value a JSON patch adds or replaces it with; None when
+    the write carries none, which an API server applies unconditionally (kopf's patches)."""
+    if isinstance(data, Mapping):
+        version = (data.get("metadata") or {}).get("resourceVersion")
+        return None if version is None else str(version)
+    for op in data if isinstance(data, list) else []:
+        if (
+            isinstance(op, Mapping)
+            and op.get("path") == RESOURCE_VERSION_PATH
+            and op.get("op") in ("add", "replace")
+        ):
+            return str(op.get("value"))
+    return None
+
+
 @attrs.define(kw_only=True)
 class ApiServer(kmock.KubernetesEmulator):
     """kmock's emulator plus what a real API server does on every write: metadata (uid,
-    resourceVersion, generation bumped by spec changes, creationTimestamp), 201 for a create, and
-    the garbage collector deleting the dependents of a deleted owner."""
+    resourceVersion, generation bumped by spec changes, creationTimestamp), 201 for a create,
+    409 Conflict for a write that carries a resourceVersion other than the stored one (the object
+    or its status subresource), JSON merge patches as RFC 7386 merges them, and the garbage
+    collector deleting the dependents of a deleted owner. Writes are served one at a time, so that
+    the check of a resourceVersion and the write it guards are one step."""
 
     _versions: Iterator[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
+    _writes: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
     calls: list[Call] = attrs.field(factory=list, init=False)
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
@@ -150,6 +205,42 @@ class ApiServer(kmock.KubernetesEmulator):
     async def _served(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         if request.resource is not None:
             self._record(request)
+        writes = (kmock.action.CREATE, kmock.action.UPDATE, kmock.action.DELETE)
+        if request.resource is None or request.action not in writes:
+            return await self._stored_write(request)
+        async with self._writes:
+            if request.action == kmock.action.UPDATE:
+                self._check_version(request)
+            return await self._stored_write(request)
+
+    def _check_version(self, request: kmock.Request) -> None:
+        """Raise :class:`ConflictError` if ``request`` (a patch or an update) carries a
+        resourceVersion other than that of the object it names."""
+        stored = self._stored(request)
+        wanted = precondition(request.data)
+        if stored is None or wanted is None:
+            return
+        if wanted != str(stored.get("metadata", {}).get("resourceVersion")):
+            assert request.resource is not None
+            what = f"{request.resource.plural}.{request.resource.group}".rstrip(".")
+            raise ConflictError(
+                message=(
+                    f'Operation cannot be fulfilled on {what} "{request.name}": the object has been '
+                    "modified; please apply your changes to the latest version and try again"
+                ),
+                details={
+                    "name": request.name,
+                    "group": request.resource.group,
+                    "kind": request.resource.plural,
+                },
+            )
+
+    async def _stored_write(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        update = request.action == kmock.action.UPDATE
+        if update and isinstance(request.data, list) and self._stored(request):
+            # A JSON patch is a write too: the object gets a new resourceVersion.
+            version = str(next(self._versions))
+            request.data.append({"op": "add", "path": RESOURCE_VERSION_PATH, "value": version})
         if request.resource is not None and isinstance(request.data, dict):
             meta = request.data.setdefault("metadata", {})
             meta["resourceVersion"] = str(next(self._versions))
@@ -169,6 +260,8 @@ class ApiServer(kmock.KubernetesEmulator):
             ):
                 existing = self._stored(request)
                 meta["generation"] = int((existing or {}).get("metadata", {}).get("generation", 1)) + 1
+            if request.action == kmock.action.UPDATE and _content_type(request) == MERGE_PATCH:
+                self._merge(request)
         doomed = self._stored(request) if request.action == kmock.action.DELETE else None
         response = await super()._handle(request)
         if request.action == kmock.action.CREATE and response.status == 200 and not response.prepared:
@@ -176,6 +269,17 @@ class ApiServer(kmock.KubernetesEmulator):
         if doomed is not None and response.status < 300:
             await self._collect_garbage(str(doomed.get("metadata", {}).get("uid")))
         return response
+
+    def _merge(self, request: kmock.Request) -> None:
+        """Store the object that the merge patch ``request`` makes (:func:`merge_patch`), and leave
+        kmock's own merge nothing to merge: it refuses an object over a string, which RFC 7386 and
+        an API server take."""
+        obj = self._live(request)
+        if obj is None:
+            return  # kmock answers 404
+        merged = merge_patch(dict(obj.raw), request.data)
+        obj.patch([{"op": "replace", "path": "", "value": merged}])
+        request.data.clear()
 
     def _record(self, request: kmock.Request) -> None:
         if request.headers.get("Authorization") != f"Bearer {OPERATOR_TOKEN}":

@@ -89,11 +89,10 @@ def test_the_safe_run_policy_of_a_spec(spec: object, policy: dict[str, Any], sus
     expected = {name: policy.get(name) for name in changes.SAFE_RUN_POLICY}
     assert changes.safe_run_policy(spec) == expected
     assert changes.suspended(spec) is suspended
-    training = changes.training_patch(spec)["spec"]["runPolicy"]
-    assert training == {**expected, "suspend": suspended}, "a training job is suspended or not"
-    prepare = changes.prepare_patch(spec)
-    assert prepare["spec"] == {"suspend": suspended}
-    assert json.loads(prepare["metadata"]["annotations"][changes.APPLIED_ANNOTATION]) == expected
+    normal = changes.normal(changes.safe_run_policy(spec))
+    assert normal == {**expected, "suspend": suspended}, "a child is suspended or not"
+    recorded = changes.recorded(changes.safe_run_policy(spec))
+    assert json.loads(recorded["metadata"]["annotations"][changes.APPLIED_ANNOTATION]) == normal
 
 
 @pytest.mark.parametrize(
@@ -138,8 +137,10 @@ def test_a_trainjob_takes_suspend_alone() -> None:
         ["spec.runPolicy.activeDeadlineSeconds", "spec.image"],
     )
     assert changes.split(fields, registry.get("pytorchjob").safe_fields) == (fields[:2], fields[2:])
-    spec = {"runPolicy": {"suspend": True, "activeDeadlineSeconds": 60}}
-    assert trainjob.policy_patch(spec) == {"spec": {"suspend": True}}
+    assert trainjob.policy_patch({"suspend": True, "activeDeadlineSeconds": 60}) == {
+        "spec": {"suspend": True}
+    }
+    assert trainjob.policy_patch({"activeDeadlineSeconds": 60}) == {}
     assert trainjob.suspended({"suspend": True}) is True
     assert trainjob.suspended({"runPolicy": {"suspend": True}}) is False
     assert registry.get("mpijob").suspended({"runPolicy": {"suspend": True}}) is True
@@ -153,9 +154,111 @@ def test_a_change_refused_for_a_trainjob_is_not_recorded_for_it_on_the_data_job(
 
     applied = changes.applicable(spec, accepted, registry.get("trainjob").safe_fields)
     recorded = json.loads(
-        changes.prepare_patch(applied)["metadata"]["annotations"][changes.APPLIED_ANNOTATION]
+        changes.recorded(applied["runPolicy"])["metadata"]["annotations"][changes.APPLIED_ANNOTATION]
     )
 
     assert (recorded["activeDeadlineSeconds"], recorded["suspend"]) == (60, True)
     everything = changes.applicable(spec, accepted, registry.get("pytorchjob").safe_fields)
     assert everything["runPolicy"]["activeDeadlineSeconds"] == 120
+
+
+# The run policy as last applied to a child (its record), and a later spec's: what the child gets.
+APPLIED = {
+    "suspend": False,
+    "backoffLimit": 3,
+    "ttlSecondsAfterFinished": None,
+    "activeDeadlineSeconds": None,
+}
+
+
+def _policy(**changed: Any) -> dict[str, Any]:
+    return {"runPolicy": {**APPLIED, **changed}}
+
+
+@pytest.mark.parametrize(
+    ("launcher", "spec", "queued", "written"),
+    [
+        # Nothing of the run policy changed (an unrelated change): nothing is written, not suspend.
+        ("pytorchjob", _policy(), False, None),
+        ("pytorchjob", _policy(), True, None),
+        ("pytorchjob", {"runPolicy": {"backoffLimit": 3}}, True, None),
+        # Only the field that changed is written; a suspend that Kueue holds stays.
+        ("pytorchjob", _policy(backoffLimit=7), True, {"spec": {"runPolicy": {"backoffLimit": 7}}}),
+        ("mpijob", _policy(ttlSecondsAfterFinished=60), False,
+         {"spec": {"runPolicy": {"ttlSecondsAfterFinished": 60}}}),
+        ("pytorchjob", {"runPolicy": {"suspend": False}}, False,
+         {"spec": {"runPolicy": {"backoffLimit": None}}}),
+        # The user's suspend reaches every child, a queued one too (a parent may suspend it).
+        ("pytorchjob", _policy(suspend=True), False, {"spec": {"runPolicy": {"suspend": True}}}),
+        ("pytorchjob", _policy(suspend=True), True, {"spec": {"runPolicy": {"suspend": True}}}),
+        ("trainjob", _policy(suspend=True), True, {"spec": {"suspend": True}}),
+        # A TrainJob takes suspend alone: a changed deadline is neither written nor recorded.
+        ("trainjob", _policy(activeDeadlineSeconds=60), False, None),
+        ("trainjob", _policy(activeDeadlineSeconds=60, suspend=True), False, {"spec": {"suspend": True}}),
+        # The data Job takes suspend; the other fields are only recorded, for the training job.
+        (None, _policy(suspend=True, backoffLimit=7), False, {"spec": {"suspend": True}}),
+        (None, _policy(backoffLimit=7), False, {}),
+    ],
+)  # fmt: skip
+def test_which_fields_reach_a_child(
+    launcher: str | None, spec: dict[str, Any], queued: bool, written: dict[str, Any] | None
+) -> None:
+    safe_fields = registry.get(launcher or "pytorchjob").safe_fields
+    write = registry.get(launcher).policy_patch if launcher else changes.prepare_patch
+    wanted = changes.applicable(spec, {"runPolicy": APPLIED}, safe_fields)["runPolicy"]
+
+    patch = changes.child_patch(APPLIED, wanted, queued=queued, write=write)
+
+    if written is None:
+        assert patch == {}
+        return
+    record = json.loads(patch.pop("metadata")["annotations"][changes.APPLIED_ANNOTATION])
+    assert patch == written
+    assert record == changes.normal(wanted)
+
+
+@pytest.mark.parametrize(
+    ("applied", "queued", "written"),
+    [
+        (True, False, {"suspend": False}),
+        # Resumed by the user: a queued child is left to Kueue, which unsuspends it on admission...
+        (True, True, {}),
+        # ...and one that another controller suspended is never unsuspended, as nothing changed.
+        (False, False, {}),
+        (False, True, {}),
+    ],
+)
+def test_resuming_never_unsuspends_what_kueue_holds(
+    applied: bool, queued: bool, written: dict[str, Any]
+) -> None:
+    before = {**APPLIED, "suspend": applied}
+
+    assert changes.to_write(before, {**APPLIED, "suspend": False}, queued=queued) == written
+
+
+@pytest.mark.parametrize(
+    ("launcher", "queued", "suspend"),
+    [
+        ("pytorchjob", True, True),
+        ("pytorchjob", False, False),
+        ("mpijob", True, True),
+        ("trainjob", True, True),
+    ],
+)
+def test_a_queued_child_is_created_suspended(launcher: str, queued: bool, suspend: bool) -> None:
+    labels = {changes.QUEUE_LABEL: "team-a"} if queued else {"app": "x"}
+    child = {
+        "metadata": {"name": "c", "labels": labels},
+        "spec": {"suspend": False, "runPolicy": {"suspend": False}},
+    }
+    policy = changes.safe_run_policy({"runPolicy": {"backoffLimit": 2}})
+
+    created = changes.as_created(child, policy, registry.get(launcher).policy_patch)
+
+    suspended = registry.get(launcher).suspended(created["spec"])
+    assert suspended is suspend
+    record = json.loads(created["metadata"]["annotations"][changes.APPLIED_ANNOTATION])
+    assert record == {**changes.normal(policy), "suspend": False}, "the user's policy, not Kueue's hold"
+    assert child["spec"] == {"suspend": False, "runPolicy": {"suspend": False}}, (
+        "the rendered child is left alone"
+    )

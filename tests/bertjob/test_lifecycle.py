@@ -446,3 +446,34 @@ def test_a_malformed_status_reads_field_by_field(
     assert lifecycle.of({"status": raw}) == status
     if isinstance(raw, dict) and "configMap" in raw:
         assert status.config_map == raw["configMap"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "after", "patch"),
+    [
+        # Junk the new status does not set is deleted; junk it sets is given whole, not merged.
+        ({"phase": 12, "configMap": "c"}, {"configMap": "c"}, {"phase": None}),
+        ({"phase": "Pending", "conditions": "x"}, {"phase": "Running"},
+         {"phase": "Running", "conditions": []}),
+        ({"phase": "Pending", "pendingEvents": "x"},
+         {"phase": "Pending", "pendingEvents": {"e": {"type": "Normal", "reason": "R", "message": "m",
+                                                       "time": "2026-01-01T00:00:00Z"}}},
+         {"pendingEvents": {"e": {"type": "Normal", "reason": "R", "message": "m",
+                                  "time": "2026-01-01T00:00:00Z"}}}),
+        # The trainer's field of the wrong shape too: it writes it again.
+        ({"phase": "Running", "progress": "x"}, {"phase": "Running"}, {"progress": None}),
+        # A status that is not an object is written whole (None: every field of the new status).
+        ("garbage", {}, None),
+        ("garbage", {"phase": "Pending", "configMap": "c"}, None),
+    ],
+)  # fmt: skip
+def test_a_status_patch_writes_over_junk(
+    raw: Any, after: dict[str, Any], patch: dict[str, Any] | None
+) -> None:
+    current, junk = lifecycle.read({"status": raw})
+    assert junk, "the row has junk"
+    new = JobStatus.model_validate(after)
+
+    written = lifecycle.status_patch(current, new, junk)
+
+    assert written == (lifecycle.dump(new) if patch is None else patch)

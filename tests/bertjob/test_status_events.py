@@ -42,7 +42,7 @@ def test_an_event_name_fits_a_kubernetes_name() -> None:
 
 def test_the_applied_run_policy_is_the_one_recorded_on_the_data_job() -> None:
     accepted = {"runPolicy": {"suspend": False, "backoffLimit": 3}}
-    recorded = changes.prepare_patch({"runPolicy": {"suspend": True, "ttlSecondsAfterFinished": 60}})
+    recorded = changes.recorded({"suspend": True, "ttlSecondsAfterFinished": 60})
     data_job = {"metadata": recorded["metadata"]}
 
     assert changes.applied_run_policy(data_job, accepted) == {

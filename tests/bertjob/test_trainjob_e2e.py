@@ -97,7 +97,8 @@ def test_a_trainjob_job_gets_an_owned_trainjob(cluster: Cluster, trainjob_schema
         "kind": "ClusterTrainingRuntime",
         "name": "bertjob-torch",
     }
-    assert (spec["suspend"], spec["activeDeadlineSeconds"]) == (False, 3600)
+    # Queued: created suspended, as Kueue holds it until it admits it (test_kueue_e2e.py).
+    assert (spec["suspend"], spec["activeDeadlineSeconds"]) == (True, 3600)
     assert (spec["trainer"]["image"], spec["trainer"]["numNodes"], spec["trainer"]["numProcPerNode"]) == (
         IMAGE,
         1,

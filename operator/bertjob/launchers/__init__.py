@@ -88,9 +88,10 @@ class Launcher(Protocol):
     """The fields of ``spec.runPolicy`` (dotted paths) applied to a running child; other changes
     are refused (:mod:`bertjob.changes`)."""
 
-    def policy_patch(self, spec: object) -> dict[str, Any]:
-        """The merge patch that gives a running child the :attr:`safe_fields` of ``spec`` (a job's
-        spec as the API server holds it)."""
+    def policy_patch(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+        """The merge patch that writes ``fields`` (fields of ``spec.runPolicy`` among
+        :attr:`safe_fields`, by name, as :func:`bertjob.changes.to_write` gives them; None removes
+        one) into the child; {} for none."""
         ...
 
     def suspended(self, child_spec: object) -> bool:
@@ -118,9 +119,9 @@ class KubeflowJob:
         """``child`` as it is: the patch makes all of a Kubeflow job."""
         return child
 
-    def policy_patch(self, spec: object) -> dict[str, Any]:
-        """:func:`bertjob.changes.training_patch`: the job's safe run-policy fields."""
-        return changes.training_patch(spec)
+    def policy_patch(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+        """:func:`bertjob.changes.training_patch`: ``fields`` into the child's ``runPolicy``."""
+        return changes.training_patch(fields)
 
     def suspended(self, child_spec: object) -> bool:
         """Whether the child's ``runPolicy.suspend`` is true."""

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from bertjob import changes, lifecycle
+from bertjob import lifecycle
 from bertjob.launchers import ChildKind, MergePatch, PodNames, mpijob, pod_context, whole
 from bertjob_api.contract import MPIRUN_MCA_ENV, RUNTIME_PATCH_MANAGER, TRAINJOB_LAUNCHER, TRAINJOB_NODE
 from bertjob_api.crd import Condition
@@ -133,9 +133,10 @@ class TrainJobLauncher:
             container["resources"] = trainer["resourcesPerNode"]
         return {"metadata": dict(template.get("metadata", {})), "spec": {**pod, "containers": [container]}}
 
-    def policy_patch(self, spec: object) -> dict[str, Any]:
-        """The merge patch that suspends or resumes a running TrainJob with ``spec`` (a job's spec)."""
-        return {"spec": {"suspend": changes.suspended(spec)}}
+    def policy_patch(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+        """The merge patch that suspends or resumes a TrainJob with ``fields["suspend"]``; {} without
+        it (a TrainJob takes no other run-policy field once created)."""
+        return {"spec": {"suspend": fields["suspend"]}} if "suspend" in fields else {}
 
     def suspended(self, child_spec: object) -> bool:
         """Whether a TrainJob's ``spec.suspend`` is true."""
