@@ -18,6 +18,13 @@ import time
 from pathlib import Path
 
 import pytest
+from torch.distributed import DistNetworkError, DistStoreError
+from torch.distributed.elastic.multiprocessing import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousTimeoutError
+
+import bertpretrain.launch
+from bertjob_api.contract import EXIT_PEER_LOST
 
 LAUNCHER = [sys.executable, "-m", "bertpretrain.launch"]
 
@@ -106,3 +113,78 @@ def test_sigterm_to_the_launcher_stops_the_ranks_and_exits_143(tmp_path: Path) -
 
     assert launcher.returncode == 128 + signal.SIGTERM, output[-3000:]
     assert {path.name for path in tmp_path.glob("term.*")} == {"term.0", "term.1"}, output[-3000:]
+
+
+def _failures(*failures: tuple[int, int, float]) -> ChildFailedError:
+    """A ChildFailedError of (global rank, exit code, timestamp in seconds) failures, recorded in
+    that order (as the agent records them, by local rank)."""
+    recorded: dict[int, ProcessFailure] = {}
+    for local_rank, (rank, code, timestamp) in enumerate(failures):
+        failure = ProcessFailure(local_rank=local_rank, pid=1000 + rank, exitcode=code, error_file="<N/A>")
+        failure.timestamp = int(timestamp)
+        recorded[rank] = failure
+    return ChildFailedError("bertpretrain", recorded)
+
+
+LOST = EXIT_PEER_LOST
+
+
+@pytest.mark.parametrize(
+    ("failures", "expected"),
+    [
+        # A rank that lost its peer on this node failed before the rank that exited 200 was seen.
+        ([(2, LOST, 10), (3, 200, 11)], (3, 200)),
+        ([(2, LOST, 10), (3, 1, 12)], (3, 1)),  # a permanent failure stays permanent
+        ([(2, LOST, 10), (3, -signal.SIGKILL, 12)], (3, 128 + signal.SIGKILL)),  # the OOM killer
+        ([(2, 1, 12), (3, 200, 11), (4, LOST, 9)], (3, 200)),  # the earliest own cause
+        ([(3, 200, 11), (2, 1, 11)], (3, 200)),  # a tie goes to the failure recorded first
+        ([(2, 1, 11), (3, 200, 11)], (2, 1)),
+        # The ranks the agent stopped after the first failure (143, or killed by SIGTERM) come last.
+        ([(0, 200, 10), (1, 143, 10)], (0, 200)),
+        ([(2, LOST, 10), (3, -signal.SIGTERM, 10)], (2, LOST)),
+        ([(2, LOST, 10), (3, 143, 10)], (2, LOST)),
+        ([(2, 143, 10), (3, 1, 11)], (3, 1)),
+        ([(2, LOST, 11), (3, LOST, 10)], (3, LOST)),  # every rank lost a peer: the cause is elsewhere
+        ([(0, 143, 10), (1, 143, 10)], (0, 143)),  # every rank stopped after a checkpoint
+    ],
+)
+def test_the_first_real_cause_wins_over_the_ranks_that_lost_it(
+    failures: list[tuple[int, int, float]], expected: tuple[int, int]
+) -> None:
+    error = _failures(*failures)
+    rank, _ = bertpretrain.launch.first_cause(error)
+    assert (rank, bertpretrain.launch.exit_code(error)) == expected
+
+
+@pytest.mark.parametrize(
+    ("raised", "expected"),
+    [
+        (_failures((0, LOST, 10), (1, 200, 11)), 200),
+        (SignalException("stopped", signal.SIGTERM), 128 + signal.SIGTERM),
+        # The agent's own errors when the other nodes' agents are gone: not an uncaught 1.
+        (RendezvousClosedError(), LOST),
+        (RendezvousTimeoutError("the rendezvous timed out"), LOST),
+        (DistNetworkError("failed to recv, got 0 bytes"), LOST),
+        (DistStoreError("Timed out after 900 seconds waiting for clients. 1/2 clients joined."), LOST),
+    ],
+    ids=lambda value: type(value).__name__ if isinstance(value, Exception) else str(value),
+)
+def test_the_launchers_exit_code(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], raised: Exception, expected: int
+) -> None:
+    def run(args: object) -> None:
+        raise raised
+
+    monkeypatch.setattr(bertpretrain.launch.torchrun, "run", run)
+    assert bertpretrain.launch.main(["--nproc-per-node", "2", "--module", "anything"]) == expected
+    # The launcher's last line, the one a pod's log ends with, says why.
+    assert capsys.readouterr().err.splitlines()[-1].startswith(f"bertpretrain.launch: exit {expected}, ")
+
+
+def test_an_error_of_the_agent_itself_is_not_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
+    def run(args: object) -> None:
+        raise ValueError("bad --rdzv-conf")  # a configuration error: permanent, as torchrun has it
+
+    monkeypatch.setattr(bertpretrain.launch.torchrun, "run", run)
+    with pytest.raises(ValueError, match="bad --rdzv-conf"):
+        bertpretrain.launch.main(["--nproc-per-node", "2", "--module", "anything"])

@@ -24,6 +24,7 @@ from bertjob_api.contract import (
     EXIT_DISK_FULL,
     EXIT_FAILURE,
     EXIT_INVALID_JOB,
+    EXIT_PEER_LOST,
     EXIT_SUCCESS,
     FINETUNE_COMMAND,
     FINETUNE_RESULTS,
@@ -37,6 +38,7 @@ from bertjob_api.plan import Paths, Plan
 from bertjob_api.spec import BertPretrainJob, JobSpec, SpecError
 from bertjob_api.validation import Purpose, checked
 from bertpretrain.common.files import check_writable
+from bertpretrain.common.peers import PeerLostError
 from bertpretrain.data.prepare.stage import prepare
 from bertpretrain.runtime.world import World, detect_world
 from bertpretrain.training.errors import DivergenceError
@@ -89,8 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     a restart would not mend; 2 an invalid job file; 128 + the signal number (143 for SIGTERM) when
     a signal stopped training after a checkpoint; ``EXIT_DISK_FULL`` (200) when a volume is
     full or over its quota (the message names the file, the free space and the size needed; the
-    partial file is removed); the names are :mod:`bertjob_api.contract`'s. Kubeflow's
-    ``restartPolicy: ExitCode`` retries the last two (128-255), and the data Job's
+    partial file is removed); ``EXIT_PEER_LOST`` (201) when a collective failed because another
+    rank is gone (:class:`bertpretrain.common.peers.PeerLostError`; the first cause is in that
+    rank's log); the names are :mod:`bertjob_api.contract`'s. Kubeflow's
+    ``restartPolicy: ExitCode`` retries the last three (128-255), and the data Job's
     ``podFailurePolicy`` fails only on 1 and 2.
     """
     parser = argparse.ArgumentParser(prog="bertpretrain", description="Run a BertPretrainJob's trainer.")
@@ -118,6 +122,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_DISK_FULL
         print(f"bertpretrain {args.command}: {error}", file=sys.stderr)
         return EXIT_FAILURE
+    except PeerLostError as error:  # the cause is another rank's: retryable, and said so last
+        print(
+            f"bertpretrain {args.command}: {error}: exit {EXIT_PEER_LOST}, retryable; "
+            "the first cause is in another rank's log",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_PEER_LOST
     except (ValueError, DivergenceError) as error:
         # ShardError and CheckpointError are ValueErrors; each message names its file. A diverged
         # loss would diverge again from the same checkpoint.
@@ -244,12 +256,18 @@ _COMMANDS: dict[str, Callable[[Invocation], int]] = {
 
 @contextlib.contextmanager
 def _joined(plan: Plan) -> Iterator[DataParallel]:
-    """The job's process group, joined once for the command and left at its end."""
+    """The job's process group, joined once for the command and left at its end; on an error (or
+    a preemption) it is left by the process's exit instead."""
     from bertpretrain.runtime.parallel.joining import join  # torch, only now
 
     spec = plan.spec
-    with contextlib.closing(join(spec.accelerator, spec.tf32, spec.distributed)) as parallel:
-        yield parallel
+    parallel = join(spec.accelerator, spec.tf32, spec.distributed)
+    # Not closed on the way out of an error: the connections then close with the process, so that
+    # a rank that fails (a full volume) is gone before its peers see them closed and exit 201,
+    # and its launcher reports its code first (bertpretrain.launch). NCCL's destroy could also
+    # wait for the collectives of a peer that is gone.
+    yield parallel
+    parallel.close()
 
 
 def describe(job: BertPretrainJob, plan: Plan) -> str:

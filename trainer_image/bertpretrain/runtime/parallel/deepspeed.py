@@ -162,9 +162,14 @@ class DeepSpeedParallel(TorchDistributed):
         return contextlib.nullcontext()  # DeepSpeed counts the micro-batches itself.
 
     def backward(self, loss: torch.Tensor, accumulation_steps: int, scaler: torch.amp.GradScaler) -> None:
-        self.engine.backward(loss)  # divides by the accumulation steps, scales fp16
-        if not self.engine.is_gradient_accumulation_boundary():
-            self.engine.step()  # only counts the micro-batch; the last one's is the optimizer step
+        with self._collective("DeepSpeed's backward pass"):  # ZeRO reduces the gradients in it
+            self.engine.backward(loss)  # divides by the accumulation steps, scales fp16
+            if not self.engine.is_gradient_accumulation_boundary():
+                self.engine.step()  # only counts the micro-batch; the last one's is the optimizer step
+
+    def stepping(self, optimizer: torch.optim.Optimizer) -> contextlib.AbstractContextManager[Any]:
+        # ZeRO's step all-gathers the updated parameters.
+        return self._collective("DeepSpeed's optimizer step")
 
     def step_skipped(self) -> bool:
         return not self.engine.was_step_applied()
@@ -178,7 +183,8 @@ class DeepSpeedParallel(TorchDistributed):
         assert isinstance(optimizer, ZeroOptimizer)
         shard = optimizer.local_state()
         shards: list[object] | None = [None] * self.world.world_size if self.world.rank == 0 else None
-        dist.gather_object(shard, shards, dst=0, group=self._objects)
+        with self._collective("gather_object of the optimizer state"):
+            dist.gather_object(shard, shards, dst=0, group=self._objects)
         optimizer.gathered = shards
 
 
