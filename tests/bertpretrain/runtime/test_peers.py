@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -107,3 +109,33 @@ def test_a_lost_peer_exits_201_with_one_last_line_naming_it(
         "(Connection closed by peer [127.0.0.1]:2952): exit 201, retryable; the first cause is in "
         "another rank's log"
     )
+
+
+class _Group:
+    """A joined process group that records whether it was left."""
+
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_the_process_group_is_left_by_exiting_after_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failing rank's connections must close with its process, not before: else the ranks of its
+    node that lose it may exit 201 first, and the agent stops the failing rank before it exits
+    with its own code (see bertpretrain.launch)."""
+    import bertpretrain.runtime.parallel.joining
+
+    plan: Any = SimpleNamespace(spec=SimpleNamespace(accelerator="xeon-cpu", tf32=False, distributed=None))
+    groups: list[_Group] = []
+
+    def join(*_: object) -> _Group:
+        groups.append(_Group())
+        return groups[-1]
+
+    monkeypatch.setattr(bertpretrain.runtime.parallel.joining, "join", join)
+    with bertpretrain.run._joined(plan):
+        pass
+    with pytest.raises(OSError), bertpretrain.run._joined(plan):
+        raise OSError(28, "No space left on device")
+    assert [group.closed for group in groups] == [True, False]
