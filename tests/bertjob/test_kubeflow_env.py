@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bertjob.launchers.mpijob import TRAINER_COMMAND
+from bertjob.launchers.mpijob import LAUNCHER_WRAPPER, RANK_COMMAND
 from bertjob.render import render
 from bertjob_api.spec import parse_job
 from bertjob_testing.jobs import valid_job, with_value
@@ -148,28 +148,28 @@ def _phases(world: int) -> list[dict[str, Any]]:
     return [{**phase, "globalBatchSize": 16 * world} for phase in phases]
 
 
-def test_the_mpirun_line_runs_the_trainer_directly() -> None:
+def test_the_mpirun_line_runs_the_trainer_under_the_wrappers() -> None:
     child = _child(2, 2, launcher="mpijob", accelerator="habana-hpu")
 
     command = mpijob_launcher_command(child, "/tmp/hostfile")
 
-    assert command[:5] == ["mpirun", "-np", "4", "--hostfile", "/tmp/hostfile"]
+    assert command[:9] == [*LAUNCHER_WRAPPER, "mpirun", "-np", "4", "--hostfile", "/tmp/hostfile"]
     forwarded = [command[i + 1] for i, arg in enumerate(command) if arg == "-x"]
     assert forwarded == ["BERTJOB_NAME", "BERTJOB_NAMESPACE", "PT_HPU_LAZY_MODE", "OMP_NUM_THREADS"]
-    assert command[-len(TRAINER_COMMAND) :] == TRAINER_COMMAND
-    assert command[5 + 2 * len(forwarded) :] == TRAINER_COMMAND
+    assert command[9 + 2 * len(forwarded) :] == RANK_COMMAND
 
 
 def test_the_horovodrun_line_reads_the_same_hostfile() -> None:
     child = _child(2, 2, launcher="mpijob", mpi={"command": "horovodrun"})
 
     assert mpijob_launcher_command(child, "/tmp/h") == [
+        *LAUNCHER_WRAPPER,
         "horovodrun",
         "-np",
         "4",
         "--hostfile",
         "/tmp/h",
-        *TRAINER_COMMAND,
+        *RANK_COMMAND,
     ]
 
 
@@ -179,6 +179,7 @@ def test_elastic_horovod_discovers_its_hosts() -> None:
     command = mpijob_launcher_command(child, "/tmp/h", discover_hosts="/tmp/discover.sh")
 
     assert command == [
+        *LAUNCHER_WRAPPER,
         "horovodrun",
         "-np",
         "4",
@@ -195,7 +196,7 @@ def test_elastic_horovod_discovers_its_hosts() -> None:
         "300",
         "--host-discovery-script",
         "/tmp/discover.sh",
-        *TRAINER_COMMAND,
+        *RANK_COMMAND,
     ]
     assert child["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
     assert mpijob_discover_hosts(child) == "#!/bin/sh\necho localhost:2\necho 127.0.0.1:2\n"

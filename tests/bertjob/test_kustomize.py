@@ -171,7 +171,14 @@ def _by_hand_launcher_command(accelerator: str) -> list[str]:
     accelerators: dict[str, list[str]] = dict(mpijob.ACCELERATOR_ENV)
     names = [*mpijob.FORWARDED_ENV, *accelerators.get(accelerator, [])]
     forwarded = [arg for name in names for arg in ("-x", name)]
-    return ["mpirun", "--hostfile", mpijob.HOSTFILE, *forwarded, *mpijob.TRAINER_COMMAND]
+    return [
+        *mpijob.LAUNCHER_WRAPPER,
+        "mpirun",
+        "--hostfile",
+        mpijob.HOSTFILE,
+        *forwarded,
+        *mpijob.RANK_COMMAND,
+    ]
 
 
 def test_the_by_hand_mpijob_runs_the_launchers_trainer_command(tmp_path: Path) -> None:
@@ -179,7 +186,14 @@ def test_the_by_hand_mpijob_runs_the_launchers_trainer_command(tmp_path: Path) -
 
     command = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
     forwarded = [arg for pair in zip(["-x"] * 2, mpijob.FORWARDED_ENV, strict=True) for arg in pair]
-    assert command == ["mpirun", "--hostfile", mpijob.HOSTFILE, *forwarded, *mpijob.TRAINER_COMMAND]
+    assert command == [
+        *mpijob.LAUNCHER_WRAPPER,
+        "mpirun",
+        "--hostfile",
+        mpijob.HOSTFILE,
+        *forwarded,
+        *mpijob.RANK_COMMAND,
+    ]
 
 
 def _json_patch_paths(value: Any) -> Iterator[str]:

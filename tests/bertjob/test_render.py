@@ -122,8 +122,11 @@ def test_every_combination_renders_valid_objects_in_order(
         [container] = _pods(child)["Launcher"]["spec"]["containers"]
         command = container["command"]
         assert "args" not in container
-        assert command[:5] == ["mpirun", "-np", str(nodes * 2), "--hostfile", "/etc/mpi/hostfile"]
-        assert command[-6:] == ["python", "-m", "bertpretrain", "run", "--config", "/etc/bertjob/job.yaml"]
+        assert command[:4] == ["python", "-m", "bertpretrain.mpilaunch", "--"]
+        assert command[4:9] == ["mpirun", "-np", str(nodes * 2), "--hostfile", "/etc/mpi/hostfile"]
+        rank = ["python", "-m", "bertpretrain.mpilaunch", "--rank", "--"]
+        trainer = ["python", "-m", "bertpretrain", "run", "--config", "/etc/bertjob/job.yaml"]
+        assert command[-11:] == [*rank, *trainer]
         assert not [arg for arg in command if "MASTER" in arg or "RANK" in arg]
     for pod in _pods(child).values():
         assert pod["metadata"]["labels"] == job_labels("demo", "train")
@@ -198,7 +201,7 @@ def test_an_elastic_job_renders_valid_objects(
         assert_valid(child, mpijob_schema)
         assert child["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == nodes
         command = _pods(child)["Launcher"]["spec"]["containers"][0]["command"]
-        assert command[:5] == ["horovodrun", "-np", str(2 * nodes), "--min-np", "2"]
+        assert command[4:9] == ["horovodrun", "-np", str(2 * nodes), "--min-np", "2"]
         assert "--hostfile" not in command
         assert command[command.index("--host-discovery-script") + 1] == "/etc/mpi/discover_hosts.sh"
 
@@ -507,7 +510,7 @@ def test_the_mpijob_fields_and_commands() -> None:
     assert (spec["launcherCreationPolicy"], spec["mpiImplementation"]) == ("WaitForWorkersReady", "OpenMPI")
     pods = _pods(child)
     command = pods["Launcher"]["spec"]["containers"][0]["command"]
-    assert command[:5] == ["horovodrun", "-np", "8", "--hostfile", "/etc/mpi/hostfile"]
+    assert command[4:9] == ["horovodrun", "-np", "8", "--hostfile", "/etc/mpi/hostfile"]
     assert "-x" not in command  # horovodrun forwards the whole environment itself
     worker = pods["Worker"]["spec"]["containers"][0]
     assert worker["command"] == ["/usr/sbin/sshd", "-De", "-f", "/home/trainer/.sshd_config"]

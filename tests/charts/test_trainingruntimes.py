@@ -249,19 +249,17 @@ def test_the_mpi_runtime_launches_mpirun_after_the_nodes_run_sshd(installed: dic
     # No process count: one rank per hostfile slot, numProcPerNode slots per node.
     assert not {"-np", "-n", "--np", "-c"} & set(command)
     assert command == [
+        *mpijob.LAUNCHER_WRAPPER,
         "mpirun",
         "--hostfile",
         mpijob.HOSTFILE,
-        "python",
-        "-m",
-        TRAINER_MODULE,
-        RUN_COMMAND,
-        "--config",
-        JOB_PATH,
+        *mpijob.RANK_COMMAND,
     ]
+    assert mpijob.RANK_COMMAND[-5:] == ["-m", TRAINER_MODULE, RUN_COMMAND, "--config", JOB_PATH]
     base = _base_container("mpijob.yaml", "Launcher")["command"]
-    assert command[:3] == base[:3], "mpirun over the same hostfile path as the MPIJob's"
-    assert command[3:] == base[base.index("python") :], "the ranks run what the MPIJob's ranks run"
+    assert command[:7] == base[:7], "mpirun, wrapped, over the same hostfile path as the MPIJob's"
+    ranks = len(mpijob.RANK_COMMAND)
+    assert command[-ranks:] == base[-ranks:], "the ranks run what the MPIJob's ranks run"
 
     sshd = _container(runtime, TRAINJOB_NODE)["command"]
     assert sshd == _base_container("mpijob.yaml", "Worker")["command"]

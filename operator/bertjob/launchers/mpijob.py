@@ -21,6 +21,14 @@ With DeepSpeed (``spec.distributed.deepspeed``, mpirun only) the ranks join thro
 ``torch.distributed``, whose rendezvous needs rank 0's address: mpirun sets ``MASTER_ADDR`` to the
 first Worker's name in the hostfile (``<job>-worker-0.<job>.<namespace>.svc``, where mpirun starts
 rank 0) and ``MASTER_PORT`` to :data:`DEEPSPEED_MASTER_PORT` in every rank (``-x NAME=VALUE``).
+
+Preemption: the Launcher runs mpirun (or horovodrun) under ``python -m bertpretrain.mpilaunch``
+(:data:`LAUNCHER_WRAPPER`) and each rank the trainer under ``python -m bertpretrain.mpilaunch
+--rank`` (:data:`RANK_COMMAND`): a SIGTERM to the Launcher reaches every rank at once (mpirun
+forwards SIGUSR2, which each rank's wrapper turns into SIGTERM; mpirun's own SIGTERM would abort
+the ranks, and horovodrun over MPI does not pass it on), the ranks checkpoint and exit 143, and the
+Launcher exits with the ranks' code (143, 200, ...), where mpirun after a SIGTERM, and
+``horovodrun --gloo`` always, say 0 or 1.
 """
 
 from __future__ import annotations
@@ -59,6 +67,11 @@ HOSTFILE = "/etc/mpi/hostfile"
 DISCOVER_HOSTS = "/etc/mpi/discover_hosts.sh"
 REPLICA_SPECS = "mpiReplicaSpecs"
 TRAINER_COMMAND = ["python", "-m", TRAINER_MODULE, RUN_COMMAND, "--config", JOB_PATH]
+# bertpretrain.mpilaunch: before mpirun or horovodrun on the Launcher's line, and before the trainer
+# in each rank's (the image's python finds it on the Workers too).
+MPILAUNCH_MODULE = "bertpretrain.mpilaunch"
+LAUNCHER_WRAPPER = ["python", "-m", MPILAUNCH_MODULE, "--"]
+RANK_COMMAND = ["python", "-m", MPILAUNCH_MODULE, "--rank", "--", *TRAINER_COMMAND]
 # Variables every rank needs from the Launcher: the job, for progress reports.
 FORWARDED_ENV = [NAME_ENV, NAMESPACE_ENV]
 ACCELERATOR_ENV: dict[Accelerator, list[str]] = {"habana-hpu": ["PT_HPU_LAZY_MODE"]}
@@ -110,14 +123,16 @@ class MPIJobLauncher(KubeflowJob):
 
 
 def launcher_command(spec: JobSpec, name: str = "", namespace: str = "") -> list[str]:
-    """The Launcher's ``spec.mpi.command`` line: every rank of the world over the hostfile (or,
-    elastic, the Workers ``discover_hosts.sh`` finds), each running the trainer's ``run`` command.
-    ``name`` and ``namespace``: the MPIJob's, which name its first Worker for DeepSpeed's rendezvous."""
+    """The Launcher's ``spec.mpi.command`` line under :data:`LAUNCHER_WRAPPER`: every rank of the
+    world over the hostfile (or, elastic, the Workers ``discover_hosts.sh`` finds), each running the
+    trainer's ``run`` command under :data:`RANK_COMMAND`'s wrapper. ``name`` and ``namespace``: the
+    MPIJob's, which name its first Worker for DeepSpeed's rendezvous."""
     world_size = str(spec.topology.world_size)
     if spec.elastic is not None:
         return [
+            *LAUNCHER_WRAPPER,
             *elastic_horovodrun(spec.elastic, spec.topology.processes_per_node, world_size),
-            *TRAINER_COMMAND,
+            *RANK_COMMAND,
         ]
     head = [spec.mpi.command, "-np", world_size, "--hostfile", HOSTFILE]
     if spec.mpi.command == "mpirun":
@@ -126,7 +141,7 @@ def launcher_command(spec: JobSpec, name: str = "", namespace: str = "") -> list
         if spec.distributed.deepspeed is not None:
             first_worker = f"{name}-worker-0.{name}.{namespace}.svc"
             head += ["-x", f"MASTER_ADDR={first_worker}", "-x", f"MASTER_PORT={DEEPSPEED_MASTER_PORT}"]
-    return [*head, *TRAINER_COMMAND]
+    return [*LAUNCHER_WRAPPER, *head, *RANK_COMMAND]
 
 
 def launcher_mca_env(spec: JobSpec) -> list[dict[str, str]]:

@@ -155,7 +155,7 @@ def _mpijob_launcher(pods: Pods, tmp_path: Path, command: str) -> None:
     hostfile = tmp_path / "hostfile"
     hostfile.write_text(mpijob_hostfile(job))
     launcher = _in_pod(mpijob_launcher_command(job, str(hostfile)), config)
-    assert launcher[:2] == [command, "-np"] and launcher[2] == "2"
+    assert launcher[4:6] == [command, "-np"] and launcher[6] == "2"
     pods.start("launcher", launcher, _pod_env({"BERTJOB_NAME": "demo", "BERTJOB_NAMESPACE": "default"}))
 
 

@@ -142,7 +142,7 @@ def test_trainjob_mpi_launcher_trains_over_the_hostfile(
 ) -> None:
     _mpi_or_skip()
     _, launcher, env = _mpi_launcher(tmp_path, runtimes)
-    assert launcher[:3] == ["mpirun", "--hostfile", str(tmp_path / "hostfile")] and "-np" not in launcher
+    assert launcher[4:7] == ["mpirun", "--hostfile", str(tmp_path / "hostfile")] and "-np" not in launcher
     pods.start("launcher", launcher, _pod_env(env))
     codes = pods.wait(timeout=180)
     output = pods.output()
@@ -159,7 +159,7 @@ def test_trainjob_mpi_launcher_trains_over_the_hostfile(
 def _ranks_env(tmp_path: Path, launcher: list[str], env: dict[str, str]) -> list[dict[str, str]]:
     """Each rank's environment when the launcher's mpirun, with its own options and ``env``,
     starts a probe instead of the trainer."""
-    mpirun = launcher[: launcher.index("python")]
+    mpirun = launcher[launcher.index("mpirun") : launcher.index("python", launcher.index("mpirun"))]
     probe = [sys.executable, "-c", "import json, os; print('ENV ' + json.dumps(dict(os.environ)))"]
     done = subprocess.run(
         [*mpirun, *probe], env=_pod_env(env), capture_output=True, text=True, timeout=120, cwd=tmp_path

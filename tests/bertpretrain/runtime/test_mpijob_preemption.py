@@ -1,0 +1,131 @@
+"""An MPIJob Launcher preempted mid-phase keeps its work: the rendered Launcher line (mpirun under
+``bertpretrain.mpilaunch``, each rank's trainer under ``--rank``) with 2 ranks of the real trainer,
+started on another address through the ssh stand-in as on Worker pods, gets SIGTERM after the first
+checkpoint; every rank checkpoints and exits 143, the Launcher exits 143; started again, the job
+resumes from that checkpoint and ends bit-exact with a run that was never interrupted."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from bertjob_testing.jobs import small_training_job
+from bertpretrain.mpilaunch import SIGKILL_TIMEOUT_ENV, report_line
+from tests.bertpretrain.runtime.test_kubeflow_pods import Pods, _in_pod, _job, _pod_env
+from tests.bertpretrain.runtime.test_trainjob_pods import NODE_HOST, SSH_STAND_IN
+from tests.kubeflow_env import mpijob_launcher_command
+
+pytestmark = pytest.mark.slow
+
+PHASE_1_STEPS, EVERY_STEPS = 60, 10
+
+
+def _mpi_or_skip() -> None:
+    hvd = pytest.importorskip("horovod.torch", reason="horovod is not installed (make test builds it)")
+    if shutil.which("mpirun") is None or not hvd.mpi_built():
+        pytest.skip("Open MPI is not installed, or horovod was built without MPI")
+
+
+def _launcher(tmp_path: Path) -> tuple[list[str], dict[str, str], Path]:
+    """The Launcher's command and environment of a 2 x 1 MPIJob (mpirun), and its checkpoints."""
+    document = small_training_job(tmp_path)
+    phases = document["spec"]["phases"]
+    phases[0]["steps"] = PHASE_1_STEPS
+    checkpoints = tmp_path / "checkpoints"
+    job, config = _job(
+        tmp_path,
+        launcher="mpijob",
+        mpi={"command": "mpirun"},
+        topology={"nodes": 2, "processesPerNode": 1},
+        phases=phases,
+        checkpoint={"path": str(checkpoints), "everySteps": EVERY_STEPS, "keep": 10},
+        # One thread in every rank (forwarded by mpirun -x): the same sums in every run.
+        pod={"env": [{"name": "OMP_NUM_THREADS", "value": "1"}]},
+    )
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(f"{NODE_HOST} slots=2\n")
+    ssh = tmp_path / "ssh"
+    ssh.write_text(SSH_STAND_IN)
+    ssh.chmod(0o755)
+    env = {
+        "BERTJOB_NAME": "demo",
+        "BERTJOB_NAMESPACE": "default",
+        "OMPI_MCA_plm_rsh_agent": str(ssh),
+        # mpirun stops the ranks still running 2 x 3 s after the first one exits (default 10 s).
+        SIGKILL_TIMEOUT_ENV: "3",
+    }
+    return _in_pod(mpijob_launcher_command(job, str(hostfile)), config), _pod_env(env), checkpoints
+
+
+def _pods(tmp_path: Path, name: str) -> Pods:
+    """Pods whose logs go to their own directory (``<name>-logs``)."""
+    logs = tmp_path / f"{name}-logs"
+    logs.mkdir(exist_ok=True)
+    return Pods(logs)
+
+
+def _run(tmp_path: Path, name: str, command: list[str], env: dict[str, str]) -> tuple[int, str]:
+    pods = _pods(tmp_path, name)
+    try:
+        pods.start("launcher", command, env)
+        [code] = pods.wait(timeout=240)
+    finally:
+        pods.stop()
+    return code, pods.output()
+
+
+def _weights(checkpoints: Path) -> dict[str, Any]:
+    return {
+        "export": load_file(checkpoints / "hf" / "model.safetensors"),
+        "phase 1": torch.load(checkpoints / "phase1" / f"step_{PHASE_1_STEPS:06d}.pt", weights_only=True)[
+            "model"
+        ],
+    }
+
+
+def test_a_preempted_mpijob_checkpoints_on_every_rank_and_resumes_bit_exact(tmp_path: Path) -> None:
+    """The job run through once, its checkpoints kept aside; then run again from nothing, SIGTERMed
+    after its first checkpoint, and started again."""
+    _mpi_or_skip()
+    command, env, checkpoints = _launcher(tmp_path)
+    code, output = _run(tmp_path, "reference", command, env)
+    assert code == 0, output[-4000:]
+    reference = checkpoints.rename(tmp_path / "reference")
+
+    pods = _pods(tmp_path, "preempted")
+    try:
+        launcher = pods.start("launcher", command, env)
+        first = checkpoints / "phase1" / f"step_{EVERY_STEPS:06d}.pt"
+        deadline = time.monotonic() + 180
+        while not first.exists():
+            assert launcher.poll() is None and time.monotonic() < deadline, pods.output()[-4000:]
+            time.sleep(0.02)
+        launcher.send_signal(signal.SIGTERM)
+        [code] = pods.wait(timeout=120)
+    finally:
+        pods.stop()
+    output = pods.output()
+    assert code == 143, output[-4000:]
+    for rank in range(2):
+        assert report_line(rank, 143) in output, output[-4000:]
+    # Every rank stops after the same step (they agree on it), and rank 0 saved it.
+    [stopped] = set(re.findall(r"stopped after step (\d+)", output)) or {"0"}
+    assert EVERY_STEPS <= int(stopped) < PHASE_1_STEPS, output[-4000:]
+    assert (checkpoints / "phase1" / f"step_{int(stopped):06d}.pt").exists()
+
+    code, output = _run(tmp_path, "resumed", command, env)
+    assert code == 0, output[-4000:]
+    assert f"at step {stopped}" in output, output[-4000:]
+    for part, tensors in _weights(checkpoints).items():
+        expected = _weights(reference)[part]
+        assert tensors.keys() == expected.keys()
+        for name, tensor in tensors.items():
+            assert torch.equal(tensor, expected[name]), f"{part}: {name}"
