@@ -2,7 +2,9 @@
 ``bertpretrain.mpilaunch``, each rank's trainer under ``--rank``) with 2 ranks of the real trainer,
 started on another address through the ssh stand-in as on Worker pods, gets SIGTERM after the first
 checkpoint; every rank checkpoints and exits 143, the Launcher exits 143; started again, the job
-resumes from that checkpoint and ends bit-exact with a run that was never interrupted."""
+resumes from that checkpoint and ends bit-exact with a run that was never interrupted. The same
+SIGTERM stops every rank with 143 under the MPIJob's horovodrun (over MPI) and the launcher of the
+chart's MPI TrainingRuntime."""
 
 from __future__ import annotations
 
@@ -20,8 +22,13 @@ from safetensors.torch import load_file
 from bertjob_testing.jobs import small_training_job
 from bertpretrain.mpilaunch import SIGKILL_TIMEOUT_ENV, report_line
 from tests.bertpretrain.runtime.test_kubeflow_pods import Pods, _in_pod, _job, _pod_env
-from tests.bertpretrain.runtime.test_trainjob_pods import NODE_HOST, SSH_STAND_IN
-from tests.kubeflow_env import mpijob_launcher_command
+from tests.bertpretrain.runtime.test_trainjob_pods import (  # noqa: F401 (runtimes: a fixture)
+    NODE_HOST,
+    SSH_STAND_IN,
+    _mpi_launcher,
+    runtimes,
+)
+from tests.kubeflow_env import mpijob_hostfile, mpijob_launcher_command
 
 pytestmark = pytest.mark.slow
 
@@ -36,19 +43,13 @@ def _mpi_or_skip() -> None:
 
 def _launcher(tmp_path: Path) -> tuple[list[str], dict[str, str], Path]:
     """The Launcher's command and environment of a 2 x 1 MPIJob (mpirun), and its checkpoints."""
-    document = small_training_job(tmp_path)
-    phases = document["spec"]["phases"]
-    phases[0]["steps"] = PHASE_1_STEPS
     checkpoints = tmp_path / "checkpoints"
     job, config = _job(
         tmp_path,
         launcher="mpijob",
         mpi={"command": "mpirun"},
         topology={"nodes": 2, "processesPerNode": 1},
-        phases=phases,
-        checkpoint={"path": str(checkpoints), "everySteps": EVERY_STEPS, "keep": 10},
-        # One thread in every rank (forwarded by mpirun -x): the same sums in every run.
-        pod={"env": [{"name": "OMP_NUM_THREADS", "value": "1"}]},
+        **_long_phases(tmp_path),
     )
     hostfile = tmp_path / "hostfile"
     hostfile.write_text(f"{NODE_HOST} slots=2\n")
@@ -63,6 +64,49 @@ def _launcher(tmp_path: Path) -> tuple[list[str], dict[str, str], Path]:
         SIGKILL_TIMEOUT_ENV: "3",
     }
     return _in_pod(mpijob_launcher_command(job, str(hostfile)), config), _pod_env(env), checkpoints
+
+
+def _long_phases(tmp_path: Path) -> dict[str, Any]:
+    """Spec fields: a first phase of :data:`PHASE_1_STEPS` steps, a checkpoint every
+    :data:`EVERY_STEPS`, one thread per rank."""
+    document = small_training_job(tmp_path)
+    phases = document["spec"]["phases"]
+    phases[0]["steps"] = PHASE_1_STEPS
+    return {
+        "phases": phases,
+        "checkpoint": {"path": str(tmp_path / "checkpoints"), "everySteps": EVERY_STEPS, "keep": 10},
+        # One thread in every rank (forwarded by mpirun -x): the same sums in every run.
+        "pod": {"env": [{"name": "OMP_NUM_THREADS", "value": "1"}]},
+    }
+
+
+def _sigterm_after_first_checkpoint(
+    pods: Pods, command: list[str], env: dict[str, str], checkpoints: Path
+) -> tuple[int, str, int]:
+    """Start the Launcher, SIGTERM it once the first checkpoint is written; its exit code, the
+    pods' output, and the step after which every rank stopped."""
+    try:
+        launcher = pods.start("launcher", command, env)
+        first = checkpoints / "phase1" / f"step_{EVERY_STEPS:06d}.pt"
+        deadline = time.monotonic() + 180
+        while not first.exists():
+            assert launcher.poll() is None and time.monotonic() < deadline, pods.output()[-4000:]
+            time.sleep(0.02)
+        launcher.send_signal(signal.SIGTERM)
+        [code] = pods.wait(timeout=120)
+    finally:
+        pods.stop()
+    output = pods.output()
+    assert code == 143, output[-4000:]
+    for rank in range(2):
+        assert report_line(rank, 143) in output, output[-4000:]
+    # mpirun (under horovodrun, the shell it runs mpirun in) lived to pass the ranks' code on.
+    assert re.search(r"mpilaunch: (mpirun|horovodrun) exited with 143,", output), output[-4000:]
+    # Every rank stops after the same step (they agree on it), and rank 0 saved it.
+    [stopped] = set(re.findall(r"stopped after step (\d+)", output)) or {"0"}
+    assert EVERY_STEPS <= int(stopped) < PHASE_1_STEPS, output[-4000:]
+    assert (checkpoints / "phase1" / f"step_{int(stopped):06d}.pt").exists()
+    return code, output, int(stopped)
 
 
 def _pods(tmp_path: Path, name: str) -> Pods:
@@ -100,26 +144,7 @@ def test_a_preempted_mpijob_checkpoints_on_every_rank_and_resumes_bit_exact(tmp_
     assert code == 0, output[-4000:]
     reference = checkpoints.rename(tmp_path / "reference")
 
-    pods = _pods(tmp_path, "preempted")
-    try:
-        launcher = pods.start("launcher", command, env)
-        first = checkpoints / "phase1" / f"step_{EVERY_STEPS:06d}.pt"
-        deadline = time.monotonic() + 180
-        while not first.exists():
-            assert launcher.poll() is None and time.monotonic() < deadline, pods.output()[-4000:]
-            time.sleep(0.02)
-        launcher.send_signal(signal.SIGTERM)
-        [code] = pods.wait(timeout=120)
-    finally:
-        pods.stop()
-    output = pods.output()
-    assert code == 143, output[-4000:]
-    for rank in range(2):
-        assert report_line(rank, 143) in output, output[-4000:]
-    # Every rank stops after the same step (they agree on it), and rank 0 saved it.
-    [stopped] = set(re.findall(r"stopped after step (\d+)", output)) or {"0"}
-    assert EVERY_STEPS <= int(stopped) < PHASE_1_STEPS, output[-4000:]
-    assert (checkpoints / "phase1" / f"step_{int(stopped):06d}.pt").exists()
+    _, _, stopped = _sigterm_after_first_checkpoint(_pods(tmp_path, "preempted"), command, env, checkpoints)
 
     code, output = _run(tmp_path, "resumed", command, env)
     assert code == 0, output[-4000:]
@@ -129,3 +154,33 @@ def test_a_preempted_mpijob_checkpoints_on_every_rank_and_resumes_bit_exact(tmp_
         assert tensors.keys() == expected.keys()
         for name, tensor in tensors.items():
             assert torch.equal(tensor, expected[name]), f"{part}: {name}"
+
+
+def test_sigterm_stops_every_rank_of_an_mpijob_under_horovodrun(tmp_path: Path) -> None:
+    """horovodrun over MPI (the ranks on localhost: horovodrun reaches other hosts by its own ssh)."""
+    _mpi_or_skip()
+    job, config = _job(
+        tmp_path,
+        launcher="mpijob",
+        mpi={"command": "horovodrun"},
+        topology={"nodes": 2, "processesPerNode": 1},
+        **_long_phases(tmp_path),
+    )
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(mpijob_hostfile(job))
+    command = _in_pod(mpijob_launcher_command(job, str(hostfile)), config)
+    assert "horovodrun" in command
+    env = _pod_env({"BERTJOB_NAME": "demo", "BERTJOB_NAMESPACE": "default", SIGKILL_TIMEOUT_ENV: "3"})
+    _sigterm_after_first_checkpoint(_pods(tmp_path, "launcher"), command, env, tmp_path / "checkpoints")
+
+
+def test_sigterm_stops_every_rank_of_the_trainjob_mpi_runtimes_launcher(
+    tmp_path: Path,
+    runtimes: dict[str, dict[str, Any]],  # noqa: F811 (the fixture imported above)
+) -> None:
+    """The launcher line of the chart's bertjob-mpi ClusterTrainingRuntime, as helm renders it."""
+    _mpi_or_skip()
+    _, command, env = _mpi_launcher(tmp_path, runtimes, **_long_phases(tmp_path))
+    assert command[:4] == ["python", "-m", "bertpretrain.mpilaunch", "--"]
+    env = _pod_env({**env, SIGKILL_TIMEOUT_ENV: "3"})
+    _sigterm_after_first_checkpoint(_pods(tmp_path, "launcher"), command, env, tmp_path / "checkpoints")
