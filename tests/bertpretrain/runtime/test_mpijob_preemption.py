@@ -28,7 +28,7 @@ from tests.bertpretrain.runtime.test_trainjob_pods import (  # noqa: F401 (runti
     _mpi_launcher,
     runtimes,
 )
-from tests.kubeflow_env import mpijob_hostfile, mpijob_launcher_command
+from tests.kubeflow_env import mpijob_discover_hosts, mpijob_hostfile, mpijob_launcher_command
 
 pytestmark = pytest.mark.slow
 
@@ -81,10 +81,11 @@ def _long_phases(tmp_path: Path) -> dict[str, Any]:
 
 
 def _sigterm_after_first_checkpoint(
-    pods: Pods, command: list[str], env: dict[str, str], checkpoints: Path
+    pods: Pods, command: list[str], env: dict[str, str], checkpoints: Path, launcher_code: int = 143
 ) -> tuple[int, str, int]:
     """Start the Launcher, SIGTERM it once the first checkpoint is written; its exit code, the
-    pods' output, and the step after which every rank stopped."""
+    pods' output, and the step after which every rank stopped. ``launcher_code``: what mpirun or
+    horovodrun itself exits with."""
     try:
         launcher = pods.start("launcher", command, env)
         first = checkpoints / "phase1" / f"step_{EVERY_STEPS:06d}.pt"
@@ -101,7 +102,7 @@ def _sigterm_after_first_checkpoint(
     for rank in range(2):
         assert report_line(rank, 143) in output, output[-4000:]
     # mpirun (under horovodrun, the shell it runs mpirun in) lived to pass the ranks' code on.
-    assert re.search(r"mpilaunch: (mpirun|horovodrun) exited with 143,", output), output[-4000:]
+    assert re.search(rf"mpilaunch: (mpirun|horovodrun) exited with {launcher_code},", output), output[-4000:]
     # Every rank stops after the same step (they agree on it), and rank 0 saved it.
     [stopped] = set(re.findall(r"stopped after step (\d+)", output)) or {"0"}
     assert EVERY_STEPS <= int(stopped) < PHASE_1_STEPS, output[-4000:]
@@ -184,3 +185,25 @@ def test_sigterm_stops_every_rank_of_the_trainjob_mpi_runtimes_launcher(
     assert command[:4] == ["python", "-m", "bertpretrain.mpilaunch", "--"]
     env = _pod_env({**env, SIGKILL_TIMEOUT_ENV: "3"})
     _sigterm_after_first_checkpoint(_pods(tmp_path, "launcher"), command, env, tmp_path / "checkpoints")
+
+
+def test_sigterm_stops_every_rank_of_an_elastic_mpijob(tmp_path: Path) -> None:
+    """Elastic horovodrun (Gloo) passes the SIGTERM on itself, and exits 0 or 1 whatever the ranks
+    did: the Launcher still exits 143."""
+    _mpi_or_skip()
+    job, config = _job(
+        tmp_path,
+        launcher="mpijob",
+        mpi={"command": "horovodrun"},
+        topology={"nodes": 2, "processesPerNode": 1},
+        elastic={"minNodes": 1, "maxNodes": 2, "maxRestarts": 3},
+        **_long_phases(tmp_path),
+    )
+    discover = tmp_path / "discover_hosts.sh"
+    discover.write_text(mpijob_discover_hosts(job))
+    discover.chmod(0o755)
+    command = _in_pod(mpijob_launcher_command(job, str(tmp_path / "hostfile"), str(discover)), config)
+    assert "--host-discovery-script" in command
+    env = _pod_env({"BERTJOB_NAME": "demo", "BERTJOB_NAMESPACE": "default"})
+    checkpoints = tmp_path / "checkpoints"
+    _sigterm_after_first_checkpoint(_pods(tmp_path, "launcher"), command, env, checkpoints, launcher_code=1)
