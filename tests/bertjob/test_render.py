@@ -513,7 +513,10 @@ def test_the_mpijob_fields_and_commands() -> None:
     assert command[4:9] == ["horovodrun", "-np", "8", "--hostfile", "/etc/mpi/hostfile"]
     assert "-x" not in command  # horovodrun forwards the whole environment itself
     worker = pods["Worker"]["spec"]["containers"][0]
-    assert worker["command"] == ["/usr/sbin/sshd", "-De", "-f", "/home/trainer/.sshd_config"]
+    assert worker["command"] == [
+        *["python", "-m", "bertpretrain.mpilaunch", "--worker", "--"],
+        *["/usr/sbin/sshd", "-De", "-f", "/home/trainer/.sshd_config"],
+    ]
 
 
 HOSTILE = INJECTIONS

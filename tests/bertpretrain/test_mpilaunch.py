@@ -160,3 +160,66 @@ def test_a_lost_peer_does_not_hide_the_cause(tmp_path: Path) -> None:
     code, output = _finish(launcher, log)
     assert "exited with 201" in output and "Exit code:    201" in output, output
     assert code == 200, output
+
+
+# sshd as a Worker's first process: a session running one rank (a shell, the rank wrapper, the rank
+# stand-in, as orted would start it), kept after the session ends; SIGTERM ends the listener at
+# once, its sessions going on.
+SSHD = """
+import os, signal, subprocess, sys
+signal.signal(signal.SIGTERM, lambda number, frame: os._exit(0))
+python, script = sys.argv[1:]
+subprocess.Popen(["/bin/sh", "-c", f"{python} -m bertpretrain.mpilaunch --rank -- {python} {script}"])
+while True:
+    signal.pause()
+"""
+# The rank stand-in's checkpoint: a file written after CHECKPOINT seconds.
+CHECKPOINTING_RANK = RANK.replace(
+    "    sys.exit(143)",
+    "    open(os.environ['MARKER'], 'w').close()\n    sys.exit(143)",
+)
+
+
+def test_a_worker_stops_sshd_only_once_its_ranks_have_checkpointed(tmp_path: Path) -> None:
+    """SIGTERM to the Worker's wrapper reaches the rank below sshd, and sshd (whose end would end
+    the pod's every process) is stopped once the rank has written its checkpoint and exited."""
+    sshd, script, marker = tmp_path / "sshd.py", tmp_path / "rank.py", tmp_path / "checkpointed"
+    sshd.write_text(SSHD)
+    script.write_text(CHECKPOINTING_RANK)
+    python = sys.executable
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(sys.path),
+        "OMPI_COMM_WORLD_RANK": "0",
+        "CHECKPOINT": "2",
+        "MARKER": str(marker),
+    }
+    log = tmp_path / "worker.log"
+    command = [
+        python,
+        "-m",
+        "bertpretrain.mpilaunch",
+        "--worker",
+        "--",
+        python,
+        str(sshd),
+        python,
+        str(script),
+    ]
+    with log.open("w") as out:
+        worker = subprocess.Popen(
+            command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        _wait_for(log, "rank 0 started", worker)  # type: ignore[arg-type]
+        worker.send_signal(signal.SIGTERM)
+        code = worker.wait(60)
+        checkpointed = marker.exists()
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+    output = log.read_text()
+    assert code == 143, output
+    assert "rank 0 got SIGTERM" in output, output
+    assert checkpointed, output
+    assert mpilaunch.report_line(0, 143) in output, output

@@ -263,9 +263,9 @@ def test_the_mpi_runtime_launches_mpirun_after_the_nodes_run_sshd(installed: dic
 
     sshd = _container(runtime, TRAINJOB_NODE)["command"]
     assert sshd == _base_container("mpijob.yaml", "Worker")["command"]
-    assert sshd[:3] == ["/usr/sbin/sshd", "-De", "-f"]
+    assert sshd[:8] == [*mpijob.WORKER_WRAPPER, "/usr/sbin/sshd", "-De", "-f"]
     # The user's sshd configuration beside the keys Trainer v2 mounts.
-    assert posixpath.dirname(sshd[3]) == posixpath.dirname(mpi["sshAuthMountPath"].rstrip("/"))
+    assert posixpath.dirname(sshd[8]) == posixpath.dirname(mpi["sshAuthMountPath"].rstrip("/"))
 
 
 @pytest.mark.parametrize("name", [TORCH_RUNTIME, MPI_RUNTIME])

@@ -36,10 +36,18 @@ On each rank (``--rank``), it runs the trainer as a child with SIGUSR2 ignored (
 the rank's whole process group), turns SIGUSR2 into SIGTERM to the trainer (which checkpoints and
 exits 143), passes SIGTERM and SIGINT on, and at the end writes :func:`report_line` to stderr and
 exits with the trainer's code.
+
+On a Worker (``--worker``, around ``sshd -De``): sshd exits at once on SIGTERM, and with the
+container's first process gone the kernel kills every process of the pod, the ranks among them,
+before they checkpoint (and rank 0's checkpoint gathers from every rank). So the Worker's SIGTERM
+goes to the rank wrappers below sshd instead (a Worker evicted alone stops the whole world: the
+ranks agree to stop at the same step), sshd is stopped only once its sessions (the ranks) have
+ended, and the wrapper exits 128 + the signal. A second SIGTERM or SIGINT stops sshd at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -47,6 +55,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import FrameType
 from typing import BinaryIO
 
@@ -63,7 +72,12 @@ SIGKILL_TIMEOUT_ENV = "OMPI_MCA_odls_base_sigkill_timeout"
 # The rank's own variables, by launcher: Open MPI's, Horovod's (gloo), MPICH's.
 RANK_ENV = ("OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMI_RANK")
 REPORT = re.compile(rb"bertpretrain\.mpilaunch: rank (\d+) exited with (\d+)")
-USAGE = "usage: python -m bertpretrain.mpilaunch [--rank] [--] COMMAND [ARG...]"
+USAGE = "usage: python -m bertpretrain.mpilaunch [--rank | --worker] [--] COMMAND [ARG...]"
+MODULE = "bertpretrain.mpilaunch"
+RANK_FLAG = "--rank"
+WORKER_FLAG = "--worker"
+# How often a stopping Worker looks for sshd's sessions in /proc.
+POLL_SECONDS = 0.2
 
 
 def report_line(rank: int, code: int) -> str:
@@ -248,17 +262,83 @@ def rank(command: Sequence[str]) -> int:
     return code
 
 
+def _children() -> dict[int, list[int]]:
+    """Every live process's children, from /proc (zombies, ended but not yet reaped, and
+    processes that end meanwhile are left out)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # The command name, in parentheses, may hold spaces: the fields after it are plain.
+            state, parent = stat.read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if state != "Z":
+            children.setdefault(int(parent), []).append(int(stat.parent.name))
+    return children
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid``, nearest first."""
+    children, found, frontier = _children(), [], [pid]
+    while frontier:
+        frontier = [child for parent in frontier for child in children.get(parent, [])]
+        found += frontier
+    return found
+
+
+def _is_rank_wrapper(pid: int) -> bool:
+    """Whether process ``pid`` runs ``python -m bertpretrain.mpilaunch --rank``."""
+    try:
+        argv = (Path("/proc") / str(pid) / "cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    return any(argv[i : i + 2] == [MODULE, RANK_FLAG] for i in range(len(argv)))
+
+
+def worker(command: Sequence[str]) -> int:
+    """Run a Worker's sshd ``command`` as the module's docstring says; returns sshd's exit code,
+    or 128 + the signal that stopped the Worker."""
+    signals = _Signals()
+    stopping = threading.Event()
+    try:
+        child = subprocess.Popen(list(command))
+
+        def react(number: int, count: int) -> None:
+            if count == 1:
+                for pid in _descendants(child.pid):
+                    if _is_rank_wrapper(pid):
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGTERM)
+                stopping.set()
+            elif child.returncode is None:
+                child.send_signal(signal.SIGTERM)
+
+        signals.attach(react)
+        while True:
+            try:
+                code = _status(child.wait(POLL_SECONDS))
+                break
+            except subprocess.TimeoutExpired:
+                # sshd's sessions are its children, and the ranks run below them.
+                if stopping.is_set() and not _descendants(child.pid):
+                    child.send_signal(signal.SIGTERM)
+    finally:
+        signals.restore()
+    return 128 + signals.received if signals.received is not None else code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``[--rank] [--] COMMAND [ARG...]``: :func:`rank` with ``--rank``, else :func:`launch`;
-    2 with a usage message when no command is given."""
+    """``[--rank | --worker] [--] COMMAND [ARG...]``: :func:`rank` with ``--rank``, :func:`worker`
+    with ``--worker``, else :func:`launch`; 2 with a usage message when no command is given."""
     args = list(sys.argv[1:] if argv is None else argv)
-    as_rank = bool(args) and args[0] == "--rank"
-    args = args[1:] if as_rank else args
+    mode = args[0] if args[:1] in ([RANK_FLAG], [WORKER_FLAG]) else None
+    args = args[1:] if mode else args
     args = args[1:] if args[:1] == ["--"] else args
     if not args:
         print(f"{USAGE}\nbertpretrain.mpilaunch: no command given", file=sys.stderr)
         return 2
-    return rank(args) if as_rank else launch(args)
+    run = {RANK_FLAG: rank, WORKER_FLAG: worker}.get(mode or "", launch)
+    return run(args)
 
 
 if __name__ == "__main__":

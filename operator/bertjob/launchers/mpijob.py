@@ -28,7 +28,10 @@ Preemption: the Launcher runs mpirun (or horovodrun) under ``python -m bertpretr
 forwards SIGUSR2, which each rank's wrapper turns into SIGTERM; mpirun's own SIGTERM would abort
 the ranks, and horovodrun over MPI does not pass it on), the ranks checkpoint and exit 143, and the
 Launcher exits with the ranks' code (143, 200, ...), where mpirun after a SIGTERM, and
-``horovodrun --gloo`` always, say 0 or 1.
+``horovodrun --gloo`` always, say 0 or 1. The Workers run sshd under ``python -m
+bertpretrain.mpilaunch --worker`` (:data:`WORKER_WRAPPER`): sshd exits at once on SIGTERM, which
+would kill the ranks on its pod before they checkpoint; the wrapper passes the SIGTERM to the ranks
+and stops sshd once they have ended.
 """
 
 from __future__ import annotations
@@ -72,6 +75,8 @@ TRAINER_COMMAND = ["python", "-m", TRAINER_MODULE, RUN_COMMAND, "--config", JOB_
 MPILAUNCH_MODULE = "bertpretrain.mpilaunch"
 LAUNCHER_WRAPPER = ["python", "-m", MPILAUNCH_MODULE, "--"]
 RANK_COMMAND = ["python", "-m", MPILAUNCH_MODULE, "--rank", "--", *TRAINER_COMMAND]
+# Before sshd on the Workers: their SIGTERM goes to the ranks, and sshd ends once they have.
+WORKER_WRAPPER = ["python", "-m", MPILAUNCH_MODULE, "--worker", "--"]
 # Variables every rank needs from the Launcher: the job, for progress reports.
 FORWARDED_ENV = [NAME_ENV, NAMESPACE_ENV]
 ACCELERATOR_ENV: dict[Accelerator, list[str]] = {"habana-hpu": ["PT_HPU_LAZY_MODE"]}
@@ -104,7 +109,15 @@ class MPIJobLauncher(KubeflowJob):
                 "trainer": True,
                 "pod": pod_context(spec, pods, container=WORKER_CONTAINER, labels=pods.labels, trainer=True),
                 # mpi-operator's non-root layout: the user's sshd configuration beside the keys.
-                "container": {"command": ["/usr/sbin/sshd", "-De", "-f", str(ssh.parent / ".sshd_config")]},
+                "container": {
+                    "command": [
+                        *WORKER_WRAPPER,
+                        "/usr/sbin/sshd",
+                        "-De",
+                        "-f",
+                        str(ssh.parent / ".sshd_config"),
+                    ]
+                },
             },
         ]
         return job_patch(
