@@ -37,6 +37,9 @@ ConditionType = Literal[
     "Succeeded",
     "Failed",
     "SpecChangeRefused",
+    "Ready",
+    "Reconciling",
+    "Stalled",
 ]
 
 
@@ -51,7 +54,8 @@ class Condition(_Status):
     type: ConditionType = Field(
         description="Created (children created), Preparing/Prepared (the data Job), Running, "
         "Restarting, Suspended, Succeeded or Failed (mirrored from the child, or a bad spec), "
-        "SpecChangeRefused (a change that cannot be applied to a running job)."
+        "SpecChangeRefused (a change that cannot be applied to a running job); Ready, Reconciling "
+        "and Stalled (kstatus, derived from the others: docs/operator.md, Status for GitOps tools)."
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="CamelCase reason, e.g. InvalidSpec.")
