@@ -21,7 +21,9 @@ Entries are plain data (dicts, lists, strings) so that any evaluator can iterate
 ``CHANGE_CASES``, updates, each a dict with ``id``, ``old`` and ``new`` (whole objects: metadata,
 spec and status, as the API server passes ``oldObject`` and ``object``), ``allowed``, ``fields`` and
 ``cel`` as above (no change rule is stated in CEL: it depends on the status, which a CEL rule of
-``spec`` cannot read).
+``spec`` cannot read), and ``accepted``: None, or the job document the children were rendered from
+where it differs from ``old``'s (a change refused after the fact is stored, not applied); a test
+stores it as ``job.yaml`` of the ConfigMap that ``old``'s ``status.configMap`` names.
 
 The documents are built from :func:`bertjob_testing.jobs.valid_job` and ``examples/*.yaml``; each
 call of :func:`job_cases` or :func:`change_cases` builds them anew, so a test may change what it
@@ -169,14 +171,36 @@ def change_cases() -> list[dict[str, Any]]:
     new_image = "ghcr.io/bertjob/trainer:0.2.0"
 
     def change(id_: str, before: dict[str, Any], after: dict[str, Any], fields: list[str]) -> dict[str, Any]:
-        return {"id": id_, "old": before, "new": after, "allowed": not fields, "fields": fields, "cel": False}
+        return {
+            "id": id_,
+            "old": before,
+            "new": after,
+            "allowed": not fields,
+            "fields": fields,
+            "cel": False,
+            "accepted": None,
+        }
 
     def spec_set(obj: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
         after = with_value(obj, dotted, value)
         after["metadata"]["generation"] = obj["metadata"]["generation"] + 1
         return after
 
+    # An image change stored before the webhook ran (and refused by the operator after the fact),
+    # then set back: the children's spec is the one to compare with, not the stored one.
+    reverted_accepted = with_value(
+        with_value(good, "metadata.name", "reverted"), "metadata.namespace", NAMESPACE
+    )
+    reverted_old = spec_set(running(reverted_accepted), "spec.image", new_image)
+    revert = change(
+        "refused-change-set-back",
+        reverted_old,
+        spec_set(reverted_old, "spec.image", good["spec"]["image"]),
+        [],
+    )
+    revert["accepted"] = reverted_accepted
     return [
+        revert,
         change("suspend-toggled", old, spec_set(old, "spec.runPolicy", {"suspend": True}), []),
         change("backoff-limit-of-pytorchjob", old, spec_set(old, "spec.runPolicy", {"backoffLimit": 3}), []),
         change("image-changed-with-children", old, spec_set(old, "spec.image", new_image), ["spec.image"]),
@@ -224,7 +248,7 @@ def change_cases() -> list[dict[str, Any]]:
             "fix-of-invalid-spec-still-invalid",
             refused,
             spec_set(refused, "spec.phases.0.steps", 0),
-            ["spec.phases[0].steps", "spec.phases[0].globalBatchSize"],
+            ["spec.phases[0].steps"],
         ),
         # Before the operator handled it (no phase), the job has no children: any valid spec goes.
         change(
