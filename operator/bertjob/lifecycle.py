@@ -9,6 +9,10 @@ Phases: ``Pending`` (children created, nothing running yet), ``Preparing`` (the 
 ``Running``, ``Suspended`` (exactly while ``spec.runPolicy.suspend`` is true), ``Succeeded`` and
 ``Failed``. The last two are final, except that a job failed for an invalid spec is rendered again
 when the user fixes the spec.
+
+Beside them, the kstatus conditions that GitOps tools read (``Ready``, ``Reconciling``,
+``Stalled``) are derived from the rest of the status by one function, :func:`with_kstatus`, on
+every status write, so that they can never disagree with the phase.
 """
 
 from __future__ import annotations
@@ -158,9 +162,16 @@ def moved(status: JobStatus, phase: Phase, at: datetime) -> JobStatus:
     return status.model_copy(update={"phase": phase, "completion_time": completion or status.completion_time})
 
 
-def failed(status: JobStatus, reason: str, message: str, at: datetime) -> JobStatus:
-    """``status`` Failed for ``reason`` (e.g. InvalidSpec, with the fields named in ``message``)."""
-    return moved(with_condition(status, condition("Failed", reason, message, at)), "Failed", at)
+def failed(
+    status: JobStatus, reason: str, message: str, at: datetime, generation: int | None = None
+) -> JobStatus:
+    """``status`` Failed for ``reason`` (e.g. InvalidSpec, with the fields named in ``message``);
+    ``generation``, if given, is the spec generation that failed (``observedGeneration``), so that
+    a fixed spec reads as not yet reconciled rather than as failed until it is rendered again."""
+    updated = moved(with_condition(status, condition("Failed", reason, message, at)), "Failed", at)
+    if generation is None:
+        return updated
+    return updated.model_copy(update={"observed_generation": generation})
 
 
 def launched(
@@ -365,6 +376,102 @@ def spec_change(
     else:
         updated = status
     return updated.model_copy(update={"observed_generation": generation})
+
+
+# kstatus' standard condition types (sigs.k8s.io/cli-utils, pkg/kstatus/README.md): Reconciling and
+# Stalled have abnormal-true polarity, present only while True; Ready is Flux's and most
+# controllers' summary, always present.
+KSTATUS_TYPES = ("Ready", "Reconciling", "Stalled")
+# Phases in which the job is still on its way to training: children made, data prepared, pods
+# scheduled; what GitOps tools wait for.
+ON_ITS_WAY: dict[str, str] = {
+    "Pending": "the children exist; waiting for the training job to run",
+    "Preparing": "the data Job prepares the data; the training job follows",
+}
+# Phases in which the job is what its spec asks for.
+READY: dict[str, str] = {
+    "Running": "training runs",
+    "Succeeded": "training finished",
+}
+
+
+@dataclass(frozen=True)
+class KStatus:
+    """The kstatus verdict on a job: ``ready`` (its status True/False, reason, message), and the
+    reason and message of ``reconciling`` and ``stalled``, None where the condition is absent."""
+
+    ready: tuple[bool, str, str]
+    reconciling: tuple[str, str] | None = None
+    stalled: tuple[str, str] | None = None
+
+
+def kstatus(status: JobStatus, generation: int | None) -> KStatus:
+    """What kstatus conditions ``status`` calls for, for a job whose ``metadata.generation`` is
+    ``generation`` (docs/operator.md, "Status for GitOps tools", has the table), in this order:
+
+    1. no phase yet, or ``observedGeneration`` behind ``generation``: Reconciling (the operator
+       has not created the children, or not yet applied or refused the latest spec change);
+    2. Failed: Stalled, with the failure's reason and message (final; an InvalidSpec job is
+       rendered again when its spec changes, which step 1 reports meanwhile);
+    3. SpecChangeRefused True: Stalled (reason SpecChangeRefused): the job runs, or ended, with a
+       spec other than the one asked for, and will not take this one;
+    4. Pending or Preparing: Reconciling; Running or Succeeded: Ready; Suspended: none of them
+       (a state the user asked for, reached), Ready False.
+    """
+    observed = status.observed_generation
+    if status.phase is None:
+        why = "the operator has not created the job's children yet"
+        return KStatus((False, "Launching", why), reconciling=("Launching", why))
+    if generation is not None and observed is not None and observed < generation:
+        why = f"spec generation {generation} is not yet applied (observed {observed})"
+        return KStatus((False, "NewGeneration", why), reconciling=("NewGeneration", why))
+    if status.phase == "Failed":
+        cause = _true(status, "Failed")
+        reason = cause.reason if cause else "Failed"
+        message = cause.message if cause and cause.message else "the job failed"
+        return KStatus((False, reason, message), stalled=(reason, message))
+    refused = _true(status, "SpecChangeRefused")
+    if refused is not None:
+        message = refused.message or "a spec change was refused"
+        return KStatus((False, "SpecChangeRefused", message), stalled=("SpecChangeRefused", message))
+    if status.phase in ON_ITS_WAY:
+        why = ON_ITS_WAY[status.phase]
+        return KStatus((False, status.phase, why), reconciling=(status.phase, why))
+    if status.phase in READY:
+        return KStatus((True, status.phase, READY[status.phase]))
+    return KStatus((False, status.phase, "spec.runPolicy.suspend is true"))
+
+
+def with_kstatus(status: JobStatus, generation: int | None, at: datetime) -> JobStatus:
+    """``status`` with its kstatus conditions (``Ready``, and ``Reconciling`` and ``Stalled``
+    while True, absent otherwise) as :func:`kstatus` derives them from the rest of it; a condition
+    that does not change keeps its ``lastTransitionTime``. Every status write passes here
+    (:func:`bertjob.handlers._write`), so they describe the status they are written with."""
+    verdict = kstatus(status, generation)
+    truth, reason, message = verdict.ready
+    updated = with_condition(status, condition("Ready", reason, message, at, truth))
+    abnormal: tuple[tuple[ConditionType, tuple[str, str] | None], ...] = (
+        ("Reconciling", verdict.reconciling),
+        ("Stalled", verdict.stalled),
+    )
+    for type_, found in abnormal:
+        if found is None:
+            updated = without_condition(updated, type_)
+        else:
+            updated = with_condition(updated, condition(type_, found[0], found[1], at))
+    return updated
+
+
+def without_condition(status: JobStatus, type_: ConditionType) -> JobStatus:
+    """``status`` without a condition of ``type_``."""
+    if not any(item.type == type_ for item in status.conditions):
+        return status
+    kept = [item for item in status.conditions if item.type != type_]
+    return status.model_copy(update={"conditions": kept})
+
+
+def _true(status: JobStatus, type_: ConditionType) -> Condition | None:
+    return next((item for item in status.conditions if item.type == type_ and item.status == "True"), None)
 
 
 def event_name(job_name: str, stamp_ns: int) -> str:

@@ -477,3 +477,107 @@ def test_a_status_patch_writes_over_junk(
     written = lifecycle.status_patch(current, new, junk)
 
     assert written == (lifecycle.dump(new) if patch is None else patch)
+
+
+# --- kstatus conditions -----------------------------------------------------------------------------
+
+FAILED = cond("Failed", reason="BackoffLimitExceeded", message="worker 1 exited 137")
+REFUSED = cond("SpecChangeRefused", reason="UnsafeChange", message="not applied: spec.image")
+INVALID = cond("Failed", reason="InvalidSpec")
+APPLIED = cond("SpecChangeRefused", False, "ChangeApplied")
+
+
+@pytest.mark.parametrize(
+    ("phase", "extra", "observed", "generation", "ready", "reconciling", "stalled"),
+    [
+        # phase, other conditions, observedGeneration, metadata.generation ->
+        # Ready (status, reason), Reconciling reason, Stalled reason (None: absent)
+        (None, [], None, 1, ("False", "Launching"), "Launching", None),
+        ("Pending", [], 1, 1, ("False", "Pending"), "Pending", None),
+        ("Preparing", [], 1, 1, ("False", "Preparing"), "Preparing", None),
+        ("Running", [], 1, 1, ("True", "Running"), None, None),
+        ("Running", [cond("Restarting")], 1, 1, ("True", "Running"), None, None),
+        ("Succeeded", [], 1, 1, ("True", "Succeeded"), None, None),
+        ("Suspended", [], 2, 2, ("False", "Suspended"), None, None),
+        ("Failed", [FAILED], 1, 1, ("False", "BackoffLimitExceeded"), None, "BackoffLimitExceeded"),
+        ("Failed", [INVALID], None, 1, ("False", "InvalidSpec"), None, "InvalidSpec"),
+        ("Failed", [], 1, 1, ("False", "Failed"), None, "Failed"),
+        # A refused change stalls the job whatever its phase; one applied since does not.
+        ("Running", [REFUSED], 2, 2, ("False", "SpecChangeRefused"), None, "SpecChangeRefused"),
+        ("Pending", [REFUSED], 2, 2, ("False", "SpecChangeRefused"), None, "SpecChangeRefused"),
+        ("Succeeded", [REFUSED], 2, 2, ("False", "SpecChangeRefused"), None, "SpecChangeRefused"),
+        ("Running", [APPLIED], 3, 3, ("True", "Running"), None, None),
+        # A spec generation the operator has not handled yet: reconciling, whatever came before.
+        ("Running", [], 1, 2, ("False", "NewGeneration"), "NewGeneration", None),
+        ("Running", [REFUSED], 2, 3, ("False", "NewGeneration"), "NewGeneration", None),
+        ("Failed", [INVALID], 1, 2, ("False", "NewGeneration"), "NewGeneration", None),
+        # No generation to compare (an old status, or a job read without one): the phase decides.
+        ("Running", [], None, 2, ("True", "Running"), None, None),
+        ("Running", [], 1, None, ("True", "Running"), None, None),
+    ],
+)  # fmt: skip
+def test_kstatus(
+    phase: Phase | None,
+    extra: list[Condition],
+    observed: int | None,
+    generation: int | None,
+    ready: tuple[str, str],
+    reconciling: str | None,
+    stalled: str | None,
+) -> None:
+    before = JobStatus(phase=phase, conditions=[cond("Created"), *extra], observed_generation=observed)
+
+    after = lifecycle.with_kstatus(before, generation, AT)
+
+    found = conditions(after)
+    assert found["Ready"] == ready
+    assert found.get("Reconciling") == (reconciling and ("True", reconciling))
+    assert found.get("Stalled") == (stalled and ("True", stalled))
+    # The other conditions, the phase and observedGeneration are left as they were.
+    others = [item for item in after.conditions if item.type not in lifecycle.KSTATUS_TYPES]
+    assert others == before.conditions
+    assert (after.phase, after.observed_generation) == (phase, observed)
+
+
+def test_kstatus_messages_say_why() -> None:
+    failed = lifecycle.with_kstatus(JobStatus(phase="Failed", conditions=[FAILED]), 1, AT)
+    refused = lifecycle.with_kstatus(JobStatus(phase="Running", conditions=[REFUSED]), None, AT)
+    behind = lifecycle.with_kstatus(JobStatus(phase="Running", observed_generation=3), 4, AT)
+
+    assert {c.type: c.message for c in failed.conditions if c.type in ("Ready", "Stalled")} == {
+        "Ready": "worker 1 exited 137",
+        "Stalled": "worker 1 exited 137",
+    }
+    assert lifecycle._true(refused, "Stalled").message == "not applied: spec.image"  # type: ignore[union-attr]
+    assert "generation 4" in lifecycle._true(behind, "Reconciling").message  # type: ignore[union-attr]
+
+
+def test_kstatus_conditions_go_when_they_no_longer_hold() -> None:
+    pending = lifecycle.with_kstatus(JobStatus(phase="Pending", observed_generation=1), 1, T0)
+    assert set(conditions(pending)) == {"Ready", "Reconciling"}
+
+    running = lifecycle.with_kstatus(lifecycle.moved(pending, "Running", AT), 1, AT)
+    failed = lifecycle.with_kstatus(lifecycle.failed(running, "BackoffLimitExceeded", "", AT), 1, AT)
+    # Resumed from a refused change by undoing it: Stalled goes, Ready comes back.
+    refused = lifecycle.with_kstatus(lifecycle.spec_change(running, ["spec.image"], "no", 2, AT), 2, AT)
+    undone = lifecycle.with_kstatus(lifecycle.spec_change(refused, [], "", 3, AT), 3, AT)
+
+    assert conditions(running) == {"Ready": ("True", "Running")}
+    assert set(conditions(failed)) == {"Ready", "Stalled", "Failed"}
+    assert conditions(refused)["Stalled"] == ("True", "SpecChangeRefused")
+    assert "Stalled" not in conditions(undone) and conditions(undone)["Ready"] == ("True", "Running")
+
+
+def test_kstatus_keeps_the_transition_time_of_what_did_not_change() -> None:
+    first = lifecycle.with_kstatus(JobStatus(phase="Running", observed_generation=1), 1, T0)
+    again = lifecycle.with_kstatus(first, 1, AT)
+
+    assert again == first
+    assert lifecycle._true(again, "Ready").last_transition_time == T0  # type: ignore[union-attr]
+
+
+def test_failed_records_the_generation_that_failed() -> None:
+    launched = JobStatus(phase="Pending", observed_generation=1)
+
+    assert lifecycle.failed(launched, "InvalidSpec", "spec.x", AT, generation=2).observed_generation == 2
+    assert lifecycle.failed(launched, "BackoffLimitExceeded", "", AT).observed_generation == 1
