@@ -1,6 +1,7 @@
 """Two "nodes" on 127.0.0.1: two ``python -m bertpretrain.launch`` (``--nnodes 2``, one or two
 ranks each, torchrun's static rendezvous on rank 0's node, gloo), training a small real job. When one node's
-rank stops, whatever the cause, every process exits with a retryable code (Kubeflow's
+rank stops (a full volume, SIGTERM to its launcher, SIGKILL, or frozen past the collective
+timeout), every process exits with a retryable code (Kubeflow's
 ``restartPolicy: ExitCode`` restarts the job), the node of the cause reports the cause, and a rank
 that merely lost its peer says so in its last log line.
 
@@ -52,14 +53,15 @@ def tmpfs(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "--lazy", str(point)], check=True)
 
 
-def _job(tmp_path: Path, checkpoints: Path, steps: int, processes: int = 1) -> Path:
+def _job(tmp_path: Path, checkpoints: Path, steps: int, processes: int = 1, timeout: int = 600) -> Path:
     """A one-phase job of ``steps`` steps on two nodes of ``processes`` ranks, checkpointing every
-    10 steps to ``checkpoints``."""
+    10 steps to ``checkpoints``; a collective fails after waiting ``timeout`` seconds for a rank."""
     document = small_training_job(tmp_path, processes=processes)
     document = with_value(document, "spec.topology", {"nodes": NODES, "processesPerNode": processes})
     document = with_value(document, "spec.phases", [{**document["spec"]["phases"][0], "steps": steps}])
     document = with_value(document, "spec.checkpoint.path", str(checkpoints))
     document = with_value(document, "spec.logging.tensorboard", False)
+    document = with_value(document, "spec.distributed", {"timeoutSeconds": timeout})
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(document))
     return job
@@ -164,7 +166,8 @@ def test_a_full_volume_on_one_node_is_retryable_on_both(
 
     ranks = {**first.rank_codes(), **second.rank_codes()}
     assert codes == [EXIT_DISK_FULL, EXIT_PEER_LOST], [node.log()[-3000:] for node in nodes]
-    assert set(ranks) == {0, 1, 2, 3} and ranks[0] == EXIT_DISK_FULL, ranks
+    # Each rank that lost rank 0 exits 201 itself, though its agent stops it with SIGTERM meanwhile.
+    assert ranks == {0: EXIT_DISK_FULL, 1: EXIT_PEER_LOST, 2: EXIT_PEER_LOST, 3: EXIT_PEER_LOST}, ranks
     assert all(code in RETRYABLE_EXIT_CODES for code in ranks.values()), ranks
     assert first.rank_last_line("stderr").startswith(
         f"bertpretrain run: {tmpfs}/checkpoints/phase1/step_000010.pt: no space left on the device: "
@@ -226,3 +229,32 @@ def test_a_rank_killed_on_one_node_is_a_lost_peer_on_the_other(tmp_path: Path, n
         first.last_line()
         == "bertpretrain.launch: exit 201, rank 0 lost a peer: the first cause is on another node"
     )
+
+
+def test_a_peer_that_stops_answering_is_lost_after_the_collective_timeout(
+    tmp_path: Path, nodes: list[Node]
+) -> None:
+    """Node 1's rank frozen (SIGSTOP: as a node that vanished, its connections left open): rank 0
+    waits ``spec.distributed.timeoutSeconds`` (10 s, the least allowed) in the collective, then
+    exits 201. Let go again, rank 1 finds rank 0 gone and exits 201 too: both nodes retryable."""
+    checkpoints = tmp_path / "checkpoints"
+    first, second = _launch(tmp_path, _job(tmp_path, checkpoints, steps=5000, timeout=10), nodes)
+    _await(checkpoints / "phase1" / "step_000010.pt", nodes)
+    frozen = second.rank_pid()
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        assert first.wait() == EXIT_PEER_LOST, first.log()[-3000:]
+    finally:
+        os.kill(frozen, signal.SIGCONT)
+    assert second.wait() == EXIT_PEER_LOST, second.log()[-3000:]
+
+    lost = first.rank_last_line("stderr")
+    assert lost.startswith("bertpretrain run: rank 0: lost a peer in "), lost
+    # gloo's words for its timeout, by where rank 0 waited (an all_reduce, DDP's backward pass).
+    timed_out = (
+        r"\((Timed out waiting 10000ms for \w+ operation to complete"
+        r"|Application timeout caused pair closure)\)"
+    )
+    assert re.search(timed_out, lost) and lost.endswith(LOST_PEER_END), lost
+    lost = second.rank_last_line("stderr")
+    assert lost.startswith("bertpretrain run: rank 1: lost a peer in ") and lost.endswith(LOST_PEER_END), lost

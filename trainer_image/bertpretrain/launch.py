@@ -16,10 +16,10 @@ full volume (200) as a permanent failure. This is torchrun itself, the same pars
   there is one: the earliest failure whose code is neither (200, 1, a signal's 128 + N such as
   137); else the earliest 201 (the cause is on another node: it lost its peer); else the earliest
   143 (a preemption, every rank stopped after a checkpoint); see :func:`first_cause`. The own
-  cause is among the recorded failures even when a rank of this node lost it as a peer: the
-  trainer leaves its process group on an error by exiting (:mod:`bertpretrain.run`), so a rank's
-  connections close only once its process has ended, and the agent sees it at the latest in the
-  same poll as the ranks that lost it;
+  cause is among the recorded failures even when a rank of this node lost it as a peer: after
+  its own failure the trainer leaves its process group by exiting (:mod:`bertpretrain.run`), so
+  the rank's connections close only once its process has ended, and the agent sees it at the
+  latest in the same poll as the ranks that lost it;
 - the agent received signal N (SIGTERM when the pod is deleted): 128 + N, once it has stopped the
   ranks with the same signal (they save a checkpoint first) or its shutdown timeout ran out;
 - the agent itself lost the other nodes: a rendezvous error (``RendezvousError`` and its kinds:

@@ -123,6 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bertpretrain {args.command}: {error}", file=sys.stderr)
         return EXIT_FAILURE
     except PeerLostError as error:  # the cause is another rank's: retryable, and said so last
+        # The launcher's agent stops the other ranks of its node with SIGTERM once one fails: this
+        # rank is on its way out with its code, which a death by that signal would hide.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         print(
             f"bertpretrain {args.command}: {error}: exit {EXIT_PEER_LOST}, retryable; "
             "the first cause is in another rank's log",
@@ -256,17 +259,23 @@ _COMMANDS: dict[str, Callable[[Invocation], int]] = {
 
 @contextlib.contextmanager
 def _joined(plan: Plan) -> Iterator[DataParallel]:
-    """The job's process group, joined once for the command and left at its end; on an error (or
-    a preemption) it is left by the process's exit instead."""
+    """The job's process group, joined once for the command and left at its end, also after a
+    preemption or a lost peer; after this rank's own failure it is left by the process's exit."""
     from bertpretrain.runtime.parallel.joining import join  # torch, only now
 
     spec = plan.spec
     parallel = join(spec.accelerator, spec.tf32, spec.distributed)
-    # Not closed on the way out of an error: the connections then close with the process, so that
-    # a rank that fails (a full volume) is gone before its peers see them closed and exit 201,
-    # and its launcher reports its code first (bertpretrain.launch). NCCL's destroy could also
-    # wait for the collectives of a peer that is gone.
-    yield parallel
+    try:
+        yield parallel
+    except (Preempted, PeerLostError):
+        # A preemption stops every rank together. After a lost peer a collective failed with work
+        # in flight: unless the group is destroyed first, gloo's threads may abort the
+        # interpreter's exit (SIGABRT: 134 instead of 201, in 2 exits of 22 here).
+        parallel.close()
+        raise
+    # Not closed after this rank's own failure (a full volume): its connections then close with
+    # its process, so that it is gone before its peers see them closed and exit 201, and its
+    # launcher sees its code first (bertpretrain.launch).
     parallel.close()
 
 

@@ -7,6 +7,7 @@ and the entry point's exit code for it. The messages are the libraries' own: glo
 from __future__ import annotations
 
 import contextlib
+import signal
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -36,6 +37,9 @@ GLOO_TIMEOUT = (
 LOST = [
     RuntimeError(GLOO_CLOSED),
     RuntimeError(GLOO_TIMEOUT),
+    RuntimeError(
+        "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Application timeout caused pair closure"
+    ),
     RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection reset by peer"),
     RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:420] writev [127.0.0.1]:5: Broken pipe"),
     dist.DistNetworkError("failed to recv, got 0 bytes"),  # the store's host is gone
@@ -102,7 +106,13 @@ def test_a_lost_peer_exits_201_with_one_last_line_naming_it(
             raise RuntimeError(GLOO_CLOSED)
 
     monkeypatch.setattr(bertpretrain.pipeline, "run_job", lose_a_peer)
-    code = bertpretrain.run.main(["run", "--config", str(job_file)])
+    stop = signal.getsignal(signal.SIGTERM)
+    try:
+        code = bertpretrain.run.main(["run", "--config", str(job_file)])
+        # From now on the agent's SIGTERM (it stops the node's other ranks) cannot hide the code.
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, stop)
     assert code == EXIT_PEER_LOST and code in RETRYABLE_EXIT_CODES
     assert capsys.readouterr().err.splitlines()[-1] == (
         "bertpretrain run: rank 1: lost a peer in the backward pass (all_reduce of the gradients) "
@@ -120,10 +130,12 @@ class _Group:
         self.closed = True
 
 
-def test_the_process_group_is_left_by_exiting_after_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_process_group_is_left_by_exiting_after_this_ranks_own_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A failing rank's connections must close with its process, not before: else the ranks of its
     node that lose it may exit 201 first, and the agent stops the failing rank before it exits
-    with its own code (see bertpretrain.launch)."""
+    with its own code (see bertpretrain.launch). A rank that lost its peer leaves the group."""
     import bertpretrain.runtime.parallel.joining
 
     plan: Any = SimpleNamespace(spec=SimpleNamespace(accelerator="xeon-cpu", tf32=False, distributed=None))
@@ -138,4 +150,8 @@ def test_the_process_group_is_left_by_exiting_after_an_error(monkeypatch: pytest
         pass
     with pytest.raises(OSError), bertpretrain.run._joined(plan):
         raise OSError(28, "No space left on device")
-    assert [group.closed for group in groups] == [True, False]
+    # A rank that lost its peer destroys the group: with a collective in flight, gloo's threads
+    # may abort the interpreter's exit otherwise.
+    with pytest.raises(PeerLostError), bertpretrain.run._joined(plan):
+        raise PeerLostError(1, "all_reduce", RuntimeError(GLOO_CLOSED))
+    assert [group.closed for group in groups] == [True, False, True]
