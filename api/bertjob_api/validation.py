@@ -185,11 +185,25 @@ def _deepspeed_problems(spec: JobSpec) -> list[tuple[str, str]]:
 
 
 def _distributed_problems(spec: JobSpec) -> list[tuple[str, str]]:
-    """What the launcher cannot run: a compression Horovod lacks (under mpirun: launcher mpijob, or
-    trainjob's MPI policy), an elastic range that leaves out the starting node count, elastic MPI
-    without horovodrun or on one node, and what a TrainJob cannot carry (:func:`trainjob_problems`)."""
+    """What the launcher cannot run: an accelerator or a compression Horovod lacks (under mpirun:
+    launcher mpijob, or trainjob's MPI policy), an elastic range that leaves out the starting node
+    count, elastic MPI without horovodrun or on one node, and what a TrainJob cannot carry
+    (:func:`trainjob_problems`)."""
     found: list[tuple[str, str]] = []
     mpi = spec.launcher == "mpijob" or (spec.launcher == "trainjob" and spec.train_job.ml_policy == "mpi")
+    if mpi and spec.accelerator == "habana-hpu":
+        # The Gaudi image has no Horovod: upstream Horovod has no HPU tensors. DeepSpeed under
+        # mpirun would join through torch.distributed, but it has never run on a Gaudi: refused too.
+        where = (
+            "launcher mpijob" if spec.launcher == "mpijob" else "launcher trainjob with trainJob.mlPolicy mpi"
+        )
+        found.append(
+            (
+                "spec.launcher",
+                f"{where} cannot run accelerator habana-hpu: its ranks use Horovod, which the Gaudi image "
+                "lacks (no HPU support upstream); use launcher pytorchjob, or trainjob with mlPolicy torch",
+            )
+        )
     if mpi and spec.distributed.gradient_compression == "bf16":
         where = "launcher mpijob" if spec.launcher == "mpijob" else "Trainer v2's MPI policy"
         found.append(
@@ -548,8 +562,11 @@ def cluster_job(job: BertPretrainJob, source: str = "<job>") -> BertPretrainJob:
         spec = checked(job.spec, source, "cluster")
     except SpecError as error:
         raise SpecError(source, problems + error.problems) from None
+    if problems:
+        raise SpecError(source, problems)
     job = job.model_copy(update={"spec": spec})
-    problems += stored_size_problems(to_document(job))
+    # Only of a job that passed the rest: metadata refused for its depth cannot be written out.
+    problems = stored_size_problems(to_document(job))
     if problems:
         raise SpecError(source, problems)
     return job

@@ -149,13 +149,13 @@ def _phases(world: int) -> list[dict[str, Any]]:
 
 
 def test_the_mpirun_line_runs_the_trainer_under_the_wrappers() -> None:
-    child = _child(2, 2, launcher="mpijob", accelerator="habana-hpu")
+    child = _child(2, 2, launcher="mpijob", accelerator="nvidia-gpu")
 
     command = mpijob_launcher_command(child, "/tmp/hostfile")
 
     assert command[:9] == [*LAUNCHER_WRAPPER, "mpirun", "-np", "4", "--hostfile", "/tmp/hostfile"]
     forwarded = [command[i + 1] for i, arg in enumerate(command) if arg == "-x"]
-    assert forwarded == ["BERTJOB_NAME", "BERTJOB_NAMESPACE", "PT_HPU_LAZY_MODE", "OMP_NUM_THREADS"]
+    assert forwarded == ["BERTJOB_NAME", "BERTJOB_NAMESPACE", "OMP_NUM_THREADS"]
     assert command[9 + 2 * len(forwarded) :] == RANK_COMMAND
 
 

@@ -78,8 +78,16 @@ def _validate_core(obj: dict[str, Any]) -> None:
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
 
 
-@pytest.mark.parametrize("accelerator", DEVICES)
-@pytest.mark.parametrize("launcher", ["pytorchjob", "mpijob"])
+# Every pair but mpijob with habana-hpu, which validation refuses (the Gaudi image has no Horovod).
+RUNNABLE = [
+    (launcher, accelerator)
+    for launcher in ("pytorchjob", "mpijob")
+    for accelerator in DEVICES
+    if (launcher, accelerator) != ("mpijob", "habana-hpu")
+]
+
+
+@pytest.mark.parametrize(("launcher", "accelerator"), RUNNABLE)
 @pytest.mark.parametrize("nodes", [1, 3])
 def test_every_combination_renders_valid_objects_in_order(
     nodes: int,
@@ -150,11 +158,15 @@ def test_every_combination_renders_valid_objects_in_order(
 ELASTIC = {"minNodes": 1, "maxNodes": 4, "maxRestarts": 2}
 
 
-@pytest.mark.parametrize("accelerator", DEVICES)
 @pytest.mark.parametrize(
-    ("launcher", "nodes"),
+    ("launcher", "nodes", "accelerator"),
     # Elastic Horovod starts on 2 nodes or more (bertjob_api.validation).
-    [("pytorchjob", 1), ("pytorchjob", 2), ("mpijob", 2), ("mpijob", 3)],
+    [
+        (launcher, nodes, accelerator)
+        for launcher, nodes in [("pytorchjob", 1), ("pytorchjob", 2), ("mpijob", 2), ("mpijob", 3)]
+        for accelerator in DEVICES
+        if (launcher, accelerator) in RUNNABLE
+    ],
 )
 def test_an_elastic_job_renders_valid_objects(
     nodes: int,

@@ -75,6 +75,20 @@ def test_valid_job_has_no_problems():
             "bf16 is not available under launcher mpijob",
         ),
         (
+            {"spec.launcher": "mpijob", "spec.accelerator": "habana-hpu"},
+            "spec.launcher",
+            "launcher mpijob cannot run accelerator habana-hpu: its ranks use Horovod",
+        ),
+        (
+            {
+                "spec.launcher": "trainjob",
+                "spec.trainJob": {"mlPolicy": "mpi"},
+                "spec.accelerator": "habana-hpu",
+            },
+            "spec.launcher",
+            "launcher trainjob with trainJob.mlPolicy mpi cannot run accelerator habana-hpu",
+        ),
+        (
             {"spec.elastic": {"minNodes": 2, "maxNodes": 4}},
             "spec.elastic.minNodes",
             "2 is more than the 1 nodes of spec.topology",
@@ -211,6 +225,13 @@ def test_each_purpose_has_its_checks(changes, cluster, training, no_training):
         {"spec.distributed": {"gradientCompression": "bf16", "timeoutSeconds": 30}},
         {"spec.launcher": "mpijob", "spec.distributed": {"gradientCompression": "fp16"}},
         {"spec.elastic": {"minNodes": 1, "maxNodes": 1, "maxRestarts": 0}},
+        {"spec.accelerator": "habana-hpu"},
+        {
+            "spec.launcher": "trainjob",
+            "spec.trainJob": {"mlPolicy": "torch"},
+            "spec.accelerator": "habana-hpu",
+        },
+        {"spec.launcher": "mpijob", "spec.accelerator": "xeon-cpu"},
         {
             "spec.launcher": "mpijob",
             "spec.mpi": {"command": "horovodrun"},
