@@ -1,7 +1,7 @@
 """Two "nodes" on 127.0.0.1: two ``python -m bertpretrain.launch`` (``--nnodes 2``, one or two
 ranks each, torchrun's static rendezvous on rank 0's node, gloo), training a small real job. When one node's
-rank stops (a full volume, SIGTERM to its launcher, SIGKILL, or frozen past the collective
-timeout), every process exits with a retryable code (Kubeflow's
+rank stops (a full volume, SIGTERM to its launcher, SIGKILL, frozen past the collective timeout,
+or its whole pod lost with the rendezvous store), every process exits with a retryable code (Kubeflow's
 ``restartPolicy: ExitCode`` restarts the job), the node of the cause reports the cause, and a rank
 that merely lost its peer says so in its last log line.
 
@@ -74,23 +74,34 @@ def _free_port() -> int:
 
 
 class Node:
-    """One node's launcher, started as a PyTorchJob's pod runs it, its output in ``out.txt``."""
+    """One node's launcher, started as a PyTorchJob's pod runs it (in a session of its own, as a
+    pod's processes are apart), its output in ``out.txt``. ``rendezvous``: torchrun's options for
+    it, by default the static one on rank 0's node (``--node-rank``, ``--master-port``)."""
 
-    def __init__(self, tmp_path: Path, job: Path, node_rank: int, port: int, processes: int):
+    def __init__(
+        self,
+        tmp_path: Path,
+        job: Path,
+        index: int,
+        port: int,
+        processes: int,
+        rendezvous: list[str] | None = None,
+    ):
         self.processes = processes
-        self.directory = tmp_path / f"node{node_rank}"
+        self.directory = tmp_path / f"node{index}"
         self.directory.mkdir()
         self.output = self.directory / "out.txt"
+        if rendezvous is None:
+            rendezvous = ["--node-rank", str(index), "--master-addr", "127.0.0.1", "--master-port", str(port)]
         command = [
-            sys.executable, "-m", "bertpretrain.launch", "--nnodes", str(NODES), "--node-rank",
-            str(node_rank), "--nproc-per-node", str(processes), "--master-addr", "127.0.0.1", "--master-port",
-            str(port), "--log-dir", str(self.directory / "logs"), "--redirects", "3",
+            sys.executable, "-m", "bertpretrain.launch", "--nnodes", str(NODES), *rendezvous,
+            "--nproc-per-node", str(processes), "--log-dir", str(self.directory / "logs"), "--redirects", "3",
             "--module", "bertpretrain", "run", "--config", str(job),
         ]  # fmt: skip
         with self.output.open("w") as output:
             self.process = subprocess.Popen(
                 command, cwd=tmp_path, stdout=output, stderr=subprocess.STDOUT,
-                env={**os.environ, "OMP_NUM_THREADS": "1"},
+                env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True,
             )  # fmt: skip
 
     def wait(self) -> int:
@@ -122,10 +133,14 @@ class Node:
         [child] = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
         return int(child)
 
+    def kill_pod(self) -> None:
+        """SIGKILL to the launcher and its ranks at once, as when a node is lost with its pod."""
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
     def stop(self) -> None:
         if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+            self.kill_pod()
 
 
 @pytest.fixture
@@ -258,3 +273,36 @@ def test_a_peer_that_stops_answering_is_lost_after_the_collective_timeout(
     assert re.search(timed_out, lost) and lost.endswith(LOST_PEER_END), lost
     lost = second.rank_last_line("stderr")
     assert lost.startswith("bertpretrain run: rank 1: lost a peer in ") and lost.endswith(LOST_PEER_END), lost
+
+
+def _listening(port: int, node: Node) -> None:
+    """Wait until something listens on ``port`` of 127.0.0.1, ``node`` running."""
+    deadline = time.monotonic() + 60
+    while True:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        assert node.process.poll() is None and time.monotonic() < deadline, node.log()[-3000:]
+        time.sleep(0.1)
+
+
+def test_the_rendezvous_store_lost_with_its_node_is_a_lost_peer(tmp_path: Path, nodes: list[Node]) -> None:
+    """Elastic (c10d) rendezvous: node 0's agent serves the store; its pod killed whole (SIGKILL to
+    the launcher and its rank), node 1's agent loses the rendezvous (or its rank loses its peer,
+    whichever notices first) and exits 201, not torchrun's 1 for an uncaught error."""
+    checkpoints, port = tmp_path / "checkpoints", _free_port()
+    job = _job(tmp_path, checkpoints, steps=5000)
+    elastic = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes"]
+    nodes.append(Node(tmp_path, job, 0, port, 1, elastic))
+    _listening(port, nodes[0])  # node 0's agent serves the store: it started first
+    nodes.append(Node(tmp_path, job, 1, port, 1, elastic))
+    first, second = nodes
+    _await(checkpoints / "phase1" / "step_000010.pt", nodes)
+    first.kill_pod()
+
+    assert second.wait() == EXIT_PEER_LOST, second.log()[-3000:]
+    assert re.match(
+        r"bertpretrain\.launch: exit 201, (lost the other nodes' rendezvous \(Rendezvous\w*Error: "
+        r"|rank \d lost a peer: the first cause is on another node$)",
+        second.last_line(),
+    ), second.log()[-3000:]
