@@ -203,7 +203,8 @@ def helm_release_problems(release: Mapping[str, Any], sources: Mapping[str, Obj]
 
 
 def _applications() -> dict[str, Obj]:
-    return {app["metadata"]["name"]: app for app in _build(GITOPS / "argocd")}
+    # argocd/ also builds Argo CD's argocd-cm, with the health check (test_argocd_health.py).
+    return {app["metadata"]["name"]: app for app in _by_kind(_build(GITOPS / "argocd"), "Application")}
 
 
 def _flux() -> list[Obj]:
@@ -362,6 +363,31 @@ def test_flux_installs_the_chart_and_applies_the_jobs_after_it() -> None:
     assert release["spec"]["chart"]["spec"]["chart"] == f"./{CHART.relative_to(REPO)}"
     without_helm = _file(GITOPS / "flux" / "operator-without-helm.yaml")
     assert without_helm["metadata"]["name"] == dependency, "the jobs depend on whichever operator is used"
+
+
+def _seconds(duration: str) -> float:
+    """A Flux duration (metav1.Duration: 1h30m, 90s) in seconds."""
+    unit = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    return sum(
+        float(amount) * unit[suffix]
+        for amount, _, suffix in re.findall(r"([0-9]+(\.[0-9]+)?)(ms|s|m|h)", duration)
+    )
+
+
+def test_flux_waits_for_the_jobs_health() -> None:
+    [job] = [
+        ks
+        for ks in _by_kind(_build(GITOPS / "flux"), "Kustomization")
+        if ks["spec"]["path"] == f"./{(GITOPS / 'jobs').relative_to(REPO)}"
+    ]
+
+    # kstatus on each job: Ready (running), Stalled (failed, a change refused), Reconciling.
+    assert job["spec"]["wait"] is True, "Flux must read the jobs' kstatus conditions, not just apply them"
+    # Enough for the data Job and the pods' scheduling; Flux's default (the interval) is not meant.
+    assert DURATION.match(job["spec"]["timeout"])
+    assert _seconds(job["spec"]["timeout"]) >= 15 * 60
+    readme = (GITOPS / "README.md").read_text(encoding="utf-8")
+    assert "wait: true" in readme and f"timeout: {job['spec']['timeout']}" in readme
 
 
 @pytest.mark.parametrize(
