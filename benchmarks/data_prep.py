@@ -13,10 +13,11 @@ Linux kernel's documentation (``linux-doc-6.1``, ``/usr/share/doc/linux-doc-6.1/
 of the Python 3.11 manual (``python3.11-doc``, ``/usr/share/doc/python3.11/html/_sources``) is one
 document; its prose paragraphs are kept (literal blocks, directives, tables, headings and lists of
 symbols are dropped) and split into sentences with BlingFire. Files are taken in sorted order until
-the corpus reaches ``--mb``; ``--scale k`` then writes the documents ``k`` times, in a new random
-order each time (for the memory check on a larger corpus). The vocabulary (``--vocab-size``
-WordPiece tokens) is trained on that corpus by our trainer and given to both sides, as NVIDIA's
-script takes an existing one.
+the corpus reaches ``--mb`` (``--paragraphs``: a paragraph per line instead, unsplit, so that most
+lines hold several sentences, which both sides must take as one); ``--scale k`` then writes the
+documents ``k`` times, in a new random order each time (for the memory check on a larger
+corpus). The vocabulary (``--vocab-size`` WordPiece tokens) is trained on that corpus by our
+trainer and given to both sides, as NVIDIA's script takes an existing one.
 
 *The two sides*, each a fresh process pinned with ``taskset -c CPU`` to the same core, run in turn
 (ours, NVIDIA's, ours, NVIDIA's...) so that whatever else the machine does falls on both alike:
@@ -32,12 +33,21 @@ Each line gives instances (read back from the HDF5 files), wall seconds of the w
 (start-up included), instances/s and the peak resident memory of the process (``wait4``'s
 ``ru_maxrss``, which covers any worker it waited for); the summary gives the median of each side
 and the ratio of the medians.
+
+Then the two sides' output side by side (the fidelity check: both take a line as a sentence, so
+the shares should agree within a point), read back from the last run's HDF5 files: sentences
+(ours: what the documents stage counted, ``documents/manifest.json``; NVIDIA's: the corpus's
+non-blank lines, each of which its script takes as a sentence), instances, the share of
+full-length instances (``maxSeqLength`` real tokens, ``input_mask`` summed), the share of short
+ones (fewer than half of ``maxSeqLength``) and the mean real tokens per instance (``[CLS]`` and
+``[SEP]`` included).
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import os
 import random
 import re
@@ -48,10 +58,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import blingfire
 import h5py
+import numpy as np
 import yaml
 
 DOC_ROOTS = (
@@ -96,20 +108,26 @@ def _prose_paragraphs(text: str) -> Iterator[str]:
         yield joined
 
 
-def document_sentences(path: Path) -> list[str]:
-    """One documentation file as a document: its prose split into sentences with BlingFire."""
+def document_sentences(path: Path, paragraphs: bool = False) -> list[str]:
+    """One documentation file as a document: its prose split into sentences with BlingFire, or with
+    ``paragraphs`` its paragraphs unsplit (lines that hold several sentences each)."""
+    if paragraphs:
+        return list(_prose_paragraphs(_read(path)))
     sentences = []
     for paragraph in _prose_paragraphs(_read(path)):
         sentences += [s.strip() for s in blingfire.text_to_sentences(paragraph).split("\n") if s.strip()]
     return sentences
 
 
-def build_corpus(path: Path, megabytes: float, scale: int, seed: int = 0) -> tuple[float, int]:
-    """Write the BERT-format corpus to ``path``; returns (MB written, documents written)."""
+def build_corpus(
+    path: Path, megabytes: float, scale: int, seed: int = 0, paragraphs: bool = False
+) -> tuple[float, int]:
+    """Write the BERT-format corpus to ``path`` (a line per paragraph with ``paragraphs``); returns
+    (MB written, documents written)."""
     documents = []
     size = 0
     for file in _doc_files():
-        sentences = document_sentences(file)
+        sentences = document_sentences(file, paragraphs)
         if len(sentences) < 2:
             continue
         text = "\n".join(sentences) + "\n\n"
@@ -182,18 +200,40 @@ def _run(command: list[str], cwd: Path | None, log: Path) -> tuple[float, float]
     return seconds, usage.ru_maxrss / 1024
 
 
-def _instances(files: Sequence[Path]) -> int:
-    total = 0
+@dataclass(frozen=True)
+class Output:
+    """What one side made: ``sentences`` it read, ``instances``, and their real tokens (``lengths``,
+    int [instances], ``input_mask`` summed per row)."""
+
+    sentences: int
+    lengths: np.ndarray
+
+    @property
+    def instances(self) -> int:
+        return len(self.lengths)
+
+    def shares(self, seq: int) -> dict[str, float]:
+        """Full-length share and short share (under ``seq / 2`` real tokens), in percent, and the
+        mean real tokens per instance."""
+        return {
+            "full": 100 * float(np.mean(self.lengths == seq)),
+            "short": 100 * float(np.mean(self.lengths < seq / 2)),
+            "tokens": float(np.mean(self.lengths)),
+        }
+
+
+def _lengths(files: Sequence[Path]) -> np.ndarray:
+    lengths = []
     for file in files:
         with h5py.File(file, "r") as f:
-            total += len(f["next_sentence_labels"])
-    return total
+            lengths.append(f["input_mask"][:].sum(axis=1, dtype=np.int64))
+    return np.concatenate(lengths)
 
 
 def run_ours(
     corpus_file: Path, vocab_file: Path, work: Path, args: argparse.Namespace
-) -> tuple[int, float, float]:
-    """One run of our ``prepare``; returns (instances, seconds, peak RSS MB)."""
+) -> tuple[Output, float, float]:
+    """One run of our ``prepare``; returns (its output, seconds, peak RSS MB)."""
     out = work / "ours"
     shutil.rmtree(out, ignore_errors=True)
     job_file = work / "job.yaml"
@@ -202,13 +242,15 @@ def run_ours(
     if args.data_only:
         entry = ["-c", _DATA_ONLY, str(job_file)]
     seconds, peak = _run([*_pin(args), sys.executable, *entry], None, work / "ours.log")
-    return _instances(sorted(out.glob("seq_len_*/*.hdf5"))), seconds, peak
+    manifest = json.loads((out / "documents" / "manifest.json").read_text())
+    sentences = sum(sum(piece["sentences"]) for piece in manifest["pieces"])
+    return Output(sentences, _lengths(sorted(out.glob("seq_len_*/*.hdf5")))), seconds, peak
 
 
 def run_nvidia(
     corpus_file: Path, vocab_file: Path, work: Path, args: argparse.Namespace
-) -> tuple[int, float, float]:
-    """One run of NVIDIA's script; returns (instances, seconds, peak RSS MB)."""
+) -> tuple[Output, float, float]:
+    """One run of NVIDIA's script; returns (its output, seconds, peak RSS MB)."""
     output = work / "nvidia.hdf5"
     output.unlink(missing_ok=True)
     command = [
@@ -219,7 +261,9 @@ def run_nvidia(
         "--short_seq_prob=0.1", f"--dupe_factor={args.dupe_factor}", "--random_seed=12345",
     ]  # fmt: skip
     seconds, peak = _run(command, args.nvidia, work / "nvidia.log")
-    return _instances([output]), seconds, peak
+    with corpus_file.open(encoding="utf-8") as lines:
+        sentences = sum(1 for line in lines if line.strip())
+    return Output(sentences, _lengths([output])), seconds, peak
 
 
 def _pin(args: argparse.Namespace) -> list[str]:
@@ -245,6 +289,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="ours: call bertpretrain.data.prepare.stage.prepare instead of `python -m bertpretrain prepare`",
     )
+    parser.add_argument(
+        "--paragraphs",
+        action="store_true",
+        help="write a paragraph per line, unsplit: each side must take each line as one sentence",
+    )
     parser.add_argument("--keep", type=Path, help="keep the corpus and vocabulary in this directory")
     args = parser.parse_args(argv)
     if args.nvidia is not None:
@@ -261,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         corpus_file = args.corpus or work / "corpus.txt"
         vocab_dir = work / "vocab"
         if args.corpus is None and not corpus_file.is_file():
-            megabytes, documents = build_corpus(corpus_file, args.mb, args.scale)
+            megabytes, documents = build_corpus(corpus_file, args.mb, args.scale, paragraphs=args.paragraphs)
             print(f"corpus: {megabytes:.1f} MB, {documents} documents -> {corpus_file}")
         if not (vocab_dir / "vocab.txt").is_file():
             with corpus_file.open(encoding="utf-8") as lines:
@@ -280,11 +329,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.nvidia is not None:
             sides["NVIDIA"] = run_nvidia
         results: dict[str, list[tuple[int, float, float]]] = {side: [] for side in sides}
+        outputs: dict[str, Output] = {}
         print("| run | side | instances | seconds | instances/s | peak RSS MB |")
         print("| --- | --- | --- | --- | --- | --- |")
         for repeat in range(args.repeats):
             for side, run in sides.items():
-                instances, seconds, peak = run(corpus_file, vocab_dir / "vocab.txt", work, args)
+                output, seconds, peak = run(corpus_file, vocab_dir / "vocab.txt", work, args)
+                outputs[side] = output
+                instances = output.instances
                 results[side].append((instances, seconds, peak))
                 print(
                     f"| {repeat + 1} | {side} | {instances} | {seconds:.1f} | {instances / seconds:,.0f} "
@@ -301,7 +353,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         if "NVIDIA" in rates:
             print(f"ratio ours / NVIDIA (medians): {rates['ours'] / rates['NVIDIA']:.2f}x")
+        _print_outputs(outputs, args.seq)
     return 0
+
+
+def _print_outputs(outputs: dict[str, Output], seq: int) -> None:
+    """The sides' outputs side by side, and ours less NVIDIA's in points (shares) and tokens."""
+    print(
+        f"\n| side | sentences | instances | full-length % | short (< {seq // 2} tokens) % "
+        "| tokens/instance |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
+    for side, output in outputs.items():
+        shares = output.shares(seq)
+        print(
+            f"| {side} | {output.sentences:,} | {output.instances:,} | {shares['full']:.1f} "
+            f"| {shares['short']:.1f} | {shares['tokens']:.1f} |"
+        )
+    if "NVIDIA" in outputs:
+        ours, theirs = outputs["ours"].shares(seq), outputs["NVIDIA"].shares(seq)
+        print(
+            f"ours - NVIDIA: full-length {ours['full'] - theirs['full']:+.1f} points, short "
+            f"{ours['short'] - theirs['short']:+.1f} points, "
+            f"{ours['tokens'] - theirs['tokens']:+.1f} tokens/instance"
+        )
 
 
 if __name__ == "__main__":

@@ -152,6 +152,59 @@ def write_atomically(
     fsync_directory(directory)
 
 
+class AtomicPath:
+    """A file written at a temporary path and moved into place whole, as :func:`write_atomically`
+    does, for writers that take a path rather than a file object (h5py, a tokenizer's ``save``).
+
+    ``temporary`` (named by :func:`temporary_name`, beside ``path``, whose directory is made if
+    missing) is what the writer writes. :meth:`commit` syncs it, renames it to ``path`` and syncs the
+    directory; :meth:`discard` removes it. As a context manager it yields ``temporary`` and commits
+    when the block ends normally, discards when it raises. ``size``: what the file will take, in
+    bytes, for the message of a full disk.
+
+    Raises:
+        DiskFullError: (from :meth:`commit` or the end of the block) the device ran out of space or
+            quota while the file was written or synced; the temporary is removed.
+    """
+
+    def __init__(self, path: Path, size: int | None = None):
+        self.path, self.size = Path(path), size
+        make_directory(self.path.parent)
+        self.temporary = self.path.parent / temporary_name(self.path.name)
+
+    def commit(self) -> None:
+        """Sync the temporary, rename it to ``path`` and sync the directory."""
+        try:
+            descriptor = os.open(self.temporary, os.O_RDONLY)
+            try:
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+            os.replace(self.temporary, self.path)
+        except BaseException as error:
+            self._failed(error)
+            raise
+        fsync_directory(self.path.parent)
+
+    def discard(self) -> None:
+        """Remove the temporary, if it is there."""
+        self.temporary.unlink(missing_ok=True)
+
+    def _failed(self, error: BaseException) -> None:
+        self.discard()
+        if is_disk_full(error):
+            raise DiskFullError(self.path, free_bytes(self.path.parent), self.size) from None
+
+    def __enter__(self) -> Path:
+        return self.temporary
+
+    def __exit__(self, kind: object, error: BaseException | None, traceback: object) -> None:
+        if error is None:
+            self.commit()
+        else:
+            self._failed(error)
+
+
 def write_text(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` (UTF-8) through :func:`write_atomically`, keeping the file's
     permissions (:data:`NEW_FILE_MODE` when new): a generated file in the repository.

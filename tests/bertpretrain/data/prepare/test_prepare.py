@@ -72,7 +72,9 @@ def test_builtin_python_docs_give_both_phases(tmp_path: Path, capsys: pytest.Cap
     assert data == PreparedData(
         tmp_path / "vocab", 1000, [tmp_path / "seq_len_128_max_pred_20", tmp_path / "seq_len_512_max_pred_80"]
     )
-    vocab_files = ["parameters.json", "tokenizer.json", "vocab.txt"]
+    # .lock: held by the writer of each directory (bertpretrain.common.files.writing); the corpus's
+    # listing beside the record, to name the files that change.
+    vocab_files = [".lock", "corpus_files.json", "parameters.json", "tokenizer.json", "vocab.txt"]
     assert sorted(p.name for p in data.vocab_dir.iterdir()) == vocab_files
     manifest = json.loads((tmp_path / "documents" / "manifest.json").read_text())
     assert [piece["file"] for piece in manifest["pieces"]] == ["piece_000000.npz", "piece_000001.npz"]
@@ -84,7 +86,7 @@ def test_builtin_python_docs_give_both_phases(tmp_path: Path, capsys: pytest.Cap
             "shard_00001.hdf5",
             "shard_00002.hdf5",
         ]
-        assert sorted(p.name for p in directory.iterdir()) == names
+        assert sorted(p.name for p in directory.iterdir()) == [".lock", *names]
         made = metadata(directory)
         assert made["documents"] > 300 and made["tokens"] > 100_000
         assert made["parameters"]["max_seq_length"] == length and made["parameters"]["dupe_factor"] == 1

@@ -12,19 +12,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from bertjob_api.files import write_atomically
 from bertjob_api.spec import DataSpec, JobSpec, PhaseSpec
 from bertpretrain.data.format import vocab
 from bertpretrain.data.format.shards import SHARD_FORMAT
-from bertpretrain.data.prepare.corpus.sources import describe_change
+from bertpretrain.data.prepare.corpus.sources import CorpusIdentity, Listing, code_versions, describe_change
 from bertpretrain.data.prepare.instances import InstanceParams
 from bertpretrain.data.prepare.messages import report
 
 METADATA_FILE = "metadata.json"
+# The corpus's listing (sources.CorpusIdentity.listing), beside the records whose key holds its digest.
+CORPUS_FILES = "corpus_files.json"
 PARAMETERS_FILE = "parameters.json"
 MANIFEST_FILE = "manifest.json"
 PIECE_BYTES = 1 << 20
@@ -33,8 +35,9 @@ PIECE_BYTES = 1 << 20
 # Keys -------------------------------------------------------------------------------------------
 
 
-def vocab_key(spec: JobSpec, corpus_identity: list[dict[str, Any]]) -> dict[str, Any]:
-    """Everything the vocabulary is made from: the file, or the corpus and training settings."""
+def vocab_key(spec: JobSpec, corpus: CorpusIdentity) -> dict[str, Any]:
+    """Everything the vocabulary is made from: the file, or the corpus, the code that reads and
+    splits it (:func:`~.corpus.sources.code_versions`) and the training settings."""
     data = spec.data
     settings = {"lowercase": data.lowercase, "pad_to_multiple_of": data.vocab.pad_to_multiple_of}
     if data.vocab.file is not None:
@@ -44,11 +47,18 @@ def vocab_key(spec: JobSpec, corpus_identity: list[dict[str, Any]]) -> dict[str,
             # Made again, and import_vocab names the missing file.
             return {"file": data.vocab.file, "file_identity": None, **settings}
         return {"file": data.vocab.file, "file_identity": [stat.st_size, stat.st_mtime_ns], **settings}
-    return {"train_size": data.vocab.train_size, **settings, "seed": spec.seed, "corpus": corpus_identity}
+    return {
+        "train_size": data.vocab.train_size,
+        **settings,
+        "seed": spec.seed,
+        "corpus": corpus.key,
+        "corpus_code": code_versions(data.sources),
+    }
 
 
-def documents_key(spec: JobSpec, corpus_identity: list[dict[str, Any]], vocab_dir: Path) -> dict[str, Any]:
-    """Everything the tokenized pieces are made from.
+def documents_key(spec: JobSpec, corpus: CorpusIdentity, vocab_dir: Path) -> dict[str, Any]:
+    """Everything the tokenized pieces are made from: the corpus, the code that reads and splits
+    it, the vocabulary and the settings.
 
     The vocabulary counts by the SHA-256 of both its files: ``tokenizer.json`` also holds the
     normalizer, so a ``vocab.txt`` taken again with another ``lowercase`` is another vocabulary.
@@ -57,7 +67,8 @@ def documents_key(spec: JobSpec, corpus_identity: list[dict[str, Any]], vocab_di
     for name in (vocab.VOCAB_FILE, vocab.TOKENIZER_FILE):
         vocab_hash.update((vocab_dir / name).read_bytes())
     return {
-        "corpus": corpus_identity,
+        "corpus": corpus.key,
+        "corpus_code": code_versions(spec.data.sources),
         "vocab_sha256": vocab_hash.hexdigest(),
         "seed": spec.seed,
         "heldout_fraction": spec.data.heldout_fraction,
@@ -122,10 +133,18 @@ def start_directory(directory: Path, parameters: dict[str, Any], pattern: str) -
         write_json(directory / PARAMETERS_FILE, parameters)
 
 
-def reuse(stage: str, made: dict[str, Any] | None, key: dict[str, Any], where: Path | None = None) -> bool:
+def reuse(
+    stage: str,
+    made: dict[str, Any] | None,
+    key: dict[str, Any],
+    where: Path | None = None,
+    listings: tuple[Listing | None, Listing] | None = None,
+) -> bool:
     """Whether what an earlier run finished for ``stage``, recorded as ``made``, has ``key``.
 
-    Prints a line saying so, or why the stage is made again.
+    Prints a line saying so, or why the stage is made again. ``listings``: the corpus's listing
+    recorded with ``made`` (:func:`read_listing`; None when missing) and the current one, to name
+    the files that changed.
     """
     place = f" {where}" if where else ""
     if made == key:
@@ -134,7 +153,7 @@ def reuse(stage: str, made: dict[str, Any] | None, key: dict[str, Any], where: P
     if not made:
         report(f"{stage}: building{place}, none was finished there before")
     else:
-        report(f"{stage}: rebuilding{place}, {_differences(made, key)}")
+        report(f"{stage}: rebuilding{place}, {_differences(made, key, listings)}")
     return False
 
 
@@ -145,18 +164,38 @@ _CHANGED = {
 }
 
 
-def _differences(old: dict[str, Any], new: dict[str, Any]) -> str:
+def _differences(
+    old: dict[str, Any], new: dict[str, Any], listings: tuple[Listing | None, Listing] | None
+) -> str:
     changes = []
     for name in dict.fromkeys([*new, *old]):
         if old.get(name) == new.get(name):
             continue
         if name == "corpus":
-            changes.append(describe_change(old.get(name) or [], new.get(name) or []))
+            old_listing, new_listing = listings or (None, [])
+            changes.append(
+                describe_change(old.get(name) or [], new.get(name) or [], old_listing, new_listing)
+            )
+        elif name == "corpus_code" and isinstance(old.get(name), dict) and isinstance(new.get(name), dict):
+            changes.append(
+                f"the code that reads or splits the corpus changed ({_versions(old[name], new[name])})"
+            )
         elif name in _CHANGED:
             changes.append(_CHANGED[name])
         else:
             changes.append(f"{name} changed ({_short(old.get(name))} -> {_short(new.get(name))})")
     return ", ".join(changes)
+
+
+def _versions(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """Which versions of ``code_versions`` differ: ``"readers.bert 1 -> 2"``."""
+    flat_old = {f"{part}.{name}": v for part, versions in old.items() for name, v in dict(versions).items()}
+    flat_new = {f"{part}.{name}": v for part, versions in new.items() for name, v in dict(versions).items()}
+    return ", ".join(
+        f"{name} {flat_old.get(name)} -> {flat_new.get(name)}"
+        for name in sorted({*flat_old, *flat_new})
+        if flat_old.get(name) != flat_new.get(name)
+    )
 
 
 def _short(value: Any, most: int = 60) -> str:
@@ -165,13 +204,31 @@ def _short(value: Any, most: int = 60) -> str:
 
 
 def read_json(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``; empty when it is missing or not a JSON object."""
     try:
-        return dict(json.loads(path.read_text(encoding="utf-8")))
+        content = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
+    return content if isinstance(content, dict) else {}
 
 
-def write_json(path: Path, content: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+def write_json(path: Path, content: dict[str, Any], indent: int | None = 2) -> None:
+    """Replace ``path`` with ``content`` as JSON, synced (:func:`bertjob_api.files.write_atomically`).
+
+    Raises:
+        bertjob_api.files.DiskFullError: no space left; the old file is left whole.
+    """
+    data = (json.dumps(content, indent=indent) + "\n").encode("utf-8")
+    write_atomically(path, lambda file: file.write(data), len(data))
+
+
+def write_listing(directory: Path, corpus: CorpusIdentity) -> None:
+    """Keep the corpus's listing in ``directory`` (before its record is written), to name the files
+    that changed on a later run. Compact JSON: with 100,000 files it is megabytes."""
+    write_json(directory / CORPUS_FILES, {"sources": corpus.listing}, indent=None)
+
+
+def read_listing(directory: Path) -> Listing | None:
+    """The listing :func:`write_listing` kept in ``directory``; None when there is none."""
+    listing = read_json(directory / CORPUS_FILES).get("sources")
+    return listing if isinstance(listing, list) else None

@@ -3,7 +3,7 @@
 A :class:`TokenizedDocuments` holds many documents in three arrays (no Python object per token),
 which is what instance creation works on and what a worker process sends back cheaply. The
 corpus is cut into *pieces* of about a megabyte of text; each piece is sentence-split and
-tokenized by a worker and saved as ``piece_{i:06d}.npz`` (written to a temporary name, then
+tokenized by a worker and saved as ``piece_{i:06d}.npz`` (written to a temporary name, synced, then
 renamed), so that a re-run skips the pieces already made and both phases share one tokenization.
 
 Tokenization is BERT's (``bertpretrain.data.format.vocab``) and gives the same ids as encoding each sentence
@@ -34,9 +34,9 @@ tokenizer does, so ``[CLS]``/``[SEP]``/``[MASK]`` ids only ever come from instan
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
 
+from bertjob_api.files import write_atomically
 from bertpretrain.data.format.vocab import has_lowercase
 
 _SENTENCE_BREAK = "\n"
@@ -355,20 +356,25 @@ def _without_added_tokens(tokenizer: Tokenizer, normalizer: bool = True) -> Toke
 
 
 def save_piece(documents: TokenizedDocuments, path: Path) -> None:
-    """Write ``documents`` to the ``.npz`` file ``path`` (through a temporary name)."""
-    tmp = path.with_name(path.name + ".tmp.npz")
-    try:
-        np.savez(
-            tmp,
+    """Write ``documents`` to the ``.npz`` file ``path``, synced and renamed into place whole
+    (:func:`bertjob_api.files.write_atomically`).
+
+    Raises:
+        bertjob_api.files.DiskFullError: no space left; nothing is left at ``path``.
+    """
+    arrays = [getattr(documents, field.name) for field in dataclasses.fields(documents)]
+    write_atomically(
+        path,
+        lambda file: np.savez(
+            file,
             tokens=documents.tokens,
             sentence_starts=documents.sentence_starts,
             document_starts=documents.document_starts,
             text_bytes=documents.text_bytes,
             heldout=documents.heldout,
-        )
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+        ),
+        sum(array.nbytes for array in arrays),
+    )
 
 
 def load_piece(path: Path) -> TokenizedDocuments:

@@ -17,7 +17,15 @@ from tqdm import tqdm
 
 from bertjob_api.spec import JobSpec
 from bertpretrain.data.prepare import documents
-from bertpretrain.data.prepare.cache import MANIFEST_FILE, read_json, reuse, start_directory, write_json
+from bertpretrain.data.prepare.cache import (
+    MANIFEST_FILE,
+    read_json,
+    read_listing,
+    reuse,
+    start_directory,
+    write_json,
+    write_listing,
+)
 from bertpretrain.data.prepare.corpus import sources, splitting
 from bertpretrain.data.prepare.corpus.raw import RawDocument
 from bertpretrain.data.prepare.messages import NO_TEXT, report, skips
@@ -53,17 +61,25 @@ def _piece_counts(file: str, tokenized: documents.TokenizedDocuments) -> Piece:
 
 
 def make_documents(
-    spec: JobSpec, tokenizer: Tokenizer, key: dict[str, Any], directory: Path, workers: int
+    spec: JobSpec,
+    tokenizer: Tokenizer,
+    key: dict[str, Any],
+    corpus: sources.CorpusIdentity,
+    directory: Path,
+    workers: int,
 ) -> list[Piece]:
     """Pass 1: the corpus, tokenized, as pieces under ``directory`` (made or found).
 
     ``manifest.json`` records ``key`` and the pieces' counts; it is written last, and only when
-    the corpus gave some text, so that a failed run is never taken for a finished one.
+    the corpus gave some text, so that a failed run is never taken for a finished one. The
+    corpus's listing is kept beside it (``cache.CORPUS_FILES``), to name the files that changed.
     """
     data = spec.data
     piece_bytes = key["piece_bytes"]
     manifest = read_json(directory / MANIFEST_FILE)
-    if reuse("documents", manifest.get("parameters"), key, where=directory):
+    if reuse(
+        "documents", manifest.get("parameters"), key, directory, (read_listing(directory), corpus.listing)
+    ):
         return [Piece(**piece) for piece in manifest["pieces"]]
     start_directory(directory, key, "piece_*.npz")
     started = time.perf_counter()
@@ -96,6 +112,7 @@ def make_documents(
     if not totals["documents"]:
         raise ValueError(f"data.sources: {NO_TEXT}{skips(skipped)}")
     manifest = {"parameters": key, "seconds": round(seconds, 2), "skipped": dict(skipped)}
+    write_listing(directory, corpus)
     write_json(directory / MANIFEST_FILE, {**manifest, "pieces": [asdict(p) for p in pieces]})
     return pieces
 

@@ -1,16 +1,17 @@
 """Writing HDF5 shards (:mod:`bertpretrain.data.format.shards`' schemas) as the data stage makes them:
-gzip-compressed, checksummed datasets in chunks of whole rows, each file under a temporary name and
-renamed."""
+gzip-compressed, checksummed datasets in chunks of whole rows, each file under a temporary name,
+synced and renamed (:class:`bertjob_api.files.AtomicPath`)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
+
+from bertjob_api.files import AtomicPath
 
 CHUNK_BYTES = 1 << 20
 """Uncompressed bytes per chunk (whole rows): HDF5's default chunk cache holds one chunk."""
@@ -32,32 +33,29 @@ def write_shard(
 
     ``arrays`` follows one of the schemas (``SHARD_DTYPES`` or ``DYNAMIC_DTYPES`` of
     ``bertpretrain.data.format.shards``, or ``bertpretrain.data.format.packed.PACKED_DTYPES``), each
-    array in its dtype. The file is written as ``<path>.tmp`` and renamed, so that ``path`` is either
-    absent or complete. The byte-shuffle filter groups the high bytes of the int32 ids, which roughly
-    halves the file and time spent compressing; the fletcher32 filter stores a checksum of each
+    array in its dtype. The file is written under a temporary name, synced and renamed
+    (:class:`bertjob_api.files.AtomicPath`), so that ``path`` is either absent or complete. The
+    byte-shuffle filter groups the high bytes of the int32 ids, which roughly halves the file and
+    time spent compressing; the fletcher32 filter stores a checksum of each
     compressed chunk. Chunks are whole rows, about :data:`CHUNK_BYTES` each. Readers (h5py, NVIDIA's
     loader) undo the filters and check the checksums without being told.
 
     Raises:
         ValueError: the arrays do not all have the same number of rows (nothing is written).
+        bertjob_api.files.DiskFullError: no space left (nothing is left at ``path``).
     """
     path = Path(path)
     rows = {name: len(array) for name, array in arrays.items()}
     if len(set(rows.values())) > 1:
         raise ValueError(f"{path}: datasets of different lengths {rows}")
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with h5py.File(tmp, "w") as file:
-            for name, array in arrays.items():
-                file.create_dataset(
-                    name, data=array, chunks=_row_chunks(array), **_FILTERS,
-                    # HDF5 allows a chunk larger than the data only when the dataset may grow.
-                    maxshape=(None, *array.shape[1:]) if len(array) == 0 else None,
-                )  # fmt: skip
-            file.attrs.update(attrs or {})
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with AtomicPath(path) as tmp, h5py.File(tmp, "w") as file:
+        for name, array in arrays.items():
+            file.create_dataset(
+                name, data=array, chunks=_row_chunks(array), **_FILTERS,
+                # HDF5 allows a chunk larger than the data only when the dataset may grow.
+                maxshape=(None, *array.shape[1:]) if len(array) == 0 else None,
+            )  # fmt: skip
+        file.attrs.update(attrs or {})
 
 
 def _row_chunks(array: np.ndarray) -> tuple[int, ...]:
@@ -83,9 +81,9 @@ class ShardWriter:
     chunks hold a power-of-two number of whole rows, at most ``block_rows``, so that appending blocks
     of ``block_rows`` rows (a multiple of every chunk) only ever writes whole chunks, each compressed
     once. Filters as :func:`write_shard`, but no byte
-    shuffle for dtypes of one or two bytes. Used as a context manager: the file is written as
-    ``<path>.tmp`` and renamed to ``path`` by :meth:`finish`; leaving the block without it (an
-    error) removes the temporary file.
+    shuffle for dtypes of one or two bytes. Used as a context manager: the file is written under a
+    temporary name (:class:`bertjob_api.files.AtomicPath`) and synced and renamed to ``path`` by
+    :meth:`finish`; leaving the block without it (an error) removes the temporary file.
 
     Raises:
         ValueError: in :meth:`append`, a dataset is missing or the arrays differ in rows.
@@ -95,7 +93,7 @@ class ShardWriter:
         self, path: Path, dtypes: dict[str, type[np.integer]], widths: dict[str, int], block_rows: int
     ):
         self.path = Path(path)
-        self._tmp = self.path.with_name(self.path.name + ".tmp")
+        self._target: AtomicPath | None = None
         self._dtypes = dtypes
         self._widths = widths
         self._block_rows = block_rows
@@ -103,7 +101,8 @@ class ShardWriter:
         self.rows = 0
 
     def __enter__(self) -> ShardWriter:
-        self._file = h5py.File(self._tmp, "w")
+        self._target = AtomicPath(self.path)
+        self._file = h5py.File(self._target.temporary, "w")
         for name, dtype in self._dtypes.items():
             row = (self._widths[name],) if name in self._widths else ()
             self._file.create_dataset(
@@ -127,15 +126,24 @@ class ShardWriter:
         self.rows += count
 
     def finish(self, attrs: Mapping[str, Any] | None = None) -> None:
-        """Store ``attrs`` as file attributes, close the file and rename it to ``path``."""
-        assert self._file is not None, "ShardWriter.finish outside its with-block"
+        """Store ``attrs`` as file attributes, close the file, sync it and rename it to ``path``.
+
+        Raises:
+            bertjob_api.files.DiskFullError: no space left (the temporary is removed).
+        """
+        assert self._file is not None and self._target is not None, (
+            "ShardWriter.finish outside its with-block"
+        )
         self._file.attrs.update(attrs or {})
         self._file.close()
         self._file = None
-        os.replace(self._tmp, self.path)
+        target, self._target = self._target, None
+        target.commit()
 
     def __exit__(self, *exc: object) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
-        self._tmp.unlink(missing_ok=True)
+        if self._target is not None:
+            self._target.discard()
+            self._target = None

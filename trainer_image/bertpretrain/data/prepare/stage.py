@@ -52,17 +52,18 @@ training loop reads of the output is in :mod:`bertpretrain.data.format` and
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import time
 from pathlib import Path
-from typing import Any
 
 from tqdm import tqdm
 
+from bertjob_api.files import TEMPORARY
 from bertjob_api.plan import Paths
 from bertjob_api.spec import DataSpec, JobSpec
 from bertpretrain.common.cpus import available_cpus
-from bertpretrain.common.files import check_writable
+from bertpretrain.common.files import check_writable, writing
 from bertpretrain.data.format import vocab
 from bertpretrain.data.format.prepared import PreparedData
 from bertpretrain.data.prepare import cache
@@ -89,25 +90,35 @@ def prepare(spec: JobSpec) -> PreparedData:
     data, paths = spec.data, Paths.of(spec)
     check_writable("spec.data.shards", paths.shards)
     vocab_dir = paths.vocab
-    corpus_identity = sources.identity(data.sources)
-    _make_vocab(spec, corpus_identity, vocab_dir)
-    tokenizer = vocab.load_tokenizer(vocab_dir)
-    special = vocab.SpecialIds.of(tokenizer, vocab_dir / vocab.VOCAB_FILE)
-    vocab_size = tokenizer.get_vocab_size(with_added_tokens=False)
-    report(f"vocabulary: {vocab_size} tokens, lowercase={vocab.has_lowercase(tokenizer)}")
-
-    documents_key = cache.documents_key(spec, corpus_identity, vocab_dir)
     phase_dirs = list(paths.datasets)
-    pending = {}
-    for phase, directory in zip(spec.phases, phase_dirs, strict=True):
-        key = cache.dataset_key(spec, phase, documents_key, vocab_size)
-        if not reuse(str(directory), read_json(directory / METADATA_FILE).get("parameters"), key):
-            pending[directory] = key
-    if pending:
+    with contextlib.ExitStack() as held:
+        # This process is the writer of each directory until it is done (workers die with it):
+        # temporaries that killed writers left are removed, and no other run removes ours.
+        for directory in [vocab_dir, paths.documents, *phase_dirs]:
+            for path in held.enter_context(writing(directory, TEMPORARY)):
+                report(f"removed {path}, left by a writer that was stopped")
+        corpus = sources.identity(data.sources)
+        _make_vocab(spec, corpus, vocab_dir)
+        tokenizer = vocab.load_tokenizer(vocab_dir)
+        special = vocab.SpecialIds.of(tokenizer, vocab_dir / vocab.VOCAB_FILE)
+        vocab_size = tokenizer.get_vocab_size(with_added_tokens=False)
+        report(f"vocabulary: {vocab_size} tokens, lowercase={vocab.has_lowercase(tokenizer)}")
+
+        documents_key = cache.documents_key(spec, corpus, vocab_dir)
         documents_dir = paths.documents
-        pieces = make_documents(spec, tokenizer, documents_key, documents_dir, _workers(data))
-        for directory, parameters in pending.items():
-            make_dataset(directory, documents_dir, parameters, pieces, special, tokenizer, _workers(data))
+        # A dataset's key holds the documents' key; the documents' listing names the files changed.
+        listings = (cache.read_listing(documents_dir), corpus.listing)
+        pending = {}
+        for phase, directory in zip(spec.phases, phase_dirs, strict=True):
+            key = cache.dataset_key(spec, phase, documents_key, vocab_size)
+            if not reuse(
+                str(directory), read_json(directory / METADATA_FILE).get("parameters"), key, None, listings
+            ):
+                pending[directory] = key
+        if pending:
+            pieces = make_documents(spec, tokenizer, documents_key, corpus, documents_dir, _workers(data))
+            for directory, parameters in pending.items():
+                make_dataset(directory, documents_dir, parameters, pieces, special, tokenizer, _workers(data))
     return PreparedData(vocab_dir, vocab_size, phase_dirs)
 
 
@@ -118,17 +129,18 @@ def _workers(data: DataSpec) -> int:
 # Vocabulary -------------------------------------------------------------------------------------
 
 
-def _make_vocab(spec: JobSpec, corpus_identity: list[dict[str, Any]], vocab_dir: Path) -> None:
+def _make_vocab(spec: JobSpec, corpus: sources.CorpusIdentity, vocab_dir: Path) -> None:
     """Train, copy or reuse the vocabulary (padded to ``padToMultipleOf`` when asked).
 
     ``vocab/parameters.json`` records what made the vocabulary there; it is written last, so a
     vocabulary without one (an interrupted or failed run) is never reused.
     """
     data = spec.data
-    key = cache.vocab_key(spec, corpus_identity)
+    key = cache.vocab_key(spec, corpus)
     record = vocab_dir / PARAMETERS_FILE
     made = all((vocab_dir / name).is_file() for name in (vocab.VOCAB_FILE, vocab.TOKENIZER_FILE))
-    if reuse("vocabulary", read_json(record) if made else None, key, where=vocab_dir):
+    listings = (cache.read_listing(vocab_dir), corpus.listing)
+    if reuse("vocabulary", read_json(record) if made else None, key, vocab_dir, listings):
         return
     record.unlink(missing_ok=True)
     pad = data.vocab.pad_to_multiple_of
@@ -151,5 +163,6 @@ def _make_vocab(spec: JobSpec, corpus_identity: list[dict[str, Any]], vocab_dir:
         # Trained on nothing, the vocabulary would hold the special tokens alone: all text [UNK].
         raise ValueError(f"data.sources: {NO_TEXT}{skips(skipped)}")
     train_vocab(itertools.chain([first], sentences), data.vocab.train_size, data.lowercase, vocab_dir, pad)
+    cache.write_listing(vocab_dir, corpus)
     write_json(record, key)
     report(f"vocabulary: trained in {time.perf_counter() - started:.1f} s -> {vocab_dir}{skips(skipped)}")

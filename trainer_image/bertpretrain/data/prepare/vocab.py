@@ -9,13 +9,13 @@ the shards; everything made from a given vocabulary is deterministic.
 
 from __future__ import annotations
 
-import os
-import tempfile
+import json
 from collections.abc import Iterable
 from pathlib import Path
 
 from tokenizers import Tokenizer, models, trainers
 
+from bertjob_api.files import AtomicPath, write_atomically
 from bertpretrain.data.format.vocab import (
     SPECIAL_TOKENS,
     TOKENIZER_FILE,
@@ -35,7 +35,7 @@ def train_vocab(
     five special tokens within ``size``); a small corpus may give fewer than ``size`` tokens.
     ``sentences`` is read once, as a stream. With ``pad_to_multiple_of``, ``[unused{k}]`` tokens
     are appended until the size is a multiple of it. Writes ``vocab.txt`` and ``tokenizer.json``
-    (under temporary names, then renamed) and returns ``out_dir``.
+    (under temporary names, synced, then renamed) and returns ``out_dir``.
     """
     tokenizer = bert_pipeline(models.WordPiece(unk_token="[UNK]"), lowercase)
     trainer = trainers.WordPieceTrainer(
@@ -90,12 +90,13 @@ def _padded(tokenizer: Tokenizer, multiple: int | None) -> Tokenizer:
 
 
 def _save(tokenizer: Tokenizer, out_dir: Path, source: str) -> None:
-    """Write ``vocab.txt`` and ``tokenizer.json`` into ``out_dir`` through a temporary directory."""
+    """Write ``vocab.txt`` and ``tokenizer.json`` into ``out_dir``, each synced and renamed into place
+    (:class:`bertjob_api.files.AtomicPath`); the record written after them says they belong together."""
     if not isinstance(tokenizer.model, models.WordPiece):
         raise ValueError(f"{source}: a {type(tokenizer.model).__name__} tokenizer, BERT needs WordPiece")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".tmp-vocab-") as tmp:
-        tokenizer.model.save(tmp)
-        tokenizer.save(os.path.join(tmp, TOKENIZER_FILE))
-        for name in (VOCAB_FILE, TOKENIZER_FILE):
-            os.replace(os.path.join(tmp, name), out_dir / name)
+    with AtomicPath(out_dir / TOKENIZER_FILE) as tmp:
+        tokenizer.save(str(tmp))
+    # WordPiece.save writes only to a directory; vocab.txt is the model's tokens, one a line in id order.
+    vocab = json.loads(tokenizer.to_str())["model"]["vocab"]
+    text = "".join(f"{token}\n" for token in sorted(vocab, key=vocab.__getitem__)).encode("utf-8")
+    write_atomically(out_dir / VOCAB_FILE, lambda file: file.write(text), len(text))

@@ -79,7 +79,7 @@ def test_directory_with_explicit_format_reads_every_file(tmp_path: Path) -> None
     (tmp_path / "a.txt").write_text("First file.\n", encoding="utf-8")
     (tmp_path / "notes.md").write_text("Read too.\n", encoding="utf-8")
     documents, skipped = read(tmp_path, format="bert")
-    assert [(d.text, d.kind) for d in documents] == [("First file.", "lines"), ("Read too.", "lines")]
+    assert [(d.text, d.kind) for d in documents] == [("First file.", "sentences"), ("Read too.", "sentences")]
     assert skipped == {}
 
 

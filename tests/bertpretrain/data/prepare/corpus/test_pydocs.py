@@ -42,6 +42,13 @@ def test_python_docs_hold_docstrings_and_language_reference(python_docs: list[Ra
     assert {"builtin:python-docs: random.py", "builtin:python-docs: topic 'del'"} <= origins
 
 
+def test_python_docs_keep_the_splitting_path(python_docs: list[RawDocument]) -> None:
+    # The built-in corpus (the demo's, the embedded default job's) is read as kind "lines", whose
+    # lines are still split where they hold sentences: not as BERT's format, whose lines are kept whole.
+    assert {document.kind for document in python_docs} == {"lines"}
+    assert sentences(RawDocument("Dr. Smith went. He left.", "lines", "x")) == ["Dr. Smith went.", "He left."]
+
+
 def test_python_docs_split_again_are_unchanged(python_docs: list[RawDocument]) -> None:
     # The documents hold sentences one per line; the workers' split must give them back as they are.
     changed = [d.origin for d in python_docs if sentences(d) != d.text.split("\n")]

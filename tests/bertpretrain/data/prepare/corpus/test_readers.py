@@ -27,13 +27,15 @@ from tests.bertpretrain.data.prepare.corpus.reading import read, split, write_ta
 def test_bert_format_one_sentence_per_line(tmp_path: Path) -> None:
     file = tmp_path / "corpus.txt"
     file.write_text(
-        "The cat sat on the mat.\nIt was warm there. It purred.\n\n\n\nDogs bark.\nBirds sing!\n\n",
+        "The cat sat on the mat.\nDr. Smith went. He left.\n\n\n\nDogs bark.\nBirds sing!\n\n",
         encoding="utf-8",
     )
     documents, skipped = read(file)
-    assert [(d.kind, d.origin) for d in documents] == [("lines", f"{file}:1"), ("lines", f"{file}:6")]
+    assert [(d.kind, d.origin) for d in documents] == [("sentences", f"{file}:1"), ("sentences", f"{file}:6")]
+    # A line is a sentence, as Google's and NVIDIA's create_pretraining_data.py take it: a line
+    # holding two sentences is not split.
     assert split(documents) == [
-        ["The cat sat on the mat.", "It was warm there.", "It purred."],
+        ["The cat sat on the mat.", "Dr. Smith went. He left."],
         ["Dogs bark.", "Birds sing!"],
     ]
     assert skipped == {}

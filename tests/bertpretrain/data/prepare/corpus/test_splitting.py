@@ -1,4 +1,4 @@
-"""Splitting raw documents into sentences, by kind (lines, prose, wikitext)."""
+"""Splitting raw documents into sentences, by kind (sentences, lines, prose, wikitext)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,19 @@ def test_lines_end_sentences_and_long_lines_are_split() -> None:
     ]
 
 
+def test_bert_format_lines_are_exactly_its_sentences() -> None:
+    # What the bert reader yields: every non-blank line is one sentence, however many sentence ends
+    # it holds, as Google's and NVIDIA's create_pretraining_data.py take it.
+    text = "Dr. Smith went. He left.\n  spaced   out\ttext.  \n\nWait! What? Yes.\nMr. Smith\n"
+    document = RawDocument(text, "sentences", "x")
+    assert sentences(document) == [
+        "Dr. Smith went. He left.",
+        "spaced out text.",
+        "Wait! What? Yes.",
+        "Mr. Smith",
+    ]
+
+
 def test_prose_joins_lines_and_breaks_at_blank_lines() -> None:
     document = RawDocument(
         "It was a bright cold day in April, and the\nclocks were striking thirteen. Winston\n"
@@ -43,7 +56,7 @@ def test_prose_joins_lines_and_breaks_at_blank_lines() -> None:
     ]
 
 
-@pytest.mark.parametrize("kind", ["lines", "prose", "wikitext"])
+@pytest.mark.parametrize("kind", ["sentences", "lines", "prose", "wikitext"])
 def test_blank_documents_have_no_sentences(kind: str) -> None:
     assert sentences(RawDocument(" \n\n\t", cast(Any, kind), "x")) == []
 

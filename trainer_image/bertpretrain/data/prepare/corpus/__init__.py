@@ -14,10 +14,13 @@ Formats (``SourceSpec.format``)
     topic of the language reference in ``pydoc_data.topics`` as one document per topic.
     Paragraphs that are code rather than prose (doctests, code examples, grammar, tables) are
     dropped. On CPython 3.11: about 490 documents, 22,000 sentences, 1.8 MB of text. The
-    documents hold their sentences one per line, already split.
+    documents hold their sentences one per line, already split (kind ``lines``: a line that still
+    holds a sentence end followed by a space is split again with BlingFire).
 ``bert``
-    Google's BERT input format: one sentence per line, a blank line between documents. A line
-    that holds several sentences is split further.
+    Google's BERT input format: one sentence per line, a blank line between documents. Each line
+    is one sentence, exactly as Google's and NVIDIA's ``create_pretraining_data.py`` take it: a
+    line holding several sentences is not split (splitting is for ``text`` and the other formats
+    of prose).
 ``text``
     Raw prose, one document per file (a book, an article): lines are joined, blank lines
     separate paragraphs, and paragraphs are split into sentences.

@@ -20,6 +20,9 @@ from bertpretrain.data.prepare.corpus.raw import RawDocument
 from bertpretrain.data.prepare.corpus.splitting import split_sentences
 
 BUILTIN_PYTHON_DOCS = "builtin:python-docs"
+# The version of this reader's output: bump it by hand whenever python_docs() yields other documents
+# for the same Python (see readers.READER_VERSIONS, which the cache keys hold beside it).
+VERSION = 1
 
 # Tests, IDLE, the 2to3 fixers and demos hold little prose; the ~100 `encodings` modules share one
 # generated docstring; pydoc_data is read as topics, not as source.

@@ -6,15 +6,17 @@ import collections
 from dataclasses import dataclass
 from typing import Literal
 
-DocumentKind = Literal["lines", "prose", "wikitext"]
+DocumentKind = Literal["sentences", "lines", "prose", "wikitext"]
 
 
 @dataclass(frozen=True, slots=True)
 class RawDocument:
     """A document as read, before sentence splitting; picklable (sent to worker processes).
 
-    ``kind`` says how :func:`~bertpretrain.data.prepare.corpus.sentences` splits ``text``: ``lines`` holds
-    one sentence per line (a line may still hold several sentences, which are split further);
+    ``kind`` says how :func:`~bertpretrain.data.prepare.corpus.splitting.sentences` splits ``text``:
+    ``sentences`` holds exactly one sentence per line (BERT's format: never split further);
+    ``lines`` holds a sentence per line, where a line may still hold several, which are split
+    further (the built-in corpus);
     ``prose`` holds paragraphs separated by blank lines; ``wikitext`` is MediaWiki markup,
     stripped first, then prose.
     ``origin`` says where the document came from, for messages (``file.jsonl:123``).

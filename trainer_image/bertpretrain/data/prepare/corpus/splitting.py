@@ -13,6 +13,12 @@ import blingfire
 from bertpretrain.data.prepare.corpus.raw import RawDocument
 from bertpretrain.data.prepare.corpus.wikitext import wikitext_to_prose
 
+# The version of each kind's splitting. Bump a kind's number by hand whenever sentences() gives
+# other sentences for the same document (a new rule, another BlingFire, another whitespace rule):
+# the vocabulary's and the documents' cache keys hold these numbers (sources.code_versions), so that
+# a corpus split by older code is split again instead of reused.
+SPLITTER_VERSIONS: dict[str, int] = {"sentences": 1, "lines": 1, "prose": 1, "wikitext": 1}
+
 # A line that ends like a sentence (also how ``auto`` tells ``bert`` files from ``text``).
 SENTENCE_END = re.compile(r"""[.!?:;]['"’”)\]]*$""")
 
@@ -29,14 +35,18 @@ BLANK_LINES = re.compile(r"\n[^\S\n]*\n\s*")
 def sentences(document: RawDocument) -> list[str]:
     """The document's sentences, stripped and non-empty, found with BlingFire.
 
-    ``lines``: every line break ends a sentence; ``prose``: blank lines end paragraphs and single
-    line breaks are spaces; ``wikitext``: the markup is stripped with mwparserfromhell first, then
-    as prose. Runs of whitespace inside a sentence become one space. A pure function: it runs in
-    worker processes.
+    ``sentences`` (BERT's format): each line is one sentence, exactly as Google's and NVIDIA's
+    ``create_pretraining_data.py`` take it, never split further; ``lines`` (the built-in corpus):
+    every line break ends a sentence and a line may be split further; ``prose``: blank lines end
+    paragraphs and single line breaks are spaces; ``wikitext``: the markup is stripped with
+    mwparserfromhell first, then as prose. Runs of whitespace inside a sentence become one space.
+    A pure function: it runs in worker processes.
 
     Raises:
         ValueError: an unknown ``kind``.
     """
+    if document.kind == "sentences":
+        return [s for s in (" ".join(line.split()) for line in document.text.split("\n")) if s]
     if document.kind == "lines":
         return _lines(document.text)
     if document.kind == "prose":
@@ -63,9 +73,9 @@ def _split(text: str) -> list[str]:
 
 def _lines(text: str) -> list[str]:
     """A sentence per line, each line that may hold several (a sentence end followed by a space
-    within it) split further with BlingFire. Most lines of text already in BERT's format hold one
-    sentence, and BlingFire costs more than the test; on the 21 MB benchmark corpus
-    (``benchmarks/data_prep.py``) and the built-in corpus, no line without such an end is split by it.
+    within it) split further with BlingFire: the built-in corpus's documents (BERT's format is
+    ``sentences``, never split). Most lines hold one sentence, and BlingFire costs more than the
+    test; on the built-in corpus, no line without such an end is split by it.
     The lines to split go to BlingFire in one call, joined by U+2029 (which always ends a sentence).
     """
     lines = [" ".join(line.split()) for line in text.split("\n")]
