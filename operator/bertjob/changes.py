@@ -24,6 +24,8 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from bertjob_api.crd import JobStatus
+
 # Fields of spec.runPolicy applied to a running job, as named in Kubeflow's RunPolicy too.
 SAFE_RUN_POLICY = ("suspend", "ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit")
 SAFE_FIELDS = tuple(f"spec.runPolicy.{name}" for name in SAFE_RUN_POLICY)
@@ -32,6 +34,8 @@ SAFE_FIELDS = tuple(f"spec.runPolicy.{name}" for name in SAFE_RUN_POLICY)
 APPLIED_ANNOTATION = "bertjob.dev/applied-run-policy"
 # The label by which Kueue manages a job (spec.queueName sets it).
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# Failures that a corrected spec may clear: the job is rendered again from the new spec.
+RENDERED_AGAIN = ("InvalidSpec", "RenderFailed")
 
 
 def changed_fields(old: object, new: object, prefix: str = "spec") -> list[str]:
@@ -50,6 +54,30 @@ def split(fields: list[str], safe_fields: tuple[str, ...] = SAFE_FIELDS) -> tupl
     to a running child (all of :data:`SAFE_FIELDS` for Kubeflow's jobs, suspend alone for a TrainJob)."""
     safe = [field for field in fields if field in safe_fields]
     return safe, [field for field in fields if field not in safe_fields]
+
+
+def renders_again(status: JobStatus) -> bool:
+    """Whether a change of the spec renders the job again from the new spec: the job failed for
+    its spec (phase Failed, its Failed condition's reason one of :data:`RENDERED_AGAIN`)."""
+    failure = next((c for c in status.conditions if c.type == "Failed" and c.status == "True"), None)
+    return status.phase == "Failed" and failure is not None and failure.reason in RENDERED_AGAIN
+
+
+def refused_fields(
+    status: JobStatus, basis: object, candidate: object, safe_fields: tuple[str, ...] = SAFE_FIELDS
+) -> list[str]:
+    """The fields of a change of a job's spec from ``basis`` to ``candidate`` (both valid, after
+    defaults) that the operator cannot apply to it, by dotted path; [] for a change it applies
+    whole. This is the rule of the operator's update handler and of the admission webhook alike.
+
+    A job without a phase has not been handled yet: its children will be rendered from whatever
+    spec it has then, so any change goes. A job that failed for its spec (:func:`renders_again`)
+    is rendered again, so any change goes too. Otherwise the job has children, which take only
+    ``safe_fields`` (the job's launcher's, :func:`split`): every other changed field is refused.
+    """
+    if status.phase is None or renders_again(status):
+        return []
+    return split(changed_fields(basis, candidate), safe_fields)[1]
 
 
 def safe_run_policy(spec: object) -> dict[str, Any]:

@@ -27,7 +27,7 @@ import yaml
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
-from bertjob import changes, launchers, lifecycle, prerequisites
+from bertjob import admission, changes, lifecycle, prerequisites
 from bertjob import monitoring as metrics
 from bertjob.children import (
     ForeignObjectError,
@@ -45,7 +45,7 @@ from bertjob.launchers import registry
 from bertjob.render import NAME_LABEL, RenderError, config_map_name, render
 from bertjob_api.contract import API_VERSION, GROUP, JOB_FILE, KIND, PLURAL, VERSION
 from bertjob_api.crd import ChildRef, JobStatus
-from bertjob_api.spec import JobSpec, SpecError, parse_job, to_document
+from bertjob_api.spec import SpecError, parse_job, to_document
 from bertjob_api.validation import cluster_job
 
 # kopf's bookkeeping goes to annotations under our own domain, never into the status.
@@ -56,7 +56,7 @@ RETRY_DELAY_S = 30
 WRITE_ATTEMPTS = 5
 CONFLICT_DELAY_S = 1
 # Failures that a corrected spec may clear: the job is rendered again from the new spec.
-RENDERED_AGAIN = ("InvalidSpec", "RenderFailed")
+RENDERED_AGAIN = changes.RENDERED_AGAIN
 READY = threading.Event()
 
 
@@ -64,16 +64,20 @@ READY = threading.Event()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Connect the Kubernetes client (in-cluster, or ``$KUBECONFIG``), place kopf's state, serve
     metrics on ``$BERTJOB_METRICS_PORT`` if set, and become ready once the BertPretrainJob CRD
-    exists (:mod:`bertjob.prerequisites`, every ``$BERTJOB_CRD_RETRY_SECONDS``, default 30).
+    exists (:mod:`bertjob.prerequisites`, every ``$BERTJOB_CRD_RETRY_SECONDS``, default 30);
+    serve the validating admission webhook if ``$BERTJOB_WEBHOOK_CERT_DIR`` is set
+    (:func:`bertjob.admission.configure`).
 
     Raises:
         OSError: the metrics port is taken.
-        ValueError: ``$BERTJOB_CRD_RETRY_SECONDS`` is not a number.
+        ValueError: ``$BERTJOB_CRD_RETRY_SECONDS`` or ``$BERTJOB_WEBHOOK_PORT`` is not a number.
+        FileNotFoundError: ``$BERTJOB_WEBHOOK_CERT_DIR`` lacks the certificate or its key.
     """
     kubernetes.config.load_config()
     memo.api = ApiClient()
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=STORAGE_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=STORAGE_PREFIX)
+    admission.configure(settings)
     if port := os.environ.get(metrics.PORT_ENV):
         memo.metrics = metrics.serve(int(port), READY)
     retry_s = float(os.environ.get(prerequisites.RETRY_ENV, prerequisites.RETRY_S))
@@ -294,8 +298,7 @@ def change(api: ApiClient, job: Mapping[str, Any], old: Any, new: Any) -> None:
         ApiException: the API server refused a child's patch.
     """
     current = lifecycle.of(job)
-    failure = next((c for c in current.conditions if c.type == "Failed" and c.status == "True"), None)
-    if current.phase == "Failed" and failure is not None and failure.reason in RENDERED_AGAIN:
+    if changes.renders_again(current):
         launch(api, job)
         return
     if current.phase is None:
@@ -303,13 +306,10 @@ def change(api: ApiClient, job: Mapping[str, Any], old: Any, new: Any) -> None:
     accepted = _accepted(api, job, current)
     try:
         candidate = to_document(cluster_job(parse_job(_document(job))))
-        fields = (
-            changes.changed_fields(accepted["spec"], candidate["spec"])
-            if accepted
-            else changes.changed_fields(old, new)
-        )
-        safe_fields = _launcher_of(accepted or candidate).safe_fields
-        refused = changes.split(fields, safe_fields)[1]
+        basis, wanted = (accepted["spec"], candidate["spec"]) if accepted else (old, new)
+        safe_fields = admission.launcher_of(accepted or candidate).safe_fields
+        # The rule the admission webhook applies before the change is stored (bertjob.admission).
+        refused = changes.refused_fields(current, basis, wanted, safe_fields)
         valid = True
         why = "not applied to a job that has started"
     except SpecError as error:
@@ -502,17 +502,6 @@ def _target(job: Mapping[str, Any], ref: ChildRef) -> dict[str, Any]:
 
 def _ref(obj: Mapping[str, Any]) -> ChildRef:
     return ChildRef(api_version=obj["apiVersion"], kind=obj["kind"], name=obj["metadata"]["name"])
-
-
-def _launcher_of(document: Mapping[str, Any]) -> launchers.Launcher:
-    """The launcher of a job document: its ``spec.launcher``, or the spec's default where a
-    document written without defaults lacks it.
-
-    Raises:
-        SpecError: no launcher of that name.
-    """
-    default = JobSpec.model_fields["launcher"].default
-    return registry.get(str(document["spec"].get("launcher", default)))
 
 
 def _trains(ref: ChildRef) -> bool:

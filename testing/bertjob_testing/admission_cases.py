@@ -210,12 +210,19 @@ def change_cases() -> list[dict[str, Any]]:
             spec_set(spec_set(old, "spec.image", new_image), "spec.runPolicy", {"suspend": True}),
             ["spec.image"],
         ),
-        # A TrainJob's launcher applies suspend alone to a running TrainJob.
+        # A TrainJob's launcher applies suspend alone to a running TrainJob (a TrainJob takes an
+        # activeDeadlineSeconds when created, but not later).
         change(
-            "backoff-limit-of-trainjob",
+            "deadline-of-trainjob",
             trainjob_running,
-            spec_set(trainjob_running, "spec.runPolicy", {"backoffLimit": 3}),
-            ["spec.runPolicy.backoffLimit"],
+            spec_set(trainjob_running, "spec.runPolicy", {"activeDeadlineSeconds": 3600}),
+            ["spec.runPolicy.activeDeadlineSeconds"],
+        ),
+        change(
+            "deadline-of-pytorchjob",
+            old,
+            spec_set(old, "spec.runPolicy", {"activeDeadlineSeconds": 3600}),
+            [],
         ),
         change(
             "invalid-change-refused-whole",

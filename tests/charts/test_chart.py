@@ -21,6 +21,7 @@ from bertjob_api.contract import MPI_RUNTIME, TORCH_RUNTIME
 from bertjob_api.crd import chart_template, crd
 from bertjob_testing.jobs import REPO
 from bertjob_testing.kube_emulator import UPSTREAM_CRDS
+from tests.charts.test_webhook_chart import CERT_MANAGER_SCHEMAS
 from tests.helm_chart import (
     BAD_VALUES,
     CHART,
@@ -128,6 +129,16 @@ CI_INTENT: dict[str, Callable[[list[dict[str, Any]]], bool]] = {
     "existing-serviceaccount": lambda o: (
         "ServiceAccount" not in _kinds(o) and _pod_spec(o)["serviceAccountName"] != f"{RELEASE}-operator"
     ),
+    "webhook": lambda o: (
+        one(o, "Secret")["type"] == "kubernetes.io/tls"
+        and one(o, "ValidatingWebhookConfiguration")["webhooks"][0]["failurePolicy"] == "Ignore"
+        and "webhook" in [port["port"] for port in one(o, "NetworkPolicy")["spec"]["ingress"][0]["ports"]]
+    ),
+    "webhook-cert-manager": lambda o: (
+        {"Issuer", "Certificate"} <= _kinds(o)
+        and "Secret" not in _kinds(o)
+        and "namespaceSelector" in one(o, "ValidatingWebhookConfiguration")["webhooks"][0]
+    ),
     # Without helm seeing Trainer v2's CRD (no --api-versions here), so only because install is true.
     "trainingruntimes": lambda o: (
         sorted(obj["metadata"]["name"] for obj in o if obj["kind"] == "ClusterTrainingRuntime")
@@ -152,6 +163,8 @@ def test_every_rendered_object_validates(render: Render, values_file: Path | Non
     for obj in objects:
         if obj["kind"] == "ServiceMonitor":
             assert_valid(obj, SERVICE_MONITOR_SCHEMA)
+        elif obj["kind"] in CERT_MANAGER_SCHEMAS:
+            assert_valid(obj, CERT_MANAGER_SCHEMAS[obj["kind"]])
         elif obj["kind"] == "ClusterTrainingRuntime":
             if not CLUSTER_TRAINING_RUNTIMES.is_file():
                 pytest.skip(
@@ -171,6 +184,7 @@ def test_namespaced_objects_name_their_namespace(render: Render, values_file: Pa
         "ClusterRoleBinding",
         "Namespace",
         "ClusterTrainingRuntime",
+        "ValidatingWebhookConfiguration",
     }
     for obj in render(files=_files(values_file)):
         if obj["kind"] not in cluster_scoped:

@@ -96,6 +96,10 @@ EGRESS = [{"to": [{"ipBlock": {"cidr": "10.0.0.10/32"}}], "ports": [{"port": 644
 ENV = [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
 IMAGE = ("Deployment", OPERATOR, f"{CONTAINER}.image")
 SERVICE_MONITOR = {"metrics": {"serviceMonitor": {"enabled": True}}}
+# The webhook's certificate from cert-manager: the chart's own would differ on every render.
+WEBHOOK = {"webhook": {"enabled": True, "certManager": {"enabled": True}}}
+WEBHOOK_NAME = f"{OPERATOR}-webhook"
+WEBHOOK_SERVICE = f"{OPERATOR}-webhook"
 # A pod of a ClusterTrainingRuntime's replicated job {0}.
 RUNTIME_POD = "spec.template.spec.replicatedJobs[{0}].template.spec.template.spec"
 
@@ -356,6 +360,57 @@ CASES = [
         lambda o: one(o, "NetworkPolicy")["spec"]["egress"],
         EGRESS,
         base={"networkPolicy": {"enabled": True}},
+    ),
+    Case(
+        "webhook.enabled",
+        {"webhook": {"enabled": True}},
+        {
+            ("Issuer", WEBHOOK_NAME, ""),
+            ("Certificate", WEBHOOK_NAME, ""),
+            ("Service", WEBHOOK_SERVICE, ""),
+            ("ValidatingWebhookConfiguration", OPERATOR, ""),
+            ("Deployment", OPERATOR, f"{CONTAINER}.env"),
+            ("Deployment", OPERATOR, f"{CONTAINER}.ports"),
+            ("Deployment", OPERATOR, f"{CONTAINER}.volumeMounts"),
+            ("Deployment", OPERATOR, f"{POD}.volumes"),
+            ("NetworkPolicy", OPERATOR, "spec.ingress[0].ports"),
+        },
+        lambda o: one(o, "ValidatingWebhookConfiguration")["webhooks"][0]["clientConfig"]["service"]["path"],
+        "/validate-bertpretrainjob",
+        base={"webhook": {"certManager": {"enabled": True}}, "networkPolicy": {"enabled": True}},
+    ),
+    Case(
+        "webhook.port",
+        {"webhook": {"port": 10443}},
+        {("Deployment", OPERATOR, f"{CONTAINER}.env"), ("Deployment", OPERATOR, f"{CONTAINER}.ports")},
+        lambda o: (
+            [e["value"] for e in operator_container(o)["env"] if e["name"] == "BERTJOB_WEBHOOK_PORT"],
+            [p["containerPort"] for p in operator_container(o)["ports"] if p["name"] == "webhook"],
+        ),
+        (["10443"], [10443]),
+        base=WEBHOOK,
+    ),
+    Case(
+        "webhook.failurePolicy",
+        {"webhook": {"failurePolicy": "Ignore"}},
+        {("ValidatingWebhookConfiguration", OPERATOR, "webhooks[0].failurePolicy")},
+        lambda o: one(o, "ValidatingWebhookConfiguration")["webhooks"][0]["failurePolicy"],
+        "Ignore",
+        base=WEBHOOK,
+    ),
+    Case(
+        "webhook.certManager.enabled",
+        {"webhook": {"certManager": {"enabled": True}}},
+        {
+            ("Secret", f"{OPERATOR}-webhook-tls", ""),
+            ("Issuer", WEBHOOK_NAME, ""),
+            ("Certificate", WEBHOOK_NAME, ""),
+            ("ValidatingWebhookConfiguration", OPERATOR, "webhooks[0].clientConfig.caBundle"),
+            ("ValidatingWebhookConfiguration", OPERATOR, "metadata.annotations"),
+        },
+        lambda o: sorted(obj["kind"] for obj in o if obj["kind"] in ("Secret", "Issuer", "Certificate")),
+        ["Certificate", "Issuer"],
+        base={"webhook": {"enabled": True}},
     ),
     Case(
         "trainingRuntimes.install",

@@ -11,6 +11,15 @@ that "<prefix>-operator-metrics" stays within the 63 characters of a DNS label.
 {{- printf "%s-operator" (include "bertjob.fullname" .) -}}
 {{- end }}
 
+{{/* The admission webhook's Service, and the Secret of its serving certificate. */}}
+{{- define "bertjob.webhookService" -}}
+{{- printf "%s-webhook" (include "bertjob.operatorName" .) -}}
+{{- end }}
+
+{{- define "bertjob.webhookSecret" -}}
+{{- printf "%s-webhook-tls" (include "bertjob.operatorName" .) -}}
+{{- end }}
+
 {{- define "bertjob.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- .Values.serviceAccount.name | default (include "bertjob.operatorName" .) -}}

@@ -1,0 +1,89 @@
+"""The admission webhook's pure parts: the same checks as ``bertjob validate`` for every job of
+the admission table, its message, and how the operator turns it on (or leaves it off)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import kopf
+import pytest
+import yaml
+
+from bertjob import admission
+from bertjob.cli import main
+from bertjob_api.jobfile import load_job
+from bertjob_api.spec import SpecError
+from bertjob_api.validation import cluster_job
+from bertjob_testing.admission_cases import JOB_CASES
+
+
+@pytest.mark.parametrize("case", JOB_CASES, ids=[case["id"] for case in JOB_CASES])
+def test_admission_finds_what_bertjob_validate_finds(
+    tmp_path: Path, case: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(case["document"]))
+    try:
+        cluster_job(load_job(path), str(path))
+        expected: list[tuple[str, str]] = []
+    except SpecError as error:
+        expected = error.problems
+    assert admission.problems(case["document"]) == expected
+    assert main(["validate", str(path)]) == (0 if case["allowed"] else 2)
+    found = [path for path, _ in admission.problems(case["document"])]
+    assert all(field in found for field in case["fields"]) and bool(found) != case["allowed"]
+
+
+def test_the_status_is_not_checked() -> None:
+    document = {**JOB_CASES[0]["document"], "status": {"phase": "Nonsense", "extra": 1}}
+    assert admission.problems(document) == []
+
+
+def test_the_message_names_every_problem() -> None:
+    found = [("spec.a", "bad"), ("spec.b[0].c", "worse")]
+    assert admission.message(found) == "invalid BertPretrainJob, 2 problems: spec.a: bad; spec.b[0].c: worse"
+    assert admission.message(found[:1]) == "invalid BertPretrainJob, 1 problem: spec.a: bad"
+
+
+def _certificate_dir(tmp_path: Path) -> Path:
+    # configure() checks that the files exist; the server reads them only when kopf starts it.
+    (tmp_path / "tls.crt").write_text("certificate")
+    (tmp_path / "tls.key").write_text("key")
+    return tmp_path
+
+
+def test_the_webhook_is_off_unless_configured() -> None:
+    settings, registry = kopf.OperatorSettings(), kopf.OperatorRegistry()
+    assert admission.configure(settings, {}, registry) is False
+    assert settings.admission.server is None and not registry._webhooks.get_all_handlers()
+
+
+def test_the_webhook_serves_the_certificate_files_on_the_port(tmp_path: Path) -> None:
+    settings, registry = kopf.OperatorSettings(), kopf.OperatorRegistry()
+    environ = {admission.CERT_DIR_ENV: str(_certificate_dir(tmp_path)), admission.PORT_ENV: "8443"}
+    assert admission.configure(settings, environ, registry) is True
+    # A startup handler retried registers the handler once.
+    assert admission.configure(settings, environ, registry) is True
+    server = settings.admission.server
+    assert isinstance(server, kopf.WebhookServer)
+    assert (server.port, server.addr) == (8443, None)
+    assert (server.certfile, server.pkeyfile) == (str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"))
+    [handler] = registry._webhooks.get_all_handlers()
+    assert handler.id == admission.WEBHOOK_ID and handler.fn is admission.validate_job
+    assert set(handler.operations or ()) == {"CREATE", "UPDATE"} and handler.subresource is None
+
+
+def test_a_missing_certificate_is_named(tmp_path: Path) -> None:
+    (tmp_path / "tls.crt").write_text("certificate")
+    with pytest.raises(FileNotFoundError, match=r"BERTJOB_WEBHOOK_CERT_DIR: no .*tls\.key"):
+        admission.configure(
+            kopf.OperatorSettings(), {admission.CERT_DIR_ENV: str(tmp_path)}, kopf.OperatorRegistry()
+        )
+
+
+@pytest.mark.parametrize("port", ["http", "0", "70000", "-1"])
+def test_a_bad_port_is_named(tmp_path: Path, port: str) -> None:
+    environ = {admission.CERT_DIR_ENV: str(_certificate_dir(tmp_path)), admission.PORT_ENV: port}
+    with pytest.raises(ValueError, match="BERTJOB_WEBHOOK_PORT"):
+        admission.configure(kopf.OperatorSettings(), environ, kopf.OperatorRegistry())
