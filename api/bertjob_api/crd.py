@@ -4,8 +4,12 @@
 subset the API server accepts: ``$ref`` inlined, titles dropped, ``Optional[X]`` as plain ``X``
 (not required), ``Literal`` as ``enum``, JSON Schema 2020's numeric ``exclusiveMinimum: x`` as
 OpenAPI 3.0's ``minimum: x, exclusiveMinimum: true``. ``status`` is :class:`JobStatus`, which
-the operator writes. ``manifests/crd.yaml`` is this module's output (``python -m bertjob_api.crd``),
-and a test checks that it is up to date, so that the CRD cannot drift from the spec.
+the operator writes. The CEL rules (``x-kubernetes-validations``) that the API server checks
+across fields come with the models' JSON Schema, each on the object it reads
+(:mod:`bertjob_api.spec.cel` says which checks they restate and what keeps them within the API
+server's cost budget); :func:`structural` copies them, as every ``x-kubernetes-*`` keyword.
+``manifests/crd.yaml`` is this module's output (``python -m bertjob_api.crd``), and a test checks
+that it is up to date, so that the CRD cannot drift from the spec.
 The Helm chart's ``templates/crd.yaml`` is the same CRD wrapped in the chart's switches
 (:func:`chart_template`, ``python -m bertjob_api.crd --chart-template``); ``hack/generate-manifests.sh``
 writes it, and ``manifests/crd.yaml`` is what Helm renders from it.

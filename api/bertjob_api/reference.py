@@ -2,9 +2,10 @@
 
 One Markdown table per object of :func:`bertjob_api.crd.resource_schema` (``spec``, ``spec.data``,
 ``spec.phases[]``, ..., ``status``), one row per field: its type, whether it is required, its
-default, its constraints (range, length, pattern, enum) and its description. Because the table
-comes from the same schema the API server enforces, the reference cannot describe a field the
-CRD lacks, and a test fails when the committed file is stale.
+default, its constraints (range, length, pattern, enum) and its description; below it, the
+object's CEL rules (``x-kubernetes-validations``, :mod:`bertjob_api.spec.cel`) by their
+messages. Because the table comes from the same schema the API server enforces, the reference
+cannot describe a field the CRD lacks, and a test fails when the committed file is stale.
 
     python -m bertjob_api.reference docs/reference.md   # (re)write the file
     python -m bertjob_api.reference                     # print it
@@ -163,6 +164,14 @@ def render_table(table: Table, heading: str | None = None) -> str:
             str(field.get("description", "")),
         ]
         lines.append("| " + " | ".join(_cell(cell) for cell in row) + " |")
+    rules = table.schema.get("x-kubernetes-validations", [])
+    if rules:
+        lines += [
+            "",
+            "Checked across these fields by the API server too (CEL rules; the message it gives):",
+            "",
+        ]
+        lines += [f"- {_cell(rule['message'])}" for rule in rules]
     return "\n".join(lines) + "\n"
 
 
@@ -179,7 +188,13 @@ def generate(schema: Mapping[str, Any]) -> str:
         "checks it: a value outside a field's constraints is refused when the job is applied. "
         "Checks across fields (a batch size the world size must divide, paths on a writable "
         "volume, ...) are made by `bertjob validate` and by the operator, which reports them in "
-        "the job's `Failed` condition (`docs/operator.md`).\n",
+        "the job's `Failed` condition (`docs/operator.md`). Those that core CEL can state on "
+        "bounded fields are also rules of the CRD (`x-kubernetes-validations`, listed below each "
+        "object's table), so that the API server refuses them at `kubectl apply` even where the "
+        "operator's admission webhook is not installed or not reachable. A rule reads the job after "
+        "the defaults above and iterates only lists with a maximum (`spec.phases`, "
+        "`spec.finetune`), and its message is built of literals and numbers, so that the API "
+        "server's estimate of a rule's cost stays within its budget.\n",
         "Objects: " + ", ".join(_link(table.path) for table in nested) + ".\n",
         render_table(top, heading=KIND),
         *(render_table(table) for table in nested),

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from bertjob_api import kubenames
 from bertjob_api.contract import MPI_RUNTIME, TORCH_RUNTIME
 from bertjob_api.spec.base import DnsSubdomain, Int32, Int64, KubernetesObject, LabelValue, Quantity, _Spec
+from bertjob_api.spec.cel import Rule, validations
 
 
 class ResourcesSpec(_Spec):
@@ -236,6 +237,18 @@ class ElasticSpec(_Spec):
     """Elastic training: the job starts on topology.nodes nodes and goes on between minNodes and
     maxNodes when nodes leave or join (torchrun's c10d rendezvous under pytorchjob, elastic
     Horovod under mpijob with mpi.command horovodrun)."""
+
+    # _range, for the API server (bertjob_api.spec.cel).
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            Rule(
+                "self.minNodes <= self.maxNodes",
+                "spec.elastic: minNodes must not be greater than maxNodes",
+                message_expression="'spec.elastic: minNodes ' + string(self.minNodes) + ' is greater than "
+                "maxNodes ' + string(self.maxNodes)",
+            )
+        )
+    )
 
     min_nodes: Int32 = Field(ge=1, description="Fewest nodes the job keeps training on.")
     max_nodes: Int32 = Field(ge=1, description="Most nodes the job trains on.")

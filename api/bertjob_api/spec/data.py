@@ -4,13 +4,24 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from bertjob_api.spec.base import Int64, _Spec
+from bertjob_api.spec.cel import Rule, validations
 
 
 class VocabSpec(_Spec):
     """The WordPiece vocabulary: trained on the corpus, or an existing file. Exactly one of the two."""
+
+    # _one_source, for the API server (bertjob_api.spec.cel).
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            Rule(
+                "has(self.trainSize) != has(self.file)",
+                "spec.data.vocab: set exactly one of trainSize and file",
+            )
+        )
+    )
 
     train_size: Int64 | None = Field(
         None, ge=64, description="Train a WordPiece vocabulary of this many tokens on the corpus."
@@ -61,6 +72,22 @@ class SourceSpec(_Spec):
 
 class DataSpec(_Spec):
     """The corpus and what is made of it: vocabulary and masked-LM/NSP instances in HDF5 shards."""
+
+    # validation.problems' checks of the data, for the API server (bertjob_api.spec.cel).
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            Rule(
+                "!(has(self.numShards) && has(self.maxShardMB))",
+                "spec.data.maxShardMB: set numShards or maxShardMB, not both",
+                field_path=".maxShardMB",
+            ),
+            Rule(
+                "self.packing == 'none' || self.masking != 'dynamic'",
+                "spec.data.packing: packing needs static masking: packs are made of masked instances",
+                field_path=".packing",
+            ),
+        )
+    )
 
     sources: list[SourceSpec] = Field(min_length=1, description="The corpus: one or more sources.")
     shards: str = Field(min_length=1, description="Directory for the vocabulary and the HDF5 shards.")

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bertjob_api import kubenames
 from bertjob_api.spec.base import Int32, Int64, LabelValue, SpecError, _rule, _Spec
+from bertjob_api.spec.cel import JOB_RULES, MAX_FINETUNE_TASKS, MAX_PHASES
 from bertjob_api.spec.cluster import (
     DistributedSpec,
     ElasticSpec,
@@ -86,6 +87,9 @@ class ModelSpec(_Spec):
 class JobSpec(_Spec):
     """``spec`` of a BertPretrainJob."""
 
+    # The checks across its objects that the API server makes too (bertjob_api.spec.cel).
+    model_config = ConfigDict(json_schema_extra=JOB_RULES)
+
     image: Annotated[str, _rule(kubenames.image_problem)] = Field(
         min_length=1, description="Trainer container image."
     )
@@ -100,7 +104,7 @@ class JobSpec(_Spec):
     model: ModelSpec = Field(default_factory=ModelSpec, description="Model size.")
     data: DataSpec = Field(description="Corpus, vocabulary and shards.")
     phases: list[PhaseSpec] = Field(
-        min_length=1, max_length=2, description="Phase 1, then optionally phase 2."
+        min_length=1, max_length=MAX_PHASES, description="Phase 1, then optionally phase 2."
     )
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec, description="Optimizer settings.")
     precision: Precision = Field("bf16", description="bf16 or fp16 autocast, or fp32.")
@@ -147,6 +151,8 @@ class JobSpec(_Spec):
     prepare: PrepareSpec = Field(default_factory=PrepareSpec, description="Data preparation as its own Job.")
     finetune: list[FinetuneTaskSpec] = Field(
         default_factory=list,
+        # Bounds the cost of the CRD's rule that iterates the tasks (bertjob_api.spec.cel).
+        max_length=MAX_FINETUNE_TASKS,
         description="Downstream tasks fine-tuned and scored after the last phase, in the same job "
         "(docs/finetune.md). Default: none.",
     )

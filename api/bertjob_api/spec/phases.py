@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from bertjob_api.spec.base import Int64, _Spec
+from bertjob_api.spec.cel import Rule, validations
 
 
 class PhaseSpec(_Spec):
@@ -40,6 +41,18 @@ class PhaseSpec(_Spec):
 
 class OptimizerSpec(_Spec):
     """The optimizer; LAMB as NVIDIA's FusedLAMB defines it (You et al. 2020)."""
+
+    # _scaling_has_reference, for the API server (bertjob_api.spec.cel).
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            Rule(
+                "self.lrScaling == 'none' || has(self.referenceGlobalBatchSize)",
+                "spec.optimizer: lrScaling linear or sqrt needs referenceGlobalBatchSize",
+                message_expression="'spec.optimizer: lrScaling ' + (self.lrScaling == 'linear' ? 'linear' "
+                ": 'sqrt') + ' needs referenceGlobalBatchSize'",
+            )
+        )
+    )
 
     name: Literal["lamb", "adamw"] = Field("lamb", description="lamb or adamw.")
     weight_decay: float = Field(

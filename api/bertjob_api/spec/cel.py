@@ -1,0 +1,319 @@
+"""CEL rules the CRD carries (``x-kubernetes-validations``), so that the API server itself refuses a
+job whose fields contradict each other, on a cluster without the operator's admission webhook.
+
+Each rule restates a check of :mod:`bertjob_api.validation` or a model validator of the spec, in
+the same words: a rule refuses only what ``bertjob validate`` refuses (tests/bertjob_api/test_cel.py
+holds them to it on the admission table). A rule sits on the object it reads, in that model's
+``json_schema_extra`` (:func:`validations`): one object's own rules beside its pydantic validator
+(``spec.data``, ``spec.data.vocab``, ``spec.optimizer``, ``spec.elastic``), the rules across
+``spec``'s objects in :data:`JOB_RULES`, which :class:`bertjob_api.spec.JobSpec` carries.
+:func:`bertjob_api.crd.structural` copies them into the CRD.
+
+What a rule may use, so that the API server accepts it and the Python CEL libraries can test it:
+
+- core CEL only (macros ``all``, ``filter``, ``map``; ``has``, ``size``, ``string``), none of
+  Kubernetes' extension libraries (strings, lists, regex, quantity, ``cel.bind``);
+- the object after the CRD's defaults, as the API server evaluates it: a field with a
+  ``default`` is always there, an optional object (``spec.topology``, ``spec.mpi``, ...) only
+  when written, so a rule reads it behind ``has()`` with the model's own default otherwise;
+- only lists with ``maxItems`` (``spec.phases``: 2; ``spec.finetune``:
+  :data:`MAX_FINETUNE_TASKS`), so that the API server's cost estimate stays within its budget;
+  strings only compared with literals, and messages made of literals and ``string()`` of integers,
+  never of a field's unbounded string.
+
+A rule on a list item cannot know its index, and ``fieldPath`` cannot carry one; so the rules on
+``spec.phases`` come one per index and the ``spec.finetune`` rule finds the index itself: every
+message starts with the field's full path as ``bertjob validate`` prints it
+(``spec.phases[1].globalBatchSize: ...``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Phases a job may have (phase 1, then optionally phase 2): the schema's maxItems of spec.phases.
+MAX_PHASES = 2
+# Fine-tuning tasks a job may have: the schema's maxItems of spec.finetune, which bounds the cost
+# of the rule iterating it (GLUE and SQuAD together are 11 tasks).
+MAX_FINETUNE_TASKS = 32
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One entry of ``x-kubernetes-validations``.
+
+    ``rule`` is true for an object that passes; ``message`` is shown when it fails, unless
+    ``message_expression`` (a CEL expression giving a string) says more; ``field_path`` (relative to
+    the object, no list index) is where the API server reports the failure.
+    """
+
+    rule: str
+    message: str
+    field_path: str | None = None
+    message_expression: str | None = None
+
+    def extension(self) -> dict[str, str]:
+        """The entry as the CRD spells it."""
+        entry = {"rule": self.rule, "message": self.message}
+        if self.field_path is not None:
+            entry["fieldPath"] = self.field_path
+        if self.message_expression is not None:
+            entry["messageExpression"] = self.message_expression
+        return entry
+
+
+def validations(*rules: Rule) -> dict[str, Any]:
+    """A model's ``json_schema_extra``: its rules under ``x-kubernetes-validations``."""
+    return {"x-kubernetes-validations": [rule.extension() for rule in rules]}
+
+
+@dataclass(frozen=True)
+class _Text:
+    """A literal part of a message expression (see :func:`_concat`)."""
+
+    text: str
+
+
+def _quote(text: str) -> str:
+    """``text`` as a CEL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _concat(*parts: str | _Text) -> str:
+    """A CEL string expression joining ``parts``: expressions as they are, :class:`_Text` quoted,
+    adjacent texts as one literal."""
+    merged: list[str | _Text] = []
+    for part in parts:
+        if isinstance(part, _Text) and merged and isinstance(merged[-1], _Text):
+            merged[-1] = _Text(merged[-1].text + part.text)
+        else:
+            merged.append(part)
+    return " + ".join(_quote(part.text) if isinstance(part, _Text) else part for part in merged)
+
+
+# Read on spec (self), with the models' defaults where an optional object is absent.
+_NODES = "(has(self.topology) ? self.topology.nodes : 1)"
+_WORLD_SIZE = "(has(self.topology) ? self.topology.nodes * self.topology.processesPerNode : 1)"
+_MPI_POLICY = "(self.launcher == 'trainjob' && has(self.trainJob) && self.trainJob.mlPolicy == 'mpi')"
+# Ranks started by mpirun: launcher mpijob, or trainjob's MPI policy (validation._distributed_problems).
+_UNDER_MPI = f"(self.launcher == 'mpijob' || {_MPI_POLICY})"
+_MPI_COMMAND = "(has(self.mpi) ? self.mpi.command : 'mpirun')"
+_COMPRESSION = "(has(self.distributed) ? self.distributed.gradientCompression : 'none')"
+_DEEPSPEED = "(has(self.distributed) && has(self.distributed.deepspeed))"
+
+
+def _micro_batch(item: str, world: str) -> str:
+    """defaults.micro_batch_size: microBatchSize, else globalBatchSize / world size, at least 1."""
+    share = f"{item}.globalBatchSize / {world}"
+    return f"(has({item}.microBatchSize) ? {item}.microBatchSize : ({share} >= 1 ? {share} : 1))"
+
+
+def _splits(item: str, world: str) -> str:
+    """defaults.batch_split_problem is None: globalBatchSize divisible by world x micro-batch.
+
+    Without microBatchSize the default micro-batch makes that ``globalBatchSize % world == 0``.
+    With it, a micro-batch over globalBatchSize / world makes world x micro-batch larger than
+    globalBatchSize, which it then cannot divide: testing that first keeps the product within
+    globalBatchSize, so that it cannot overflow (an error the API server would report instead).
+    """
+    size, micro = f"{item}.globalBatchSize", f"{item}.microBatchSize"
+    return (
+        f"(has({micro}) ? ({micro} <= {size} / {world} && {size} % ({world} * {micro}) == 0) "
+        f": {size} % {world} == 0)"
+    )
+
+
+def _split_message(path: _Text | list[str | _Text], item: str, world: str) -> str:
+    """batch_split_problem's message, after ``path`` (text, or parts of a message expression)."""
+    return _concat(
+        *(path if isinstance(path, list) else [path]),
+        _Text(".globalBatchSize: "),
+        f"string({item}.globalBatchSize)",
+        _Text(" is not divisible by world size "),
+        f"string({world})",
+        _Text(" x microBatchSize "),
+        f"string({_micro_batch(item, world)})",
+    )
+
+
+def _phase_rules(index: int) -> list[Rule]:
+    phase, where = f"self.phases[{index}]", f"spec.phases[{index}]"
+    # The schema's minItems (1) makes phase 1 always there.
+    present = f"size(self.phases) <= {index} || " if index else ""
+    return [
+        Rule(
+            present + _splits(phase, _WORLD_SIZE),
+            f"{where}.globalBatchSize: must be divisible by world size (topology.nodes x "
+            "topology.processesPerNode) x microBatchSize",
+            field_path=".phases",
+            message_expression=_split_message(_Text(where), phase, _WORLD_SIZE),
+        ),
+        Rule(
+            present + f"{phase}.maxPredictionsPerSeq < {phase}.maxSeqLength",
+            f"{where}: maxPredictionsPerSeq must be smaller than maxSeqLength",
+            field_path=".phases",
+        ),
+    ]
+
+
+def _task_world(task: str) -> str:
+    """defaults.task_world_size: every rank with parallelism data, one with seeds."""
+    return f"({task}.parallelism == 'data' ? {_WORLD_SIZE} : 1)"
+
+
+def _finetune_rule() -> Rule:
+    task_world, item_world = _task_world("t"), _task_world("self.finetune[i]")
+    # The index of the first task that does not split: a list of every index the schema allows,
+    # since core CEL has no range and a macro over the tasks themselves has no index.
+    indices = "[" + ", ".join(map(str, range(MAX_FINETUNE_TASKS))) + "]"
+    failing = f"!{_splits('self.finetune[i]', item_world)}"
+    path: list[str | _Text] = [_Text("spec.finetune["), "string(i)", _Text("]")]
+    return Rule(
+        f"!has(self.finetune) || self.finetune.all(t, {_splits('t', task_world)})",
+        "spec.finetune[].globalBatchSize: must be divisible by the task's world size (all the "
+        "job's processes with parallelism data, 1 with seeds) x microBatchSize",
+        field_path=".finetune",
+        message_expression=f"{indices}.filter(i, i < size(self.finetune) && {failing})"
+        f".map(i, {_split_message(path, 'self.finetune[i]', item_world)})[0]",
+    )
+
+
+_HABANA_MPI = (
+    " cannot run accelerator habana-hpu: its ranks use Horovod, which the Gaudi image lacks (no HPU "
+    "support upstream); use launcher pytorchjob, or trainjob with mlPolicy torch"
+)
+_BF16_MPI = (
+    ": Horovod compresses to fp16 only (use fp16 or none, or torchrun: launcher pytorchjob, or "
+    "trainJob.mlPolicy torch)"
+)
+_ELASTIC_HOROVOD = (
+    "elastic Horovod starts on at least 2 nodes (it compares two hosts' network interfaces); set "
+    "nodes to 2 or more, or use launcher pytorchjob"
+)
+
+
+def _job_rules() -> list[Rule]:
+    mpijob = "self.launcher == 'mpijob'"
+    launcher_words = f"({mpijob} ? 'launcher mpijob' : 'launcher trainjob with trainJob.mlPolicy mpi')"
+    policy_words = f"({mpijob} ? 'launcher mpijob' : 'Trainer v2\\'s MPI policy')"
+    elastic = "has(self.elastic)"
+    return [
+        *(rule for index in range(MAX_PHASES) for rule in _phase_rules(index)),
+        Rule(
+            "size(self.phases) < 2 || self.phases[1].maxSeqLength >= self.phases[0].maxSeqLength",
+            "spec.phases[1].maxSeqLength: phase 2 must not use shorter sequences than phase 1",
+            field_path=".phases",
+        ),
+        _finetune_rule(),
+        Rule(
+            f"!(self.accelerator == 'habana-hpu' && {_UNDER_MPI})",
+            "spec.launcher: launcher mpijob, or trainjob with trainJob.mlPolicy mpi," + _HABANA_MPI,
+            field_path=".launcher",
+            message_expression=_concat(_Text("spec.launcher: "), launcher_words, _Text(_HABANA_MPI)),
+        ),
+        Rule(
+            f"!({_COMPRESSION} == 'bf16' && {_UNDER_MPI})",
+            "spec.distributed.gradientCompression: bf16 is not available under launcher mpijob or "
+            "Trainer v2's MPI policy" + _BF16_MPI,
+            field_path=".distributed.gradientCompression",
+            message_expression=_concat(
+                _Text("spec.distributed.gradientCompression: bf16 is not available under "),
+                policy_words,
+                _Text(_BF16_MPI),
+            ),
+        ),
+        Rule(
+            f"!{elastic} || self.elastic.minNodes <= {_NODES}",
+            "spec.elastic.minNodes: must not be more than the nodes of spec.topology",
+            field_path=".elastic.minNodes",
+            message_expression=_concat(
+                _Text("spec.elastic.minNodes: "),
+                "string(self.elastic.minNodes)",
+                _Text(" is more than the "),
+                f"string({_NODES})",
+                _Text(" nodes of spec.topology"),
+            ),
+        ),
+        Rule(
+            f"!{elastic} || self.elastic.maxNodes >= {_NODES}",
+            "spec.elastic.maxNodes: must not be fewer than the nodes of spec.topology",
+            field_path=".elastic.maxNodes",
+            message_expression=_concat(
+                _Text("spec.elastic.maxNodes: "),
+                "string(self.elastic.maxNodes)",
+                _Text(" is fewer than the "),
+                f"string({_NODES})",
+                _Text(" nodes of spec.topology"),
+            ),
+        ),
+        Rule(
+            # Its only other value is horovodrun, so the message can name it without reading it.
+            f"!({elastic} && {mpijob} && {_MPI_COMMAND} != 'horovodrun')",
+            "spec.mpi.command: elastic training under launcher mpijob needs horovodrun (elastic "
+            "Horovod), not mpirun",
+            field_path=".mpi.command",
+        ),
+        Rule(
+            f"!({elastic} && {mpijob} && {_NODES} < 2)",
+            "spec.topology.nodes: " + _ELASTIC_HOROVOD,
+            field_path=".topology.nodes",
+        ),
+        Rule(
+            f"!({elastic} && self.launcher == 'trainjob')",
+            "spec.elastic: Kubeflow Trainer v2 has no elastic training; use launcher pytorchjob",
+            field_path=".elastic",
+        ),
+        Rule(
+            f"!({_MPI_POLICY} && {_MPI_COMMAND} != 'mpirun')",
+            "spec.mpi.command: Trainer v2's MPI runtime starts the ranks with mpirun",
+            field_path=".mpi.command",
+        ),
+        Rule(
+            f"!{_DEEPSPEED} || self.distributed.deepspeed.zeroStage != 0",
+            "spec.distributed.deepspeed.zeroStage: 0 is DeepSpeed without ZeRO, the plain data "
+            "parallelism DDP and Horovod already give; leave spec.distributed.deepspeed out, or set "
+            "zeroStage 1, 2, 3",
+            field_path=".distributed.deepspeed.zeroStage",
+        ),
+        Rule(
+            f"!({_DEEPSPEED} && self.accelerator == 'xeon-cpu' && self.precision == 'fp16')",
+            "spec.precision: fp16 under DeepSpeed needs a GPU or HPU; on xeon-cpu use bf16 or fp32",
+            field_path=".precision",
+        ),
+        Rule(
+            f"!({_DEEPSPEED} && {_COMPRESSION} != 'none')",
+            "spec.distributed.gradientCompression: is for DDP and Horovod; with DeepSpeed set "
+            "communication_data_type in spec.distributed.deepspeed.config instead",
+            field_path=".distributed.gradientCompression",
+        ),
+        Rule(
+            f"!({_DEEPSPEED} && {elastic})",
+            "spec.elastic: DeepSpeed's ZeRO checkpoints are sharded for one world size; elastic "
+            "training runs with DDP or Horovod only",
+            field_path=".elastic",
+        ),
+        Rule(
+            f"!({_DEEPSPEED} && {mpijob} && {_MPI_COMMAND} == 'horovodrun')",
+            "spec.mpi.command: DeepSpeed runs under mpirun (it joins through torch.distributed), not "
+            "horovodrun",
+            field_path=".mpi.command",
+        ),
+        Rule(
+            "!(has(self.evaluation) && has(self.evaluation.everySteps) && self.data.heldoutFraction == 0.0)",
+            "spec.evaluation.everySteps: evaluation needs held-out shards: set "
+            "spec.data.heldoutFraction above 0",
+            field_path=".evaluation.everySteps",
+        ),
+        Rule(
+            "!(has(self.model) && has(self.model.initFrom)) || "
+            "(has(self.data.vocab) && has(self.data.vocab.file))",
+            "spec.data.vocab.file: model.initFrom continues an existing model, which needs its own "
+            "vocabulary: set file to its vocab.txt",
+            field_path=".data.vocab.file",
+        ),
+    ]
+
+
+# The rules across spec's objects, carried by JobSpec (validation.problems and what it calls).
+JOB_RULES = validations(*_job_rules())
