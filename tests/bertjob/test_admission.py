@@ -10,8 +10,10 @@ import kopf
 import pytest
 import yaml
 
-from bertjob import admission
+from bertjob import admission, changes
 from bertjob.cli import main
+from bertjob.lifecycle import condition, now
+from bertjob_api.crd import JobStatus
 from bertjob_api.jobfile import load_job
 from bertjob_api.spec import SpecError
 from bertjob_api.validation import cluster_job
@@ -87,3 +89,35 @@ def test_a_bad_port_is_named(tmp_path: Path, port: str) -> None:
     environ = {admission.CERT_DIR_ENV: str(_certificate_dir(tmp_path)), admission.PORT_ENV: port}
     with pytest.raises(ValueError, match="BERTJOB_WEBHOOK_PORT"):
         admission.configure(kopf.OperatorSettings(), environ, kopf.OperatorRegistry())
+
+
+def _status(phase: str | None, reason: str | None = None, status: str = "True") -> JobStatus:
+    conditions = [] if reason is None else [condition("Failed", reason, "", now(), status == "True")]
+    return JobStatus(phase=phase, conditions=conditions)
+
+
+@pytest.mark.parametrize(
+    ("status", "renders"),
+    [
+        (_status("Failed", "InvalidSpec"), True),
+        (_status("Failed", "RenderFailed"), True),
+        (_status("Failed", "JobFailed"), False),
+        (_status("Failed", "ChildRejected"), False),
+        (_status("Running", "InvalidSpec", "False"), False),
+        (_status("Running"), False),
+        (_status(None), False),
+    ],
+)
+def test_only_a_job_failed_for_its_spec_is_rendered_again(status: JobStatus, renders: bool) -> None:
+    assert changes.renders_again(status) is renders
+    image_changed = changes.refused_fields(status, {"image": "a"}, {"image": "b"})
+    # Rendered again, or not handled yet: any change goes; with children, the image is refused.
+    assert image_changed == ([] if renders or status.phase is None else ["spec.image"])
+
+
+@pytest.mark.parametrize("safe_fields", [changes.SAFE_FIELDS, ("spec.runPolicy.suspend",)])
+def test_a_job_with_children_takes_its_launchers_safe_fields_only(safe_fields: tuple[str, ...]) -> None:
+    before = {"image": "a", "runPolicy": {}}
+    after = {"image": "a", "runPolicy": {"suspend": True, "backoffLimit": 3}}
+    refused = changes.refused_fields(_status("Running"), before, after, safe_fields)
+    assert refused == [f for f in ["spec.runPolicy.backoffLimit"] if f not in safe_fields]
