@@ -3,6 +3,7 @@ the admission table, its message, and how the operator turns it on (or leaves it
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -121,3 +122,32 @@ def test_a_job_with_children_takes_its_launchers_safe_fields_only(safe_fields: t
     after = {"image": "a", "runPolicy": {"suspend": True, "backoffLimit": 3}}
     refused = changes.refused_fields(_status("Running"), before, after, safe_fields)
     assert refused == [f for f in ["spec.runPolicy.backoffLimit"] if f not in safe_fields]
+
+
+def _validate(document: dict[str, Any], operation: str = "CREATE", old: Any = None) -> None:
+    admission.validate_job(
+        body=kopf.Body(document),
+        memo=kopf.Memo(),
+        logger=logging.getLogger("test"),
+        old=old,
+        operation=operation,
+    )
+
+
+def test_the_handler_refuses_with_422_naming_the_fields() -> None:
+    [case] = [case for case in JOB_CASES if case["id"] == "three-problems-all-named"]
+    with pytest.raises(kopf.AdmissionError) as refused:
+        _validate(case["document"])
+    assert refused.value.code == admission.REFUSED_CODE
+    assert all(f"{field}: " in str(refused.value) for field in case["fields"])
+    _validate(JOB_CASES[0]["document"])
+
+
+def test_a_check_that_fails_refuses_the_request_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_: Any) -> list[tuple[str, str]]:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(admission, "review", broken)
+    with pytest.raises(kopf.AdmissionError, match="could not check this request: boom") as refused:
+        _validate(JOB_CASES[0]["document"])
+    assert refused.value.code == 500
