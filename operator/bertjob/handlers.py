@@ -414,7 +414,8 @@ def _write(
 ) -> None:
     """Write the status that ``change`` (a pure function of :mod:`bertjob.lifecycle`) makes of the
     job's status, recording ``events`` and, if ``transition``, the Event of a phase change in the
-    same patch; :func:`announce` posts them.
+    same patch; :func:`announce` posts them. The kstatus conditions (Ready, Reconciling, Stalled)
+    are derived from the status ``change`` makes (:func:`bertjob.lifecycle.with_kstatus`).
 
     Optimistic concurrency: ``change`` is applied to the status as read (``job`` first), and the
     fields that differ are merge-patched with the resourceVersion read as a precondition, so a
@@ -434,7 +435,9 @@ def _write(
         if read is None or read["metadata"].get("uid") != meta.get("uid"):
             return
         current, junk = lifecycle.read(read)
-        new = change(current)
+        # The kstatus conditions follow from the rest, as written here, and from the generation
+        # of the job as read: never from the handler's idea of them.
+        new = lifecycle.with_kstatus(change(current), read["metadata"].get("generation"), lifecycle.now())
         phase_change = lifecycle.transition(current, new) if transition else None
         stamp = time.time_ns()
         named = {
@@ -458,8 +461,10 @@ def _write(
 
 def _fail(api: ApiClient, job: Mapping[str, Any], reason: str, message: str) -> kopf.PermanentError:
     warning = lifecycle.Transition("Warning", reason, lifecycle.short(message))
-    at = lifecycle.now()
-    _write(api, job, lambda status: lifecycle.failed(status, reason, message, at), [warning], False)
+    at, generation = lifecycle.now(), job["metadata"].get("generation")
+    _write(
+        api, job, lambda status: lifecycle.failed(status, reason, message, at, generation), [warning], False
+    )
     return kopf.PermanentError(f"{reason}: {lifecycle.short(message)}")
 
 

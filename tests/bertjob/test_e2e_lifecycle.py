@@ -134,7 +134,8 @@ def test_a_spec_fixed_after_failing_is_rendered_again(cluster: Cluster) -> None:
     cluster.patch_job("fixed", {"spec": {"topology": {"processesPerNode": 2}}})
 
     status = cluster.status_when("fixed", "Pending")
-    assert [c["type"] for c in status["conditions"]] == ["Created"]
+    # The failure's conditions gone (its kstatus Stalled too), the new children's in their place.
+    assert [c["type"] for c in status["conditions"]] == ["Created", "Ready", "Reconciling"]
     assert "completionTime" not in status and status["observedGeneration"] == 2
     assert set(children_of(cluster, "fixed")) >= {"v1/configmaps", PYTORCHJOBS}
 

@@ -43,7 +43,12 @@ def test_a_valid_job_gets_owned_children_and_a_status(
     assert (child_ref["apiVersion"], child_ref["name"]) == (group_version, name)
     assert status["configMap"] == f"{name}-job"
     assert status["observedGeneration"] == 1
-    assert [(c["type"], c["status"]) for c in status["conditions"]] == [("Created", "True")]
+    # Ready and Reconciling: kstatus' conditions (test_kstatus_e2e.py).
+    assert [(c["type"], c["status"]) for c in status["conditions"]] == [
+        ("Created", "True"),
+        ("Ready", "False"),
+        ("Reconciling", "True"),
+    ]
     assert_valid(status, bertjob_schema["properties"]["status"])
     owner = {
         "apiVersion": "bertjob.dev/v1alpha1",
@@ -93,7 +98,7 @@ def test_the_childs_conditions_are_mirrored_into_the_job(cluster: Cluster, launc
         )
 
     by_type = {c["type"]: c for c in status["conditions"]}
-    assert set(by_type) == {"Created", "Running", "Restarting", "Succeeded"}
+    assert set(by_type) == {"Created", "Running", "Restarting", "Succeeded", "Ready"}
     assert (by_type["Succeeded"]["reason"], by_type["Succeeded"]["message"]) == (
         "JobSucceeded",
         "the job is succeeded",
@@ -148,8 +153,13 @@ def test_a_bad_spec_fails_the_job_naming_the_field(
 
     status = cluster.status_when(name, "Failed")
 
-    [condition] = status["conditions"]
+    condition, ready, stalled = status["conditions"]
     assert (condition["type"], condition["status"], condition["reason"]) == ("Failed", "True", "InvalidSpec")
+    # kstatus: the failure is final until the spec changes (test_kstatus_e2e.py).
+    assert [(c["type"], c["status"], c["reason"]) for c in (ready, stalled)] == [
+        ("Ready", "False", "InvalidSpec"),
+        ("Stalled", "True", "InvalidSpec"),
+    ]
     assert named in condition["message"]
     assert len(condition["message"]) <= 1024
     assert children_of(cluster, name) == {}

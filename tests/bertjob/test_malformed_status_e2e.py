@@ -69,7 +69,7 @@ def test_a_malformed_status_is_repaired_once_not_retried(
 
     status = cluster.wait_for(f"{name}'s status to be whole", lambda: _well_formed(cluster, name), 15)
     assert status["phase"] == "Pending"
-    assert [c["type"] for c in status["conditions"]] == ["Created"]
+    assert [c["type"] for c in status["conditions"]] == ["Created", "Ready", "Reconciling"]
     assert [child["name"] for child in status["children"]] == [name]
     noise = _noise(cluster, offset)
     time.sleep(QUIET_S)

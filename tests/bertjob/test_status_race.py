@@ -162,6 +162,13 @@ def test_two_writers_racing_on_the_status_both_land(api: ApiClient, monkeypatch:
 
     status = _job(api, name)["status"]
     by_type = {c["type"]: c["status"] for c in status["conditions"]}
-    assert by_type == {"Created": "True", "Running": "True", "SpecChangeRefused": "True"}
+    # The kstatus conditions follow from both writes: the job stalls on the refused change.
+    assert by_type == {
+        "Created": "True",
+        "Running": "True",
+        "SpecChangeRefused": "True",
+        "Ready": "False",
+        "Stalled": "True",
+    }
     assert (status["phase"], status["observedGeneration"]) == ("Running", 2)
     assert held.conflicts >= 1, "the writers did not race"

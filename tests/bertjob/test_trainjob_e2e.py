@@ -73,7 +73,11 @@ def test_a_trainjob_job_gets_an_owned_trainjob(cluster: Cluster, trainjob_schema
     assert status["children"] == [
         {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": name}
     ]
-    assert [(c["type"], c["status"]) for c in status["conditions"]] == [("Created", "True")]
+    assert [(c["type"], c["status"]) for c in status["conditions"]] == [
+        ("Created", "True"),
+        ("Ready", "False"),
+        ("Reconciling", "True"),
+    ]
     assert "TrainJob tj-created" in _condition(status, "Created")["message"]
     trainjob = _trainjob(cluster, name)
     assert trainjob["metadata"]["ownerReferences"] == [
