@@ -13,6 +13,8 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bertjob_api import reference
 from bertjob_api.crd import crd, resource_schema
@@ -481,3 +483,99 @@ def test_the_reference_lists_each_rule_under_its_objects_table() -> None:
         heading = "BertPretrainJob" if site.path == "<root>" else site.path
         [section] = [text for text in sections if text.startswith(heading + "\n")]
         assert f"- {site.entry['message']}\n" in section.replace("\\|", "|"), site.entry["message"]
+
+
+def _maybe(value: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """``value``, or the field left out (:data:`ABSENT`)."""
+    return st.one_of(st.just(ABSENT), value)
+
+
+ABSENT = object()
+
+
+@st.composite
+def _rule_fields(draw: st.DrawFn) -> dict[str, Any]:
+    """A job varied in every field a rule reads, and in no other (so that every problem the CLI
+    finds is one a rule states)."""
+    small = st.integers(1, 4)
+    phase = st.fixed_dictionaries(
+        {"globalBatchSize": st.integers(1, 48)}, optional={"microBatchSize": st.integers(1, 12)}
+    )
+    task = st.fixed_dictionaries(
+        {"globalBatchSize": st.integers(1, 40)},
+        optional={"microBatchSize": st.integers(1, 8), "parallelism": st.sampled_from(["data", "seeds"])},
+    )
+    fields: dict[str, Any] = {
+        "spec.topology": {"nodes": draw(small), "processesPerNode": draw(small)},
+        "spec.launcher": draw(st.sampled_from(["pytorchjob", "mpijob", "trainjob"])),
+        "spec.accelerator": draw(st.sampled_from(["nvidia-gpu", "habana-hpu", "xeon-cpu"])),
+        "spec.precision": draw(st.sampled_from(["bf16", "fp16", "fp32"])),
+        "spec.trainJob": draw(
+            _maybe(st.fixed_dictionaries({}, optional={"mlPolicy": st.sampled_from(["torch", "mpi"])}))
+        ),
+        "spec.mpi": draw(
+            _maybe(st.fixed_dictionaries({}, optional={"command": st.sampled_from(["mpirun", "horovodrun"])}))
+        ),
+        "spec.distributed": draw(
+            _maybe(
+                st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "gradientCompression": st.sampled_from(["none", "fp16", "bf16"]),
+                        "deepspeed": st.fixed_dictionaries({}, optional={"zeroStage": st.integers(0, 3)}),
+                    },
+                )
+            )
+        ),
+        "spec.elastic": draw(_maybe(st.fixed_dictionaries({"minNodes": small, "maxNodes": small}))),
+        "spec.evaluation": draw(_maybe(st.just({"everySteps": 10}))),
+        "spec.data.heldoutFraction": draw(_maybe(st.sampled_from([0, 0.0, 0.1]))),
+        "spec.data.numShards": draw(_maybe(st.just(2))),
+        "spec.data.maxShardMB": draw(_maybe(st.just(10))),
+        "spec.data.packing": draw(_maybe(st.sampled_from(["none", "spfhp"]))),
+        "spec.data.masking": draw(_maybe(st.sampled_from(["static", "dynamic"]))),
+        "spec.data.vocab": draw(
+            _maybe(
+                st.fixed_dictionaries(
+                    {}, optional={"trainSize": st.just(100), "file": st.just("/data/v.txt")}
+                )
+            )
+        ),
+        "spec.model": draw(_maybe(st.just({"initFrom": "/data/model"}))),
+        "spec.optimizer": draw(
+            _maybe(
+                st.fixed_dictionaries(
+                    {"lrScaling": st.sampled_from(["none", "linear", "sqrt"])},
+                    optional={"referenceGlobalBatchSize": st.just(256)},
+                )
+            )
+        ),
+        "spec.phases.0": {**valid_job()["spec"]["phases"][0], **draw(phase)},
+        "spec.phases.1": {**valid_job()["spec"]["phases"][1], **draw(phase)},
+    }
+    tasks = draw(st.lists(task, max_size=3))
+    fields["spec.finetune"] = [
+        {**BUILTIN_TASK, "name": f"t{index}", **value} for index, value in enumerate(tasks)
+    ]
+    return fields
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(_rule_fields())
+def test_on_the_fields_the_rules_read_they_say_what_the_cli_says(fields: dict[str, Any]) -> None:
+    document = valid_job()
+    for dotted, value in fields.items():
+        if value is not ABSENT:
+            document = with_value(document, dotted, value)
+    document = stored(document)
+    assert not errors(document, SCHEMA)
+    messages = {refusal.message for refusal in _refusals(document)}
+    cli = _cli(document)
+
+    if cli.at_parse:
+        # The CLI stops at the spec's own validators; CEL states those and may find more.
+        assert set(cli.lines) <= messages
+        return
+    # One rule covers every fine-tuning task, and a rule gives one message: the first task's.
+    tasks = [line for line in cli.lines if line.startswith("spec.finetune[")]
+    assert messages == set(cli.lines) - set(tasks[1:])
