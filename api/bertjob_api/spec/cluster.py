@@ -41,6 +41,16 @@ class ResourcesSpec(_Spec):
         return value
 
 
+class PrepareResourcesSpec(ResourcesSpec):
+    """Compute resources of the data-preparation pod, which gets no accelerator device."""
+
+    limits: dict[str, Quantity] = Field(
+        default_factory=dict,
+        description="e.g. {memory: 64Gi}. Unlike the training pods', no accelerator device is added: "
+        "the data stage runs on CPUs.",
+    )
+
+
 def _whole(amount: int | str) -> bool:
     value, _ = kubenames.parse_quantity(amount)
     return value is not None and value == value.to_integral_value()
@@ -275,6 +285,6 @@ class PrepareSpec(_Spec):
         description="Run `python -m bertpretrain prepare` as a batch/v1 Job first; training starts when "
         "it succeeds. Otherwise rank 0 of the training job prepares the data itself.",
     )
-    resources: ResourcesSpec = Field(
-        default_factory=ResourcesSpec, description="Requests and limits of the preparation pod."
+    resources: PrepareResourcesSpec = Field(
+        default_factory=PrepareResourcesSpec, description="Requests and limits of the preparation pod."
     )

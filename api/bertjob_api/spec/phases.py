@@ -111,7 +111,10 @@ class EvaluationSpec(_Spec):
     """Masked-LM and NSP accuracy on the held-out shards (made with data.heldoutFraction)."""
 
     every_steps: Int64 | None = Field(
-        None, ge=1, description="Evaluate every this many optimizer steps. Always at the end of a phase."
+        None,
+        ge=1,
+        description="Evaluate every this many optimizer steps, and always at the end of a phase. "
+        "Default: only at the end of each phase (with held-out shards).",
     )
     max_sequences: Int64 | None = Field(
         None, ge=1, description="Held-out sequences per evaluation. Default: all of them."
