@@ -3,10 +3,12 @@
 #
 #   hack/build-images.sh [--builder docker|buildah|print] [--local] [--horovod-wheels DIR] [TARGET...]
 #   hack/build-images.sh --buildah-flags      # buildah's storage flags, one a line (for scripts)
+#   hack/build-images.sh --tags [TARGET...]   # each TARGET's tag, one a line; builds nothing
 #
 # TARGET: operator, cuda, xeon, gaudi (default: all four). Tags: ghcr.io/bertjob/operator:VERSION
-# and ghcr.io/bertjob/trainer:VERSION-TARGET, VERSION from pyproject.toml; $REGISTRY replaces
-# ghcr.io/bertjob.
+# and ghcr.io/bertjob/trainer:VERSION-TARGET, VERSION the chart's appVersion
+# (charts/bertjob/Chart.yaml), so that the chart's and the kustomize tree's default images are
+# these (tests/test_image_tags.py); $REGISTRY replaces ghcr.io/bertjob.
 #
 # --builder: docker (BuildKit) when `docker info` answers, else buildah when it is installed, else
 #   print, which prints the docker commands and builds nothing.
@@ -31,7 +33,11 @@ set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 CACHE=${BERTJOB_CACHE:-$REPO/.cache}
 REGISTRY=${REGISTRY:-ghcr.io/bertjob}
-VERSION=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$REPO/pyproject.toml" | head -n 1)
+VERSION=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' "$REPO/charts/bertjob/Chart.yaml")
+if [[ -z "$VERSION" ]]; then
+    echo "build-images.sh: no appVersion in $REPO/charts/bertjob/Chart.yaml" >&2
+    exit 2
+fi
 LOCAL_BASE=localhost/bertjob-base:bookworm
 LOCAL_KUBECTL=localhost/bertjob-kubectl:local
 
@@ -74,6 +80,7 @@ usage() {
 
 builder=""
 local_mode=false
+tags_only=false
 wheels=""
 targets=()
 while (($#)); do
@@ -82,12 +89,22 @@ while (($#)); do
         --local) local_mode=true; shift ;;
         --horovod-wheels) wheels=$(cd "${2:?--horovod-wheels needs a directory}" && pwd); shift 2 ;;
         --buildah-flags) storage_flags; printf '%s\n' "${BUILDAH_FLAGS[@]}"; exit 0 ;;
+        --tags) tags_only=true; shift ;;
         -h | --help) usage ;;
         operator | cuda | xeon | gaudi) targets+=("$1"); shift ;;
         *) echo "build-images.sh: unknown argument '$1'" >&2; usage ;;
     esac
 done
 ((${#targets[@]})) || targets=(operator cuda xeon gaudi)
+
+tag() {
+    if [[ "$1" == operator ]]; then echo "$REGISTRY/operator:$VERSION"; else echo "$REGISTRY/trainer:$VERSION-$1"; fi
+}
+
+if $tags_only; then
+    for target in "${targets[@]}"; do tag "$target"; done
+    exit 0
+fi
 
 if [[ -z "$builder" ]]; then
     if command -v docker >/dev/null && docker info >/dev/null 2>&1; then
@@ -114,10 +131,6 @@ if $local_mode; then
         wheels="$REPO/.cache/wheels"
     fi
 fi
-
-tag() {
-    if [[ "$1" == operator ]]; then echo "$REGISTRY/operator:$VERSION"; else echo "$REGISTRY/trainer:$VERSION-$1"; fi
-}
 
 buildah_() {
     buildah "${BUILDAH_FLAGS[@]}" "$@"
