@@ -275,7 +275,7 @@ def crd() -> dict[str, Any]:
     }
 
 
-HEADER = "# Generated from api/bertjob_api/spec.py by `python -m bertjob_api.crd`; do not edit.\n"
+HEADER = "# Generated from api/bertjob_api/spec/ by `python -m bertjob_api.crd`; do not edit.\n"
 
 
 def crd_yaml() -> str:
@@ -284,7 +284,7 @@ def crd_yaml() -> str:
 
 
 CHART_HEADER = (
-    "{{- /* Generated from api/bertjob_api/spec.py by `python -m bertjob_api.crd --chart-template`"
+    "{{- /* Generated from api/bertjob_api/spec/ by `python -m bertjob_api.crd --chart-template`"
     " (make generate); do not edit. */ -}}\n"
 )
 
