@@ -139,6 +139,24 @@ CI_INTENT: dict[str, Callable[[list[dict[str, Any]]], bool]] = {
         and "Secret" not in _kinds(o)
         and "namespaceSelector" in one(o, "ValidatingWebhookConfiguration")["webhooks"][0]
     ),
+    # The pod's user and group are OpenShift's to assign; the rest of the lock-down stays.
+    "openshift": lambda o: (
+        _pod_spec(o)["securityContext"]
+        == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+        and operator_container(o)["securityContext"]["readOnlyRootFilesystem"] is True
+    ),
+    # Every name and label the platform's, the CA bundle mounted, kopf's logs as JSON.
+    "platform": lambda o: (
+        all(
+            obj["metadata"]["name"].startswith("ml-bertjob-")
+            for obj in o
+            if obj["kind"] != "CustomResourceDefinition"
+        )
+        and {obj["metadata"]["labels"].get("team") for obj in o} == {"nlp"}
+        and {obj["metadata"]["labels"]["app.kubernetes.io/name"] for obj in o} == {"bert"}
+        and [m["name"] for m in operator_container(o)["volumeMounts"]] == ["tmp", "corporate-ca"]
+        and "--log-format=json" in operator_container(o)["command"]
+    ),
     # Without helm seeing Trainer v2's CRD (no --api-versions here), so only because install is true.
     "trainingruntimes": lambda o: (
         sorted(obj["metadata"]["name"] for obj in o if obj["kind"] == "ClusterTrainingRuntime")
@@ -252,6 +270,71 @@ BAD: list[tuple[str, Path | dict[str, Any], str, str]] = [
         "at '/resources/limits/memory'",
         "does not match",
     ),
+    ("name-override-pattern", {"nameOverride": "Bert_Job"}, "at '/nameOverride'", "does not match"),
+    ("fullname-override-length", {"fullnameOverride": "a" * 47}, "at '/fullnameOverride'", "maxLength"),
+    (
+        "common-label-of-the-chart",
+        {"commonLabels": {"app.kubernetes.io/name": "x"}},
+        "at '/commonLabels'",
+        "propertyName",
+    ),
+    (
+        "common-label-aggregating",
+        {"commonLabels": {"rbac.authorization.k8s.io/aggregate-to-admin": "true"}},
+        "at '/commonLabels'",
+        "propertyName",
+    ),
+    ("extra-arg-of-the-chart", {"extraArgs": ["--namespace=other"]}, "at '/extraArgs/0'", "failed"),
+    ("extra-arg-short-form", {"extraArgs": ["-nother"]}, "at '/extraArgs/0'", "failed"),
+    (
+        "extra-volume-of-the-chart",
+        {"extraVolumes": [{"name": "tmp", "emptyDir": {}}]},
+        "at '/extraVolumes/0/name'",
+        "failed",
+    ),
+    (
+        "extra-volume-misspelt",
+        {"extraVolumes": [{"name": "ca", "configmap": {}}]},
+        "at '/extraVolumes/0'",
+        "'configmap' not allowed",
+    ),
+    (
+        "extra-mount-over-tmp",
+        {"extraVolumeMounts": [{"name": "x", "mountPath": "/tmp"}]},
+        "at '/extraVolumeMounts/0/mountPath'",
+        "failed",
+    ),
+    (
+        "extra-mount-without-path",
+        {"extraVolumeMounts": [{"name": "x"}]},
+        "at '/extraVolumeMounts/0'",
+        "mountPath",
+    ),
+    (
+        "run-as-user-text",
+        {"podSecurityContext": {"runAsUser": "10001"}},
+        "at '/podSecurityContext/runAsUser'",
+        "want integer",
+    ),
+    (
+        "pod-security-misspelt",
+        {"podSecurityContext": {"runAsNonroot": True}},
+        "at '/podSecurityContext'",
+        "'runAsNonroot' not allowed",
+    ),
+    (
+        "capabilities-misspelt",
+        {"securityContext": {"capabilities": {"dropped": ["ALL"]}}},
+        "at '/securityContext/capabilities'",
+        "'dropped' not allowed",
+    ),
+    (
+        "seccomp-type",
+        {"securityContext": {"seccompProfile": {"type": "runtime/default"}}},
+        "at '/securityContext/seccompProfile/type'",
+        "must be one of",
+    ),
+    ("global-not-an-object", {"global": "x"}, "at '/global'", "want object"),
 ]
 
 
@@ -293,11 +376,41 @@ def test_the_schema_is_draft_07_and_closed_wherever_it_lists_properties() -> Non
     walk(schema, "")
 
 
+def _without_nulls(values: Any) -> Any:
+    # Helm drops a key whose value is null (a values file's way to remove a default) before it
+    # validates.
+    if isinstance(values, dict):
+        return {key: _without_nulls(value) for key, value in values.items() if value is not None}
+    return values
+
+
 @pytest.mark.parametrize("values_file", [CHART / "values.yaml", *CI_VALUES], ids=lambda path: path.name)
 def test_the_values_files_fit_the_schema(values_file: Path) -> None:
     # Helm validates the defaults with the file merged over them; so does this, with another validator.
-    values = merged(default_values(), yaml.safe_load(values_file.read_text()))
+    values = _without_nulls(merged(default_values(), yaml.safe_load(values_file.read_text())))
     jsonschema.Draft7Validator(values_schema()).validate(values)
+
+
+def test_a_mount_of_no_extra_volume_is_refused_naming_it(helm: Helm, tmp_path: Path) -> None:
+    path = tmp_path / "values.yaml"
+    path.write_text(
+        json.dumps(
+            {
+                "extraVolumes": [{"name": "ca", "configMap": {"name": "ca"}}],
+                "extraVolumeMounts": [
+                    {"name": "ca", "mountPath": "/etc/ca"},
+                    {"name": "cache", "mountPath": "/var/cache"},
+                ],
+            }
+        )
+    )
+
+    result = helm("template", RELEASE, str(CHART), f"--values={path}")
+
+    assert result.returncode != 0
+    assert 'extraVolumeMounts[1].name: "cache" is no volume of extraVolumes (ca)' in result.stderr, (
+        result.stderr
+    )
 
 
 def _readme_rows() -> dict[str, tuple[str, Any, str]]:

@@ -47,7 +47,7 @@ BASE = REPO / "kustomize" / "base"
 ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
 # JobSet's webhook refuses a failure policy rule whose name does not match this (jobset_types.go).
 RULE_NAME = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
-DEFAULT_IMAGE = "ghcr.io/bertjob/trainer:0.1.0"
+DEFAULT_IMAGE = "ghcr.io/bertjob/trainer:0.1.0-xeon"
 
 
 @pytest.fixture(scope="module")

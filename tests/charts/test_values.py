@@ -2,7 +2,8 @@
 
 A case renders the chart twice, with ``base`` and with ``base`` plus ``change``, and compares every
 leaf of every object: each difference must lie under one of the paths the case expects (an object
-appearing or disappearing is the path ""), and each expected path must see one. ``read`` then
+appearing or disappearing is the path ""; kind and name "*" stand for any), and each expected path
+must see one; a case that renames objects computes its paths from what ``base`` rendered. ``read`` then
 reads what the change rendered. Each case runs twice: over the defaults, and with every optional
 object switched on (ServiceMonitor, PodDisruptionBudget, NetworkPolicy), so that a value leaking
 into an object the defaults leave out is seen too.
@@ -50,7 +51,7 @@ class Case:
 
     id: str
     change: dict[str, Any]
-    changes: set[tuple[str, str, str]]
+    changes: set[tuple[str, str, str]] | Callable[[Objects], set[tuple[str, str, str]]]
     read: Callable[[Objects], Any]
     expected: Any
     base: dict[str, Any] = field(default_factory=dict)
@@ -82,6 +83,56 @@ def _account(objects: Objects) -> tuple[str, list[str]]:
     return _pod(objects)["serviceAccountName"], subjects
 
 
+# Objects whose names the operator relies on: no name value changes them.
+FIXED_NAMES = {"CustomResourceDefinition", "ClusterTrainingRuntime"}
+NAME_LABEL = "app.kubernetes.io/name"
+
+
+def _renamed(prefix: str, label_changes: bool) -> Callable[[Objects], set[tuple[str, str, str]]]:
+    """Every object but those of FIXED_NAMES appears under ``prefix`` in place of the release's
+    prefix (and disappears under the old name); with ``label_changes``, the name label changes on
+    the objects that keep their names."""
+
+    def changes(before: Objects) -> set[tuple[str, str, str]]:
+        found: set[tuple[str, str, str]] = set()
+        for obj in before:
+            kind, name = obj["kind"], obj["metadata"]["name"]
+            if kind in FIXED_NAMES:
+                if label_changes:
+                    found.add((kind, name, f"metadata.labels.{NAME_LABEL}"))
+                continue
+            assert name.startswith(f"{RELEASE}-"), name
+            found |= {(kind, name, ""), (kind, prefix + name.removeprefix(RELEASE), "")}
+        return found
+
+    return changes
+
+
+def _prefixed(prefix: str) -> Callable[[Objects], tuple[list[str], str, list[str]]]:
+    """The names lacking ``prefix`` (those of FIXED_NAMES aside), the Deployment's name, and the
+    name labels of all objects."""
+
+    def read(objects: Objects) -> tuple[list[str], str, list[str]]:
+        names = [obj["metadata"]["name"] for obj in objects if obj["kind"] not in FIXED_NAMES]
+        return (
+            [name for name in names if not name.startswith(f"{prefix}-")],
+            one(objects, "Deployment")["metadata"]["name"],
+            sorted({obj["metadata"]["labels"][NAME_LABEL] for obj in objects}),
+        )
+
+    return read
+
+
+def _common_label(objects: Objects) -> tuple[list[str | None], str]:
+    return (
+        sorted({obj["metadata"]["labels"].get("team") for obj in objects}, key=str),
+        _pod_metadata(objects)["labels"]["team"],
+    )
+
+
+CA_VOLUME = {"name": "corporate-ca", "configMap": {"name": "corporate-ca"}}
+CA_MOUNT = {"name": "corporate-ca", "mountPath": "/etc/ssl/corporate", "readOnly": True}
+
 TOLERATIONS = [{"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}]
 AFFINITY = {
     "nodeAffinity": {
@@ -104,6 +155,82 @@ WEBHOOK_SERVICE = f"{OPERATOR}-webhook"
 RUNTIME_POD = "spec.template.spec.replicatedJobs[{0}].template.spec.template.spec"
 
 CASES = [
+    # An umbrella chart's globals reach every subchart; this one reads none.
+    Case(
+        "global",
+        {"global": {"imageRegistry": "mirror.example.com"}},
+        set(),
+        _image,
+        f"ghcr.io/bertjob/operator:{APP_VERSION}",
+    ),
+    # The release is "bertjob": a name it does not contain is added to the prefix.
+    Case(
+        "nameOverride",
+        {"nameOverride": "pretrain"},
+        _renamed(f"{RELEASE}-pretrain", label_changes=True),
+        _prefixed(f"{RELEASE}-pretrain"),
+        ([], f"{RELEASE}-pretrain-operator", ["pretrain"]),
+    ),
+    Case(
+        "fullnameOverride",
+        {"fullnameOverride": "ml-bertjob"},
+        _renamed("ml-bertjob", label_changes=False),
+        _prefixed("ml-bertjob"),
+        ([], "ml-bertjob-operator", ["bertjob"]),
+    ),
+    Case(
+        "commonLabels",
+        {"commonLabels": {"team": "nlp"}},
+        {("*", "*", "metadata.labels.team"), ("Deployment", OPERATOR, "spec.template.metadata.labels.team")},
+        _common_label,
+        (["nlp"], "nlp"),
+    ),
+    Case(
+        "podSecurityContext",
+        {"podSecurityContext": {"runAsUser": None, "runAsGroup": None}},
+        {
+            ("Deployment", OPERATOR, f"{POD}.securityContext.runAsUser"),
+            ("Deployment", OPERATOR, f"{POD}.securityContext.runAsGroup"),
+        },
+        lambda o: _pod(o)["securityContext"],
+        {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+    ),
+    Case(
+        "podSecurityContext-fsGroup",
+        {"podSecurityContext": {"fsGroup": 10001}},
+        {("Deployment", OPERATOR, f"{POD}.securityContext.fsGroup")},
+        lambda o: _pod(o)["securityContext"]["fsGroup"],
+        10001,
+    ),
+    Case(
+        "securityContext",
+        {"securityContext": {"seccompProfile": {"type": "RuntimeDefault"}}},
+        {("Deployment", OPERATOR, f"{CONTAINER}.securityContext.seccompProfile.type")},
+        lambda o: operator_container(o)["securityContext"],
+        merged(default_values()["securityContext"], {"seccompProfile": {"type": "RuntimeDefault"}}),
+    ),
+    Case(
+        "extraArgs",
+        {"extraArgs": ["--log-format=json", "--log-refkey=job"]},
+        {("Deployment", OPERATOR, f"{CONTAINER}.command")},
+        _added_to_command,
+        ["--log-format=json", "--log-refkey=job"],
+    ),
+    Case(
+        "extraVolumes",
+        {"extraVolumes": [CA_VOLUME]},
+        {("Deployment", OPERATOR, f"{POD}.volumes[1]")},
+        lambda o: _pod(o)["volumes"][1:],
+        [CA_VOLUME],
+    ),
+    Case(
+        "extraVolumeMounts",
+        {"extraVolumeMounts": [CA_MOUNT]},
+        {("Deployment", OPERATOR, f"{CONTAINER}.volumeMounts[1]")},
+        lambda o: operator_container(o)["volumeMounts"][1:],
+        [CA_MOUNT],
+        base={"extraVolumes": [CA_VOLUME]},
+    ),
     Case(
         "image.registry",
         {"image": {"registry": "registry.example.com:5000"}},
@@ -510,17 +637,14 @@ def test_a_value_changes_what_it_should_and_only_that(
     after = rendered(merged(base, case.change))
 
     found = differences(before, after)
+    expected = case.changes(before) if callable(case.changes) else case.changes
 
-    unexpected = {
-        (kind, name, path)
-        for kind, name, path in found
-        if not any(k == kind and n == name and _under(path, p) for k, n, p in case.changes)
-    }
-    missing = {
-        (kind, name, prefix)
-        for kind, name, prefix in case.changes
-        if not any(k == kind and n == name and _under(path, prefix) for k, n, path in found)
-    }
+    def matches(kind: str, name: str, path: str, pattern: tuple[str, str, str]) -> bool:
+        k, n, prefix = pattern
+        return k in ("*", kind) and n in ("*", name) and _under(path, prefix)
+
+    unexpected = {change for change in found if not any(matches(*change, pattern) for pattern in expected)}
+    missing = {pattern for pattern in expected if not any(matches(*change, pattern) for change in found)}
     assert (unexpected, missing) == (set(), set())
     assert case.read(after) == case.expected
 

@@ -1,9 +1,21 @@
 {{/*
-Names. The release name is the prefix (or the whole name when it already says "bertjob"), cut so
-that "<prefix>-operator-metrics" stays within the 63 characters of a DNS label.
+Names. "bertjob.name" is the application's name (nameOverride, else the chart's): the
+app.kubernetes.io/name label, and part of the prefix. The prefix of every object name is
+fullnameOverride, else "<release>-<name>" (or the release name alone when it already says the
+name), cut so that "<prefix>-operator-metrics" stays within the 63 characters of a DNS label.
+Fixed names stay fixed: the CRD's, and the ClusterTrainingRuntimes' that the operator names.
 */}}
+{{- define "bertjob.name" -}}
+{{- .Values.nameOverride | default .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end }}
+
 {{- define "bertjob.fullname" -}}
-{{- $name := ternary .Release.Name (printf "%s-%s" .Release.Name .Chart.Name) (contains .Chart.Name .Release.Name) -}}
+{{- $name := include "bertjob.name" . -}}
+{{- if .Values.fullnameOverride -}}
+{{- $name = .Values.fullnameOverride -}}
+{{- else -}}
+{{- $name = ternary .Release.Name (printf "%s-%s" .Release.Name $name) (contains $name .Release.Name) -}}
+{{- end -}}
 {{- $name | trunc 46 | trimSuffix "-" -}}
 {{- end }}
 
@@ -33,22 +45,40 @@ Labels. "name" is the application's, as on the BertPretrainJobs' own children; "
 releases apart, and "component" the operator from the objects it creates for jobs.
 */}}
 {{- define "bertjob.selectorLabels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "bertjob.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name | quote }}
 app.kubernetes.io/component: operator
 {{- end }}
 
-{{- define "bertjob.labels" -}}
+{{- define "bertjob.ownLabels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | quote }}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "bertjob.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name | quote }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service | quote }}
 {{- end }}
 
-{{- define "bertjob.operatorLabels" -}}
-{{ include "bertjob.labels" . }}
+{{/*
+Every object's labels: the chart's, then commonLabels (values.schema.json refuses a common label
+that the chart sets itself, or that one of its objects adds, such as RBAC's aggregate-to-*).
+*/}}
+{{- define "bertjob.labels" -}}
+{{ include "bertjob.ownLabels" . }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "bertjob.operatorOwnLabels" -}}
+{{ include "bertjob.ownLabels" . }}
 app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "bertjob.operatorLabels" -}}
+{{ include "bertjob.operatorOwnLabels" . }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -127,4 +157,34 @@ when it serves only some namespaces.
 - apiGroups: [trainer.kubeflow.org]
   resources: [trainjobs]
   verbs: [create, get, list, watch, patch]
+{{- end }}
+
+{{/*
+A map or list of values as YAML in the style of this chart's templates, lists indented under their
+key, so that a value whose default the templates used to spell out renders as it did (manifests/ is
+generated from the defaults). Called with (dict "value" V "first" (list KEY ...)): the keys of a
+map (or of each map in a list) named in "first" come first, in that order, then the others sorted
+as toYaml sorts them; scalars, empty maps and empty lists are toYaml's.
+*/}}
+{{- define "bertjob.yaml" -}}
+{{- $value := .value -}}
+{{- if and (kindIs "map" $value) $value -}}
+{{- range $key := concat (.first | default list) (keys $value | sortAlpha) | uniq -}}
+{{- if hasKey $value $key -}}
+{{- $sub := get $value $key }}
+{{- if and (or (kindIs "map" $sub) (kindIs "slice" $sub)) $sub }}
+{{ toYaml $key }}:
+{{- include "bertjob.yaml" (dict "value" $sub) | trim | nindent 2 }}
+{{- else }}
+{{ toYaml $key }}: {{ toYaml $sub }}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- else if and (kindIs "slice" $value) $value -}}
+{{- range $item := $value }}
+- {{ include "bertjob.yaml" (dict "value" $item "first" $.first) | trim | indent 2 | trimPrefix "  " }}
+{{- end -}}
+{{- else -}}
+{{ toYaml $value }}
+{{- end -}}
 {{- end }}
