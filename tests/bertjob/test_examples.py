@@ -2,7 +2,9 @@
 the operator would, into objects that Kubernetes and the Kubeflow operators accept.
 
 The files are enumerated, so a new example is tested without being named here; only the local
-demo (``make demo``), whose paths are relative to this machine, is not a cluster job.
+demo (``make demo``), whose paths are relative to this machine, is not a cluster job. One cluster
+example, the quickstart's first, must ask for nothing a small cluster lacks; its pod trains it in
+tests/bertpretrain/runtime/test_cluster_example_pod.py.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import yaml
 from bertjob.launchers import registry
 from bertjob.render import component, kustomize_build, render
 from bertjob_api.jobfile import load_job
+from bertjob_api.kubenames import parse_quantity
 from bertjob_api.spec import Accelerator, BertPretrainJob, LauncherName, SpecError, parse_job
 from bertjob_api.validation import cluster_job
-from bertjob_testing.jobs import EXAMPLES
+from bertjob_testing.jobs import EXAMPLES, REPO
 from tests.k8s_schema import assert_valid
 
 KUBERNETES_VERSION = "1.33"
@@ -30,6 +33,12 @@ LOCAL_ONLY = {"bert-tiny-local.yaml"}
 ALL = sorted(path.name for path in EXAMPLES.glob("*.yaml"))
 CLUSTER = [name for name in ALL if name not in LOCAL_ONLY]
 STORAGE = EXAMPLES / "storage"
+# The job any cluster accepts: a laptop's kind or minikube node, a default StorageClass.
+SMALL = "bert-tiny-cluster.yaml"
+SMALL_NODE = {"cpu": 2, "memory": 4 * 2**30}  # what one pod may ask of such a node
+SMALL_CLAIM = 10 * 2**30  # bytes
+# Volume sources every cluster serves (no hostPath, NFS server or cloud disk named in the job).
+PORTABLE_VOLUMES = {"persistentVolumeClaim", "emptyDir", "configMap"}
 DEVICES = {"nvidia-gpu": "nvidia.com/gpu", "habana-hpu": "habana.ai/gaudi", "xeon-cpu": None}
 # The trainer image's tag suffix for each accelerator (trainer_image/Dockerfile's targets).
 IMAGE_TARGETS = {"nvidia-gpu": "cuda", "habana-hpu": "gaudi", "xeon-cpu": "xeon"}
@@ -264,3 +273,75 @@ def test_every_example_the_readme_names_exists() -> None:
     assert named
     missing = sorted(path for path in named if not (EXAMPLES.parent / path).exists())
     assert missing == [], "README.md names files that are not in the repository"
+
+
+def _quantity(amount: int | str) -> float:
+    value, problem = parse_quantity(amount)
+    assert value is not None, problem
+    return float(value)
+
+
+def test_the_small_example_asks_for_nothing_a_small_cluster_lacks() -> None:
+    job = load_job(EXAMPLES / SMALL)
+    spec = cluster_job(job).spec
+    [child] = [obj for obj in render(job) if component(obj) in {"train", "prepare"}]
+
+    replicas = _replicas(child)
+    assert sum(int(replica.get("replicas", 1)) for replica in replicas.values()) == 1, "one pod"
+    [replica] = replicas.values()
+    pod = replica["template"]["spec"]
+    [container] = pod["containers"]
+    for kind in ("requests", "limits"):
+        for name, amount in container["resources"].get(kind, {}).items():
+            assert name in SMALL_NODE, f"{kind}: {name} is a resource a small cluster's node may lack"
+            assert _quantity(amount) <= SMALL_NODE[name], f"{kind}: {name} {amount} is more than a small node"
+    assert not {"nodeSelector", "tolerations", "affinity"} & set(pod), "a small cluster may have no such node"
+    assert all(source.path.startswith("builtin:") for source in spec.data.sources), "a corpus to upload"
+    claims = _claims()
+    for volume in pod["volumes"]:
+        [source] = set(volume) - {"name"}
+        assert source in PORTABLE_VOLUMES, f"volume {volume['name']}: {source}"
+        if source != "persistentVolumeClaim":
+            continue
+        claim = claims[volume[source]["claimName"]]["spec"]
+        assert claim["accessModes"] == ["ReadWriteOnce"], "the access mode every StorageClass provides"
+        assert "storageClassName" not in claim, "the cluster's default StorageClass"
+        assert _quantity(claim["resources"]["requests"]["storage"]) <= SMALL_CLAIM
+
+
+def test_the_data_shell_mounts_the_small_examples_claim_where_its_job_does() -> None:
+    pod = yaml.safe_load((STORAGE / "data-shell.yaml").read_text(encoding="utf-8"))
+    kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
+    spec = cluster_job(load_job(EXAMPLES / SMALL)).spec
+    [container] = pod["spec"]["containers"]
+    mounts = {mount["name"]: mount["mountPath"] for mount in container["volumeMounts"]}
+    shell = {
+        volume["persistentVolumeClaim"]["claimName"]: mounts[volume["name"]]
+        for volume in pod["spec"]["volumes"]
+        if "persistentVolumeClaim" in volume
+    }
+    job = {
+        volume.source["persistentVolumeClaim"]["claimName"]: volume.mount_path
+        for volume in spec.volumes
+        if "persistentVolumeClaim" in volume.source
+    }
+
+    assert shell == job, "the paths docs/data.md gives for the shell are not the job's"
+    assert set(shell) <= set(_claims())
+    # kubectl cp runs tar as the image's user: the trainer's, with the job's fsGroup.
+    assert container["image"] == spec.image
+    assert spec.pod.security_context is not None
+    assert pod["spec"]["securityContext"]["fsGroup"] == spec.pod.security_context["fsGroup"]
+
+
+def test_the_quickstart_checks_and_applies_the_small_example_first() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    quickstart = readme[readme.index("## Quickstart on a cluster") :]
+
+    for command in (
+        r"bertjob validate \S+",
+        r"bertjob render \S+",
+        r"kubectl apply -f examples/[a-z0-9-]+\.yaml",
+    ):
+        first = re.search(command, quickstart)
+        assert first is not None and first[0].endswith(f"examples/{SMALL}"), f"{command}: {first}"
