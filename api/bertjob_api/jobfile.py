@@ -15,6 +15,13 @@ that are not strings, integers or booleans, and anything but one non-empty docum
 are refused in bounded time and memory: at most :data:`MAX_BYTES`, nesting at most
 :data:`MAX_DEPTH` deep, at most :data:`MAX_VALUES` values once aliases are expanded (go-yaml's
 "excessive aliasing"), and no alias inside the value its anchor names.
+
+:func:`read_documents` reads a stream of documents instead (a ``kubectl kustomize`` output, a file
+of several jobs, standard input), with the same guarantees for each document (at most
+:data:`MAX_BYTES`, :data:`MAX_DEPTH` and :data:`MAX_VALUES`) and bounds on the whole stream
+(:data:`MAX_STREAM_BYTES`, :data:`MAX_STREAM_VALUES`); :func:`input_files` expands directories as
+``kubectl apply -f DIR`` does. :func:`dump_all` writes a string of several lines as a literal
+block scalar (``|``), so that a rendered ConfigMap's ``job.yaml`` reads as the file it holds.
 """
 
 from __future__ import annotations
@@ -22,10 +29,11 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import yaml
 from yaml.composer import Composer
@@ -45,6 +53,17 @@ MAX_BYTES = 1 << 20
 MAX_DEPTH = 100
 # A job holds a few hundred values; a "billion laughs" file of 2 kB expands to billions.
 MAX_VALUES = 100_000
+# A stream (standard input, a file of several documents) holds many jobs, each within the bounds
+# above; these bound the whole, so that a stream of small alias bombs, each under MAX_VALUES, is
+# refused in bounded time and memory too. 8 MiB holds a few thousand jobs.
+MAX_STREAM_BYTES = 8 << 20
+MAX_STREAM_VALUES = 10 * MAX_VALUES
+# The name standard input takes among files, as for kubectl's -f.
+STDIN = "-"
+STDIN_NAME = "stdin"  # standard input's name in messages
+# What a directory contributes, as for kubectl's -f DIR.
+EXTENSIONS = (".yaml", ".yml", ".json")
+JOB_KIND = "BertPretrainJob"
 
 _CORE = "tag:yaml.org,2002:"
 _STR, _INT, _FLOAT, _BOOL, _NULL = (f"{_CORE}{name}" for name in ("str", "int", "float", "bool", "null"))
@@ -134,6 +153,11 @@ class _Composer(Reader, Scanner, Parser, Composer, BaseResolver):
         BaseResolver.__init__(self)
         self.depth = 0
         self.nodes = 0
+
+    def compose_document(self) -> Node | None:
+        # The bound is per document: a stream of many jobs holds many nodes in all.
+        self.nodes = 0
+        return super().compose_document()  # type: ignore[no-any-return,no-untyped-call,unused-ignore]
 
     def resolve(self, kind: type[Node], value: Any, implicit: tuple[bool, bool]) -> str:
         if kind is ScalarNode and implicit[0]:
@@ -327,21 +351,89 @@ def _yaml_problem(error: MarkedYAMLError) -> tuple[str, str]:
     return location, message
 
 
-def _read_text(path: Path, source: str) -> str:
+class JobFileError(SpecError):
+    """An input refused as a whole, in one line ``SOURCE: MESSAGE``: a file that does not exist or
+    cannot be read, or a document of another kind than a BertPretrainJob where one was expected.
+    A :class:`SpecError` (its one problem is ``("file", message)``), so that every caller that
+    reports a refused job file reports this too."""
+
+    def __init__(self, source: str, message: str):
+        super().__init__(source, [("file", message)])
+        self.message = message
+        self.args = (f"{source}: {message}",)
+
+
+def _read_bytes(path: Path, source: str, limit: int) -> bytes:
     try:
         with path.open("rb") as file:
-            data = file.read(MAX_BYTES + 1)
+            return _bounded(file, source, limit)
+    except FileNotFoundError:
+        raise JobFileError(source, "no such file or directory") from None
+    except IsADirectoryError:
+        raise JobFileError(source, "is a directory") from None
     except OSError as error:
-        raise SpecError(source, [("file", f"cannot read: {error.strerror or error}")]) from None
-    if len(data) > MAX_BYTES:
-        raise SpecError(
-            source, [("file", f"larger than {MAX_BYTES} bytes, the most a ConfigMap holds")]
-        ) from None
+        raise JobFileError(source, f"cannot read ({error.strerror or error})") from None
+
+
+def _bounded(file: BinaryIO, source: str, limit: int) -> bytes:
+    data = file.read(limit + 1)
+    if len(data) > limit:
+        what = "the most a ConfigMap holds" if limit == MAX_BYTES else "the most a stream may hold"
+        raise SpecError(source, [("file", f"larger than {limit} bytes, {what}")])
+    return data
+
+
+def _decode(data: bytes, source: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
         line = data.count(b"\n", 0, error.start) + 1
         problem = f"not UTF-8 (byte 0x{data[error.start]:02x}); save the file as UTF-8"
+        raise SpecError(source, [(f"line {line}", problem)]) from None
+
+
+def _parse(text: str, source: str) -> Iterator[tuple[int, Any]]:
+    """``(line, value)`` for each non-empty document of ``text``, the value as the API server would
+    receive it; a document refused on its own (too large, a duplicate key, NaN, aliases that expand
+    too far) yields ``(line, _ReadError)`` and the next document is read.
+
+    Raises:
+        SpecError: ``text`` is not YAML (from the line where it stops being so), a document nests
+            too deep or holds too many nodes (PyYAML cannot go on past it), or the documents hold
+            more than :data:`MAX_STREAM_VALUES` values in all.
+    """
+    values = 0
+    try:
+        composer = _Composer(text)
+        while composer.check_node():
+            node = composer.get_node()
+            if node is None:
+                continue
+            line = _line(node)
+            size = len(text[node.start_mark.index : node.end_mark.index].encode("utf-8"))
+            if size > MAX_BYTES:
+                yield (
+                    line,
+                    _ReadError(line, f"a document larger than {MAX_BYTES} bytes, the most a ConfigMap holds"),
+                )
+                continue
+            converter = _Converter()
+            try:
+                value = converter.value(node, "", 1)
+            except _ReadError as error:
+                value = error
+            values += converter.values
+            if values > MAX_STREAM_VALUES:
+                raise _ReadError(line, f"more than {MAX_STREAM_VALUES} values in all documents")
+            if value is not None:
+                yield line, value
+    except _ReadError as error:
+        raise SpecError(source, [(_location(error), error.message)]) from None
+    except MarkedYAMLError as error:
+        raise SpecError(source, [_yaml_problem(error)]) from None
+    except ReaderError as error:
+        line = text.count("\n", 0, error.position) + 1
+        problem = f"not valid YAML: unacceptable character #x{error.character:04x}: {error.reason}"
         raise SpecError(source, [(f"line {line}", problem)]) from None
 
 
@@ -353,31 +445,17 @@ def read_document(path: str | Path) -> Any:
     skipped, as kubectl skips them.
 
     Raises:
-        SpecError: the file cannot be read, is larger than MAX_BYTES, is not UTF-8 or not YAML,
-            holds anything but one non-empty document, or a value kubectl would read otherwise
-            than PyYAML or refuse; the problem names the line, and the field where there is one.
+        JobFileError: the file does not exist or cannot be read.
+        SpecError: the file is larger than MAX_BYTES, is not UTF-8 or not YAML, holds anything but
+            one non-empty document, or a value kubectl would read otherwise than PyYAML or refuse;
+            the problem names the line, and the field where there is one.
     """
     source = str(path)
-    text = _read_text(Path(path), source)
-    converter = _Converter()
-    documents: list[tuple[int, Any]] = []
-    try:
-        composer = _Composer(text)
-        while composer.check_node():
-            node = composer.get_node()
-            if node is None:
-                continue
-            value = converter.value(node, "", 1)
-            if value is not None:
-                documents.append((node.start_mark.line + 1, value))
-    except _ReadError as error:
-        raise SpecError(source, [(_location(error), error.message)]) from None
-    except MarkedYAMLError as error:
-        raise SpecError(source, [_yaml_problem(error)]) from None
-    except ReaderError as error:
-        line = text.count("\n", 0, error.position) + 1
-        problem = f"not valid YAML: unacceptable character #x{error.character:04x}: {error.reason}"
-        raise SpecError(source, [(f"line {line}", problem)]) from None
+    text = _decode(_read_bytes(Path(path), source, MAX_BYTES), source)
+    documents = list(_parse(text, source))
+    for _, value in documents:
+        if isinstance(value, _ReadError):
+            raise SpecError(source, [(_location(value), value.message)])
     if not documents:
         raise SpecError(source, [("file", "holds no YAML document")])
     if len(documents) > 1:
@@ -387,14 +465,122 @@ def read_document(path: str | Path) -> Any:
     return documents[0][1]
 
 
+@dataclass(frozen=True)
+class Document:
+    """One document of a stream, read as :func:`read_document` reads a job file.
+
+    ``source`` names it: the file (:data:`STDIN_NAME` for standard input) when the stream holds only this
+    document, else ``FILE#N``, N counting the stream's non-empty documents from 1. ``line`` is the
+    1-based line of the stream where it starts. ``value`` is its JSON value, ``None`` where
+    ``error`` says why it was refused on its own.
+    """
+
+    source: str
+    line: int
+    value: Any = None
+    error: SpecError | None = None
+
+    @property
+    def kind(self) -> str | None:
+        """The document's ``kind``, where it is a mapping with a string there."""
+        return kind_of(self.value)
+
+
+def kind_of(document: Any) -> str | None:
+    """``document``'s ``kind`` where it is a mapping with a string ``kind``, else ``None``."""
+    kind = document.get("kind") if isinstance(document, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def read_documents(name: str, stdin: BinaryIO | None = None) -> list[Document]:
+    """Every non-empty document of the file ``name``, or of ``stdin`` where ``name`` is :data:`STDIN`,
+    as kubectl reads a stream for ``apply -f`` (YAML documents separated by ``---``, or JSON).
+
+    Each document keeps :func:`read_document`'s guarantees: at most :data:`MAX_BYTES`,
+    :data:`MAX_DEPTH` levels and :data:`MAX_VALUES` values; a document refused on its own carries
+    its :class:`SpecError` (the problem names the stream's line) and the others are still read.
+
+    Raises:
+        JobFileError: the file does not exist or cannot be read.
+        SpecError: the stream is larger than :data:`MAX_STREAM_BYTES` or holds more than
+            :data:`MAX_STREAM_VALUES` values, is not UTF-8, is not YAML from some line on, or holds
+            a document too deep or with too many nodes to read past.
+    """
+    if name == STDIN:
+        shown = STDIN_NAME
+        if stdin is None:
+            raise JobFileError(shown, "standard input is not available")
+        data = _bounded(stdin, shown, MAX_STREAM_BYTES)
+    else:
+        shown = name
+        data = _read_bytes(Path(name), name, MAX_STREAM_BYTES)
+    parsed = list(_parse(_decode(data, shown), shown))
+    documents = []
+    for index, (line, value) in enumerate(parsed, start=1):
+        source = shown if len(parsed) == 1 else f"{shown}#{index}"
+        if isinstance(value, _ReadError):
+            documents.append(
+                Document(source, line, error=SpecError(source, [(_location(value), value.message)]))
+            )
+        else:
+            documents.append(Document(source, line, value))
+    return documents
+
+
+def input_files(names: Sequence[str], recursive: bool = False) -> list[str]:
+    """The files that ``names`` stand for, in order, as ``kubectl apply -f`` takes them: a file as
+    it is, :data:`STDIN` as it is (once), a directory as its files named ``*.yaml``, ``*.yml`` or
+    ``*.json`` in sorted order (with ``recursive``, those of its subdirectories too, each directory's
+    after its own files, as kubectl's walk goes).
+
+    Raises:
+        JobFileError: a name that does not exist, a directory without such a file, or standard
+            input named twice.
+    """
+    files: list[str] = []
+    for name in names:
+        path = Path(name)
+        if name == STDIN:
+            if STDIN in files:
+                raise JobFileError(name, "standard input can be read only once")
+            files.append(name)
+        elif path.is_dir():
+            found = _directory_files(path, recursive)
+            if not found:
+                wanted = ", ".join(f"*{extension}" for extension in EXTENSIONS)
+                raise JobFileError(name, f"a directory without a {wanted} file")
+            files.extend(found)
+        elif path.exists():
+            files.append(name)
+        else:
+            raise JobFileError(name, "no such file or directory")
+    return files
+
+
+def _directory_files(directory: Path, recursive: bool) -> list[str]:
+    entries = sorted(directory.iterdir(), key=lambda entry: entry.name)
+    files = [str(entry) for entry in entries if entry.is_file() and entry.name.endswith(EXTENSIONS)]
+    if recursive:
+        for entry in entries:
+            if entry.is_dir():
+                files.extend(_directory_files(entry, recursive))
+    return files
+
+
 def load_job(path: str | Path) -> BertPretrainJob:
     """Read a job file as kubectl would (:func:`read_document`) and validate it.
 
     Raises:
-        SpecError: the file cannot be read or is refused (see :func:`read_document`), or its
-            document does not fit the API.
+        JobFileError: the file does not exist or cannot be read, or holds an object of another
+            kind (``not a BertPretrainJob (kind: Namespace)``).
+        SpecError: the file is refused (see :func:`read_document`), or its document does not fit
+            the API.
     """
-    return parse_job(read_document(path), str(path))
+    document = read_document(path)
+    kind = kind_of(document)
+    if kind is not None and kind != JOB_KIND:
+        raise JobFileError(str(path), f"not a {JOB_KIND} (kind: {_shown(kind)})")
+    return parse_job(document, str(path))
 
 
 def _go_tag(tag: str, kind: type[Node], value: Any, implicit: tuple[bool, bool]) -> str:
@@ -480,6 +666,23 @@ def dump(document: Any) -> str:
     return yaml.dump(document, Dumper=dumper, sort_keys=False)
 
 
+class _BlockDumper(_Dumper):
+    """:class:`_Dumper`, writing each string of several lines as a literal block scalar."""
+
+
+def _represent_str(dumper: _BlockDumper, value: str) -> ScalarNode:
+    # "|" is a wish: PyYAML's emitter writes a string that a block cannot hold exactly (a space
+    # before a line break, a tab, a control character, a key) double-quoted instead, and a
+    # one-line string as _Dumper does.
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar(_STR, value, style=style)  # type: ignore[no-untyped-call,unused-ignore,no-any-return]
+
+
+_BlockDumper.add_representer(str, _represent_str)
+
+
 def dump_all(documents: Iterable[Any]) -> str:
-    """``documents`` as a multi-document YAML stream, each written as :func:`dump` writes it."""
-    return yaml.dump_all(documents, Dumper=_Dumper, sort_keys=False)
+    """``documents`` as a multi-document YAML stream that PyYAML and go-yaml (kubectl) both read back
+    as ``documents``: written as :func:`dump` writes one, except that a string of several lines (a
+    ConfigMap's file) is a literal block scalar (``|``), as ``kubectl get -o yaml`` writes it."""
+    return yaml.dump_all(documents, Dumper=_BlockDumper, sort_keys=False)

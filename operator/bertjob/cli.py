@@ -1,51 +1,256 @@
-"""``bertjob``: validate, render, or run a BertPretrainJob file.
+"""``bertjob``: validate, render or run BertPretrainJob files, with kubectl's ways of naming them.
 
-    bertjob validate job.yaml   check the file as the operator would (volumes and paths included)
-    bertjob render job.yaml     print the manifests the operator would create
-    bertjob run job.yaml        run the whole job here, without a cluster
+``validate`` and ``render`` take files as ``kubectl apply`` does (``-f FILE|DIR|-``, repeatable,
+``-R`` for subdirectories, or files named without ``-f``), each a stream of documents; ``run``
+takes one job file. Files are read as kubectl reads them (:mod:`bertjob_api.jobfile`), so what
+passes here is what the cluster receives. A stream may hold objects of other kinds beside the jobs,
+as a ``kubectl kustomize`` output does (a Namespace, a PersistentVolumeClaim): they are skipped,
+each with a note on standard error; an input with no BertPretrainJob at all is refused.
 
-The file is read as kubectl reads it (:mod:`bertjob_api.jobfile`), so what passes here is what the
-cluster receives. ``run`` starts the trainer's entry point (``python -m bertpretrain local``) as a
-process of its own, without importing the trainer: the operator's package never imports the
-trainer's. Exit codes: 0 success, 2 an invalid job file, 1 any other failure (``run``: the
+``run`` starts the trainer's entry point (``python -m bertpretrain local``) as a process of its
+own, without importing the trainer: the operator's package never imports the trainer's.
+
+Exit codes: 0 success; 2 an input that is missing, unreadable or holds an invalid job (every
+document is still checked and reported), or a usage error; 1 any other failure (``run``: the
 trainer's own exit code, see :func:`bertpretrain.run.main`).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import importlib.util
+import json
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from bertjob_api.contract import LOCAL_COMMAND, TRAINER_MODULE
-from bertjob_api.jobfile import dump_all, load_job
-from bertjob_api.spec import BertPretrainJob, SpecError
+from bertjob_api.jobfile import (
+    JOB_KIND,
+    STDIN,
+    Document,
+    JobFileError,
+    dump_all,
+    input_files,
+    load_job,
+    read_documents,
+)
+from bertjob_api.spec import BertPretrainJob, SpecError, parse_job
 from bertjob_api.validation import checked, cluster_job
 
+PROG = "bertjob"
 
-def _validate(job: BertPretrainJob, source: str) -> int:
-    spec = cluster_job(job, source).spec
-    print(f"{source}: valid BertPretrainJob {job.metadata.name!r}, world size {spec.topology.world_size}")
-    return 0
+DESCRIPTION = """\
+Check, render and run BertPretrainJob files on this machine, with the checks the operator makes
+before it creates anything."""
+
+EPILOG = """\
+examples:
+  bertjob validate examples/bert-large-1x8xa100.yaml
+  kubectl kustomize examples/gitops/jobs | bertjob validate -f -
+  bertjob render -n research -f examples/bert-base-8xa100.yaml
+  bertjob run examples/bert-tiny-local.yaml
+
+Run 'bertjob COMMAND --help' for a command's options."""
+
+INPUTS = """\
+Files are named as for kubectl apply: -f FILE, -f DIR (its *.yaml, *.yml and *.json files in
+sorted order; with -R its subdirectories' too) or -f - (standard input), as often as needed, or
+as arguments without -f. Each file is a stream of YAML documents separated by '---' (or JSON);
+a document is named FILE when it is its file's only one, else FILE#N (N counting from 1;
+standard input is named stdin).
+Objects of other kinds (a Namespace, a Kustomization) are skipped with a note on standard error."""
+
+VALIDATE = f"""\
+Check each BertPretrainJob as the operator would before creating anything: the fields, the
+checks across them, and that every path it writes lies on one of its volumes. One line per job
+on standard output; each invalid job's problems on standard error, field path first.
+
+{INPUTS}
+
+Exit status: 0 when every job is valid; 2 when a job is invalid, an input is missing or
+unreadable, or the inputs hold no BertPretrainJob."""
+
+VALIDATE_EXAMPLES = """\
+examples:
+  bertjob validate examples/bert-large-1x8xa100.yaml
+  bertjob validate -f examples/bert-base-8xa100.yaml -f examples/bert-large-gaudi.yaml
+  bertjob validate -f examples/gitops/jobs             # skips its Namespace, claim and Kustomization
+  kubectl kustomize examples/gitops/jobs | bertjob validate -f -"""
+
+RENDER = f"""\
+Print the objects the operator would create for each BertPretrainJob: its ConfigMap (the job
+file as a block), ServiceAccount, Role and RoleBinding, the data-preparation Job if enabled, and
+the launcher's child (PyTorchJob, MPIJob or TrainJob). Nothing is printed unless every job is
+valid.
+
+{INPUTS}
+
+Exit status: 0 when rendered; 2 as for validate; 1 when kustomize fails."""
+
+RENDER_EXAMPLES = """\
+examples:
+  bertjob render examples/bert-large-1x8xa100.yaml
+  bertjob render -n research -f examples/bert-base-8xa100.yaml | kubectl apply --dry-run=client -f -
+  bertjob render -o json -f examples/bert-base-trainjob.yaml"""
+
+RUN = """\
+Run the whole job on this machine, without a cluster: data preparation, every phase, the export
+and any fine-tuning, then a fill-mask demonstration. Needs the trainer (pip install
+'.[trainer]'). Relative paths in the job are relative to the working directory. SIGTERM makes
+the trainer checkpoint and exit 143, as in a pod.
+
+Exit status: the trainer's (0 done, 2 an invalid job file, 143 stopped by SIGTERM)."""
+
+RUN_EXAMPLES = """\
+examples:
+  bertjob run examples/bert-tiny-local.yaml"""
 
 
-def _render(job: BertPretrainJob, source: str) -> int:
+@dataclass(frozen=True)
+class Job:
+    """A BertPretrainJob read from an input: ``source`` names its document (:class:`Document`)."""
+
+    source: str
+    job: BertPretrainJob
+
+
+class Report:
+    """What the command has said so far: whether any input was refused, and how many jobs it read."""
+
+    def __init__(self) -> None:
+        self.refused = False
+        self.jobs = 0
+
+    def refuse(self, error: SpecError) -> None:
+        """Print ``error`` (its source first) on standard error and remember that an input was refused."""
+        print(error, file=sys.stderr)
+        self.refused = True
+
+
+def _jobs(args: argparse.Namespace, report: Report) -> Iterator[Job]:
+    """Every BertPretrainJob of the command's inputs, parsed, in order; refused inputs and documents
+    go to ``report``, documents of other kinds are skipped with a note."""
+    try:
+        files = input_files([*args.files, *(args.filename or [])], recursive=args.recursive)
+    except JobFileError as error:
+        report.refuse(error)
+        return
+    if not files:
+        report.refuse(JobFileError(PROG, "no input: name a file, a directory, or -f - for standard input"))
+        return
+    for name in files:
+        try:
+            documents = read_documents(name, sys.stdin.buffer if name == STDIN else None)
+        except SpecError as error:
+            report.refuse(error)
+            continue
+        for document in documents:
+            job = _job(document, args.namespace, report)
+            if job is not None:
+                report.jobs += 1
+                yield job
+
+
+def _job(document: Document, namespace: str | None, report: Report) -> Job | None:
+    if document.error is not None:
+        report.refuse(document.error)
+        return None
+    kind = document.kind
+    if kind is not None and kind != JOB_KIND:
+        print(f"{document.source}: not a {JOB_KIND} (kind: {kind}), skipped", file=sys.stderr)
+        return None
+    try:
+        return Job(document.source, parse_job(_in_namespace(document, namespace), document.source))
+    except SpecError as error:
+        report.refuse(error)
+        return None
+
+
+def _in_namespace(document: Document, namespace: str | None) -> Any:
+    """The document with ``metadata.namespace`` set to ``namespace`` where it has none, as
+    ``kubectl apply -n`` sets it.
+
+    Raises:
+        SpecError: the document names another namespace (kubectl refuses it too).
+    """
+    value = document.value
+    metadata = value.get("metadata") if isinstance(value, dict) else None
+    if namespace is None or not isinstance(metadata, dict):
+        return value
+    current = metadata.get("namespace")
+    if current is None:
+        return {**value, "metadata": {**metadata, "namespace": namespace}}
+    if current != namespace:
+        message = f"{current!r} is not the namespace -n names ({namespace!r}); kubectl refuses it too"
+        raise SpecError(document.source, [("metadata.namespace", message)])
+    return value
+
+
+def _none_found(args: argparse.Namespace, report: Report) -> int:
+    """The exit code once the inputs are read: 2 if any was refused or none held a job."""
+    if not report.refused and report.jobs == 0:
+        names = ", ".join([*args.files, *(args.filename or [])])
+        print(f"{PROG} {args.command}: no {JOB_KIND} in {names}", file=sys.stderr)
+        report.refused = True
+    return 2 if report.refused else 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    report = Report()
+    for found in _jobs(args, report):
+        try:
+            spec = cluster_job(found.job, found.source).spec
+        except SpecError as error:
+            report.refuse(error)
+            continue
+        name, size = found.job.metadata.name, spec.topology.world_size
+        print(f"{found.source}: valid {JOB_KIND} {name!r}, world size {size}")
+    return _none_found(args, report)
+
+
+def _render(args: argparse.Namespace) -> int:
     from bertjob.render import RenderError, render
 
-    try:
-        manifests = render(job)
-    except RenderError as error:
-        print(f"bertjob render: {error}", file=sys.stderr)
-        return 1
-    # Quoted so that kubectl reads back each string as a string (go-yaml reads y as true).
-    sys.stdout.write(dump_all(manifests))
+    report = Report()
+    manifests: list[dict[str, Any]] = []
+    for found in _jobs(args, report):
+        try:
+            manifests.extend(render(found.job))
+        except SpecError as error:
+            # render() names the job namespace/name; the document's name finds the file.
+            report.refuse(SpecError(found.source, error.problems))
+        except RenderError as error:
+            print(f"{PROG} render: {found.source}: {error}", file=sys.stderr)
+            return 1
+    code = _none_found(args, report)
+    if code:
+        return code
+    if args.output == "json":
+        # As kubectl -o json writes several objects: one List, which kubectl apply -f takes.
+        sys.stdout.write(
+            json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests}, indent=2) + "\n"
+        )
+    else:
+        # Quoted so that kubectl reads back each string as a string (go-yaml reads y as true).
+        sys.stdout.write(dump_all(manifests))
     return 0
 
 
-def _run(job: BertPretrainJob, source: str) -> int:
+def _run(args: argparse.Namespace) -> int:
+    names = [*args.files, *(args.filename or [])]
+    if len(names) != 1 or names[0] == STDIN:
+        print(
+            f"{PROG} run: name one job file (not a directory, not -): the trainer reads it by its path",
+            file=sys.stderr,
+        )
+        return 2
+    source = names[0]
+    job = load_job(source)
     if importlib.util.find_spec(TRAINER_MODULE) is None:
         print(
             f"bertjob run needs the trainer (pip install '.[trainer]'): No module named {TRAINER_MODULE!r}",
@@ -76,18 +281,75 @@ def run_trainer(command: Sequence[str]) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
-COMMANDS = {"validate": _validate, "render": _render, "run": _run}
+def _version() -> str:
+    try:
+        return importlib.metadata.version(PROG)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _inputs(parser: argparse.ArgumentParser, *, several: bool = True) -> None:
+    parser.add_argument(
+        "files",
+        nargs="*",
+        metavar="FILE",
+        help="a job file, as with -f" if not several else "files, directories or -, as with -f",
+    )
+    parser.add_argument(
+        "-f",
+        "--filename",
+        action="append",
+        metavar="FILE|DIR|-" if several else "FILE",
+        help="a file, a directory or - for standard input; repeatable"
+        if several
+        else "the job file (one document)",
+    )
+    if several:
+        parser.add_argument(
+            "-R", "--recursive", action="store_true", help="take the files of -f DIR's subdirectories too"
+        )
+        parser.add_argument(
+            "-n",
+            "--namespace",
+            help="the namespace of jobs that name none; one that names another is refused",
+        )
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line: ``bertjob [--version] {validate,render,run} ...``, each command with its
+    own ``--help`` (description, options, examples)."""
+    formatter = argparse.RawDescriptionHelpFormatter
+    top = argparse.ArgumentParser(
+        prog=PROG, description=DESCRIPTION, epilog=EPILOG, formatter_class=formatter
+    )
+    top.add_argument("--version", action="version", version=f"{PROG} {_version()}")
+    commands = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, handler, summary, description, examples in (
+        ("validate", _validate, "check job files as the operator would", VALIDATE, VALIDATE_EXAMPLES),
+        ("render", _render, "print the objects the operator would create", RENDER, RENDER_EXAMPLES),
+        ("run", _run, "run a whole job on this machine, without a cluster", RUN, RUN_EXAMPLES),
+    ):
+        command = commands.add_parser(
+            name, help=summary, description=description, epilog=examples, formatter_class=formatter
+        )
+        _inputs(command, several=name != "run")
+        if name == "render":
+            command.add_argument(
+                "-o",
+                "--output",
+                choices=("yaml", "json"),
+                default="yaml",
+                help="yaml (default) or json (a v1 List)",
+            )
+        command.set_defaults(handler=handler)
+    return top
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (without the program name), run the command, return the exit code."""
-    parser = argparse.ArgumentParser(prog="bertjob", description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=COMMANDS)
-    parser.add_argument("job_file", help="a BertPretrainJob manifest (YAML or JSON, one document)")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     try:
-        job = load_job(args.job_file)
-        return COMMANDS[args.command](job, args.job_file)
+        return int(args.handler(args))
     except SpecError as error:
         print(error, file=sys.stderr)
         return 2

@@ -1,6 +1,9 @@
-"""The ``bertjob`` CLI: validate, render and run a job file, with the exit codes and messages users see."""
+"""The ``bertjob`` CLI: validate, render and run job files, with the exit codes and messages users see."""
 
+import importlib.metadata
 import importlib.util
+import io
+import json
 import resource
 import signal
 import subprocess
@@ -11,6 +14,7 @@ import yaml
 
 import bertjob.cli
 from bertjob.cli import main
+from bertjob_api.jobfile import dump, read_documents
 from bertjob_testing.jobs import EXAMPLES, valid_job, with_value
 
 
@@ -241,3 +245,312 @@ def test_run_passes_sigterm_on_to_the_trainer_and_returns_its_exit_code():
         assert cli.stdout.read() == "checkpoint\n"
     finally:
         cli.kill()
+
+
+# ---- the command line as kubectl's: per-command help, --version, -f FILE|DIR|-, -n, -o ----
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["validate", "--help"],
+            ["usage: bertjob validate", "Check each BertPretrainJob", "-f FILE|DIR|-", "-R,"],
+        ),
+        (
+            ["render", "--help"],
+            ["usage: bertjob render", "Print the objects the operator", "-n NAMESPACE", "{yaml,json}"],
+        ),
+        (
+            ["run", "--help"],
+            ["usage: bertjob run", "Run the whole job on this machine", "Exit status: the trainer's"],
+        ),
+        (["--help"], ["usage: bertjob", "validate", "render", "run", "bertjob COMMAND --help"]),
+    ],
+)
+def test_each_command_has_its_own_help_in_plain_text(capsys, argv, expected):
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    out = capsys.readouterr().out
+    assert exited.value.code == 0
+    for text in expected:
+        assert text in out
+    command = argv[0] if argv[0] != "--help" else ""
+    assert "examples:\n  bertjob " + (command or "validate") in out
+    assert not any(markup in out for markup in ("``", ":func:", ":mod:", ":data:"))
+
+
+def test_version_is_the_installed_package_s(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"bertjob {importlib.metadata.version('bertjob')}\n"
+
+
+NAMESPACE = "apiVersion: v1\nkind: Namespace\nmetadata: {name: bert}\n"
+CLAIM = "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: bert-data}\n"
+
+
+def _job(name: str, **changes) -> str:
+    document = {**valid_job(), "metadata": {"name": name}}
+    for dotted, value in changes.items():
+        document = with_value(document, dotted.replace("__", "."), value)
+    return dump(document)
+
+
+BOMB = (
+    "{l0: &l0 ["
+    + ", ".join(["lol"] * 9)
+    + "], "
+    + ", ".join(f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, 9))
+    + "}\n"
+)
+
+# Each case: files to write (name -> text), standard input, the arguments, the exit code, the
+# lines on standard output, and texts standard error must hold (in this order).
+INPUT_CASES = {
+    "a file without -f, as before": (
+        {"job.yaml": _job("demo")},
+        None,
+        ["validate", "job.yaml"],
+        0,
+        ["job.yaml: valid BertPretrainJob 'demo', world size 1"],
+        [],
+    ),
+    "several -f": (
+        {"a.yaml": _job("a"), "b.yaml": _job("b")},
+        None,
+        ["validate", "-f", "a.yaml", "-f", "b.yaml"],
+        0,
+        [
+            "a.yaml: valid BertPretrainJob 'a', world size 1",
+            "b.yaml: valid BertPretrainJob 'b', world size 1",
+        ],
+        [],
+    ),
+    "a directory, sorted, not its subdirectories, other kinds skipped": (
+        {
+            "d/b.yaml": _job("b"),
+            "d/a.yml": _job("a"),
+            "d/ns.yaml": NAMESPACE,
+            "d/notes.txt": "x",
+            "d/s/c.yaml": _job("c"),
+        },
+        None,
+        ["validate", "-f", "d"],
+        0,
+        [
+            "d/a.yml: valid BertPretrainJob 'a', world size 1",
+            "d/b.yaml: valid BertPretrainJob 'b', world size 1",
+        ],
+        ["d/ns.yaml: not a BertPretrainJob (kind: Namespace), skipped"],
+    ),
+    "a directory with -R": (
+        {"d/b.yaml": _job("b"), "d/s/c.yaml": _job("c")},
+        None,
+        ["validate", "-R", "-f", "d"],
+        0,
+        [
+            "d/b.yaml: valid BertPretrainJob 'b', world size 1",
+            "d/s/c.yaml: valid BertPretrainJob 'c', world size 1",
+        ],
+        [],
+    ),
+    "a kustomize output on standard input": (
+        {},
+        NAMESPACE + "---\n" + CLAIM + "---\n" + _job("a") + "---\n" + _job("b"),
+        ["validate", "-f", "-"],
+        0,
+        [
+            "stdin#3: valid BertPretrainJob 'a', world size 1",
+            "stdin#4: valid BertPretrainJob 'b', world size 1",
+        ],
+        [
+            "stdin#1: not a BertPretrainJob (kind: Namespace), skipped",
+            "stdin#2: not a BertPretrainJob (kind: PersistentVolumeClaim), skipped",
+        ],
+    ),
+    "an invalid job among valid ones: each reported, exit 2": (
+        {
+            "jobs.yaml": _job("a")
+            + "---\n"
+            + _job("b", spec__topology__processesPerNode=3)
+            + "---\n"
+            + _job("c")
+        },
+        None,
+        ["validate", "jobs.yaml"],
+        2,
+        [
+            "jobs.yaml#1: valid BertPretrainJob 'a', world size 1",
+            "jobs.yaml#3: valid BertPretrainJob 'c', world size 1",
+        ],
+        ["jobs.yaml#2: invalid BertPretrainJob\n", "globalBatchSize: 64 is not divisible by world size 3"],
+    ),
+    "a hostile document among valid ones": (
+        {},
+        _job("a") + "---\n" + _job("b").replace("spec:\n", "bomb: " + BOMB + "spec:\n", 1),
+        ["validate", "-f", "-"],
+        2,
+        ["stdin#1: valid BertPretrainJob 'a', world size 1"],
+        ["stdin#2: invalid BertPretrainJob\n  line 32: excessive aliasing"],
+    ),
+    "a missing file": ({}, None, ["validate", "job.yaml"], 2, [], ["job.yaml: no such file or directory\n"]),
+    "a file of another kind": (
+        {"ns.yaml": NAMESPACE},
+        None,
+        ["validate", "ns.yaml"],
+        2,
+        [],
+        [
+            "ns.yaml: not a BertPretrainJob (kind: Namespace), skipped\n",
+            "bertjob validate: no BertPretrainJob in ns.yaml\n",
+        ],
+    ),
+    "no input": (
+        {},
+        None,
+        ["validate"],
+        2,
+        [],
+        ["bertjob: no input: name a file, a directory, or -f - for standard input"],
+    ),
+    "render: another namespace than -n names": (
+        {"job.yaml": _job("a", metadata__namespace="team")},
+        None,
+        ["render", "-n", "other", "job.yaml"],
+        2,
+        [],
+        [
+            "job.yaml: invalid BertPretrainJob\n",
+            "metadata.namespace: 'team' is not the namespace -n names ('other')",
+        ],
+    ),
+    "render: nothing printed unless every job is valid": (
+        {"a.yaml": _job("a"), "b.yaml": _job("b", spec__topology__processesPerNode=3)},
+        None,
+        ["render", "a.yaml", "b.yaml"],
+        2,
+        [],
+        ["b.yaml: invalid BertPretrainJob\n"],
+    ),
+    "run: one job file": (
+        {"a.yaml": _job("a"), "b.yaml": _job("b")},
+        None,
+        ["run", "a.yaml", "b.yaml"],
+        2,
+        [],
+        ["bertjob run: name one job file (not a directory, not -)"],
+    ),
+    "run: a file of another kind": (
+        {"ns.yaml": NAMESPACE},
+        None,
+        ["run", "ns.yaml"],
+        2,
+        [],
+        ["ns.yaml: not a BertPretrainJob (kind: Namespace)\n"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(INPUT_CASES))
+def test_inputs_are_named_and_reported_as_kubectl_names_them(tmp_path, monkeypatch, capsys, case):
+    files, stdin, argv, code, out, err = INPUT_CASES[case]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(bertjob.cli, "run_trainer", lambda *_: pytest.fail("trainer started"))
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    if stdin is not None:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin.encode())))
+    assert main(argv) == code
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == out
+    position = 0
+    for text in err:
+        position = captured.err.index(text, position)
+    # A document of another kind is named as such, not refused field by field.
+    assert "Input should be" not in captured.err
+
+
+def _rendered(capsys, argv):
+    assert main(argv) == 0
+    return capsys.readouterr().out
+
+
+def test_render_sets_the_namespace_of_every_object_that_n_names(tmp_path, capsys):
+    path = tmp_path / "job.yaml"
+    path.write_text(_job("demo"))
+    objects = [
+        obj for obj in yaml.safe_load_all(_rendered(capsys, ["render", "-n", "research", str(path)])) if obj
+    ]
+    assert {obj["metadata"]["namespace"] for obj in objects} == {"research"}
+    configmap = yaml.safe_load(objects[0]["data"]["job.yaml"])
+    assert configmap["metadata"]["namespace"] == "research"
+    # Without -n, the namespace the API server would give: default.
+    objects = [obj for obj in yaml.safe_load_all(_rendered(capsys, ["render", str(path)])) if obj]
+    assert {obj["metadata"]["namespace"] for obj in objects} == {"default"}
+
+
+def test_render_o_json_writes_the_yaml_objects_as_one_v1_list(tmp_path, capsys):
+    path = tmp_path / "jobs.yaml"
+    path.write_text(_job("a") + "---\n" + _job("b"))
+    as_yaml = [obj for obj in yaml.safe_load_all(_rendered(capsys, ["render", str(path)])) if obj]
+    as_json = json.loads(_rendered(capsys, ["render", "-o", "json", str(path)]))
+    assert as_json == {"apiVersion": "v1", "kind": "List", "items": as_yaml}
+    assert [obj["metadata"]["name"] for obj in as_yaml if obj["kind"] == "ConfigMap"] == ["a-job", "b-job"]
+
+
+def test_render_writes_the_job_file_as_a_block_kubectl_reads_back(tmp_path, capsys):
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        _job("demo", spec__pod={"env": [{"name": "A", "value": "y"}, {"name": "B", "value": "two\nlines"}]})
+    )
+    rendered = _rendered(capsys, ["render", str(path)])
+    assert "\n  job.yaml: |\n    apiVersion: bertjob.dev/v1alpha1\n" in rendered
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "rendered.yaml").write_text(rendered)
+    configmap = read_documents(str(tmp_path / "out" / "rendered.yaml"))[0].value
+    job_file = configmap["data"]["job.yaml"]
+    # Go's YAML (kustomize, inside kubectl) reads the stream and writes it back: the same file.
+    (tmp_path / "out" / "kustomization.yaml").write_text("resources: [rendered.yaml]\n")
+    built = subprocess.run(
+        ["kubectl", "kustomize", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    (tmp_path / "built.yaml").write_text(built)
+    again = [doc.value for doc in read_documents(str(tmp_path / "built.yaml")) if doc.kind == "ConfigMap"]
+    assert again[0]["data"]["job.yaml"] == job_file
+    assert yaml.safe_load(job_file)["spec"]["pod"]["env"][:2] == [
+        {"name": "A", "value": "y"},
+        {"name": "B", "value": "two\nlines"},
+    ]
+
+
+# Nine levels... five here: 9**5 strings, under MAX_VALUES in one job, over MAX_STREAM_VALUES in 20.
+SMALL_BOMB = (
+    "{l0: &l0 ["
+    + ", ".join(["lol"] * 9)
+    + "], "
+    + ", ".join(f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, 5))
+    + "}\n"
+)
+
+
+def test_a_stream_of_small_bombs_is_refused_in_bounded_time_and_memory(tmp_path):
+    job = _job("a").replace("spec:\n", "bomb: " + SMALL_BOMB + "spec:\n", 1)
+    result = subprocess.run(
+        [sys.executable, "-m", "bertjob", "validate", "-f", "-"],
+        input="---\n".join([job] * 40),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=_limit_memory,
+        check=False,
+    )
+    assert (result.returncode, result.stdout) == (2, "")
+    assert "stdin: invalid BertPretrainJob\n  line " in result.stderr
+    assert "values in all documents" in result.stderr

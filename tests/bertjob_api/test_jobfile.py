@@ -7,11 +7,23 @@ API server receives; the comment says what PyYAML's YAML 1.1 reads instead, wher
 
 from __future__ import annotations
 
+import io
+import re
+
 import pytest
 import yaml
 
 from bertjob_api import jobfile
-from bertjob_api.jobfile import MAX_BYTES, MAX_DEPTH, MAX_VALUES, dump, dump_all, load_job, read_document
+from bertjob_api.jobfile import (
+    MAX_BYTES,
+    MAX_DEPTH,
+    MAX_VALUES,
+    JobFileError,
+    dump,
+    dump_all,
+    load_job,
+    read_document,
+)
 from bertjob_api.spec import SpecError
 from bertjob_testing.jobs import valid_job
 
@@ -282,9 +294,182 @@ def test_anything_but_one_document_is_refused(tmp_path, text, message):
     assert message in _refusal(tmp_path, text)
 
 
-def test_a_missing_file_is_refused(tmp_path):
-    with pytest.raises(SpecError, match="cannot read: No such file or directory"):
-        read_document(tmp_path / "nope.yaml")
+@pytest.mark.parametrize(
+    ("name", "message"), [("nope.yaml", "no such file or directory"), (".", "is a directory")]
+)
+def test_a_file_that_cannot_be_read_is_refused_in_one_line(tmp_path, name, message):
+    with pytest.raises(JobFileError) as caught:
+        read_document(tmp_path / name)
+    assert str(caught.value) == f"{tmp_path / name}: {message}"
+
+
+def test_load_job_refuses_another_kind_by_name(tmp_path):
+    path = tmp_path / "ns.yaml"
+    path.write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: bert}\n")
+    with pytest.raises(JobFileError) as caught:
+        load_job(path)
+    assert str(caught.value) == f"{path}: not a BertPretrainJob (kind: Namespace)"
+
+
+def _stream(tmp_path, text: str):
+    path = tmp_path / "stream.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _job_yaml(name: str) -> str:
+    return dump({**valid_job(), "metadata": {"name": name}})
+
+
+# A 'billion laughs' value of 9**5 strings: under MAX_VALUES once (59,049 strings and lists), and
+# over MAX_STREAM_VALUES in a stream of a few dozen documents.
+_BOMB = (
+    "[&l0 ["
+    + ", ".join(["lol"] * 9)
+    + "], "
+    + ", ".join(f"&l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, 5))
+    + "]\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "read"),
+    [
+        # Each document is named by its place; empty ones are skipped, as kubectl skips them.
+        ("a: 1\n---\n---\nb: 2\n", [("stream.yaml#1", 1, {"a": 1}), ("stream.yaml#2", 4, {"b": 2})]),
+        ("a: 1\n", [("stream.yaml", 1, {"a": 1})]),
+        # A document refused on its own does not stop the next one.
+        (
+            "a: .nan\n---\nb: 2\n",
+            [("stream.yaml#1", 1, "a (line 1): .nan is not a number"), ("stream.yaml#2", 3, {"b": 2})],
+        ),
+        (
+            "a: &x [*x]\n---\nb: 2\n",
+            [
+                ("stream.yaml#1", 1, "an alias refers to a value that contains it"),
+                ("stream.yaml#2", 3, {"b": 2}),
+            ],
+        ),
+        (
+            "a: 1\na: 2\n---\nb: y\n",
+            [("stream.yaml#1", 1, "duplicate key 'a'"), ("stream.yaml#2", 4, {"b": True})],
+        ),
+    ],
+)
+def test_read_documents_reads_each_document_of_a_stream(tmp_path, text, read):
+    documents = jobfile.read_documents(str(_stream(tmp_path, text)))
+    assert [document.source.removeprefix(f"{tmp_path}/") for document in documents] == [
+        name for name, _, _ in read
+    ]
+    assert [document.line for document in documents] == [line for _, line, _ in read]
+    for document, (_, _, expected) in zip(documents, read, strict=True):
+        if isinstance(expected, str):
+            assert document.value is None and expected in str(document.error)
+            assert str(document.error).startswith(f"{document.source}: invalid BertPretrainJob")
+        else:
+            assert (document.value, document.error) == (expected, None)
+
+
+def test_a_stream_holds_more_nodes_than_one_document_may(tmp_path):
+    # Each document has 60,000 nodes, under MAX_VALUES; the stream has more than MAX_VALUES.
+    document = "[" + ", ".join(["1"] * 60_000) + "]\n"
+    documents = jobfile.read_documents(str(_stream(tmp_path, document + "---\n" + document)))
+    assert [len(document.value) for document in documents] == [60_000, 60_000]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("---\n".join([_BOMB] * 20), f"more than {jobfile.MAX_STREAM_VALUES} values in all documents"),
+        ("a: " + "x" * (jobfile.MAX_STREAM_BYTES + 1), f"larger than {jobfile.MAX_STREAM_BYTES} bytes"),
+        ("a: 1\n---\nb: [\n", "line 4, column 1: not valid YAML"),
+        ("---\n" + "[" * 200 + "]" * 200, f"line 2: nested more than {MAX_DEPTH} levels deep"),
+    ],
+)
+def test_a_stream_is_refused_as_a_whole_past_its_bounds_or_its_syntax(tmp_path, text, message):
+    with pytest.raises(SpecError) as caught:
+        jobfile.read_documents(str(_stream(tmp_path, text)))
+    assert message in str(caught.value)
+
+
+def test_a_document_of_a_stream_keeps_the_size_of_a_configmap(tmp_path):
+    big = "a: " + "x" * MAX_BYTES + "\n"
+    (first, second) = jobfile.read_documents(str(_stream(tmp_path, big + "---\nb: 2\n")))
+    assert f"a document larger than {MAX_BYTES} bytes" in str(first.error)
+    assert second.value == {"b": 2}
+
+
+def test_read_documents_reads_standard_input_by_the_name_stdin():
+    stream = io.BytesIO((_job_yaml("one") + "---\n" + _job_yaml("two")).encode())
+    documents = jobfile.read_documents(jobfile.STDIN, stream)
+    assert [(document.source, document.kind) for document in documents] == [
+        ("stdin#1", "BertPretrainJob"),
+        ("stdin#2", "BertPretrainJob"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("files", "names", "recursive", "expected"),
+    [
+        # A directory: its YAML and JSON files in sorted order, not its subdirectories' (kubectl -f DIR).
+        (["d/b.yaml", "d/a.json", "d/c.txt", "d/s/e.yml"], ["d"], False, ["d/a.json", "d/b.yaml"]),
+        (
+            ["d/b.yaml", "d/a.json", "d/c.txt", "d/s/e.yml"],
+            ["d"],
+            True,
+            ["d/a.json", "d/b.yaml", "d/s/e.yml"],
+        ),
+        (["x.yaml", "d/a.yml"], ["x.yaml", "-", "d"], False, ["x.yaml", "-", "d/a.yml"]),
+        ([], ["nope.yaml"], False, "nope.yaml: no such file or directory"),
+        (["d/c.txt"], ["d"], False, "d: a directory without a *.yaml, *.yml, *.json file"),
+        ([], ["-", "-"], False, "-: standard input can be read only once"),
+    ],
+)
+def test_input_files_expands_names_as_kubectl_apply_f_does(
+    tmp_path, monkeypatch, files, names, recursive, expected
+):
+    monkeypatch.chdir(tmp_path)
+    for name in files:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("a: 1\n")
+    if isinstance(expected, str):
+        with pytest.raises(JobFileError, match=re.escape(expected)):
+            jobfile.input_files(names, recursive)
+    else:
+        assert jobfile.input_files(names, recursive) == expected
+
+
+# Strings a literal block scalar must carry exactly, or leave to double quotes.
+BLOCK_STRINGS = [
+    "a\nb",
+    "a\nb\n",
+    "a\n\n\n",
+    "\n",
+    "  leading\nspaces",
+    "\nleading break",
+    "trailing space \nx",
+    "tab\tin\nit",
+    "---\n...\n# not a comment\n",
+    "caf\u00e9\n\u00fc\n",
+    "a\r\nb",
+    "x: 1\n  evil: true\n",
+    "line\u2028sep\nx",
+]
+
+
+@pytest.mark.parametrize("text", BLOCK_STRINGS)
+def test_dump_all_writes_lines_as_a_block_that_both_readers_read_back(tmp_path, text):
+    documents = [{"data": {"job.yaml": text}, "other": "y"}, {"k": text}]
+    written = dump_all(documents)
+    assert list(yaml.safe_load_all(written)) == documents
+    assert [
+        document.value for document in jobfile.read_documents(str(_stream(tmp_path, written)))
+    ] == documents
+
+
+def test_dump_all_writes_a_job_file_as_a_block(tmp_path):
+    written = dump_all([{"data": {"job.yaml": _job_yaml("demo")}}])
+    assert written.startswith("data:\n  job.yaml: |\n    apiVersion: bertjob.dev/v1alpha1\n")
 
 
 def test_load_job_validates_what_it_reads(tmp_path):
