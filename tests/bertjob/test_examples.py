@@ -10,8 +10,11 @@ tests/bertpretrain/runtime/test_cluster_example_pod.py.
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import re
-from pathlib import PurePosixPath
+import subprocess
+import sys
+from pathlib import Path, PurePosixPath
 from typing import Any, get_args
 
 import kubernetes_validate
@@ -345,3 +348,49 @@ def test_the_quickstart_checks_and_applies_the_small_example_first() -> None:
     ):
         first = re.search(command, quickstart)
         assert first is not None and first[0].endswith(f"examples/{SMALL}"), f"{command}: {first}"
+
+
+def _fetch(container: dict[str, Any], url: str, path: Path) -> subprocess.CompletedProcess[str]:
+    """The fetch Job's container command, run here with its URL and FILE replaced."""
+    env = {**os.environ, "URL": url, "FILE": str(path)}
+    command = [sys.executable, *container["command"][1:], *container["args"]]
+    assert container["command"][0] == "python"
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_the_fetch_job_fills_the_claim_the_xeon_job_reads_with_whole_files_only(tmp_path: Path) -> None:
+    job = yaml.safe_load((STORAGE / "fetch-wikipedia.yaml").read_text(encoding="utf-8"))
+    kubernetes_validate.validate(job, KUBERNETES_VERSION, strict=True)
+    pod = job["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    mounts = {mount["name"]: mount["mountPath"] for mount in container["volumeMounts"]}
+    claims = {
+        volume["persistentVolumeClaim"]["claimName"]: mounts[volume["name"]]
+        for volume in pod["volumes"]
+        if "persistentVolumeClaim" in volume
+    }
+    target = PurePosixPath({var["name"]: var["value"] for var in container["env"]}["FILE"])
+    assert set(claims) <= set(_claims())
+    readers = [
+        name
+        for name in CLUSTER
+        for volume in load_job(EXAMPLES / name).spec.volumes
+        if volume.source.get("persistentVolumeClaim", {}).get("claimName") in claims
+        and claims[volume.source["persistentVolumeClaim"]["claimName"]] == volume.mount_path
+        and any(source.path == str(target) for source in load_job(EXAMPLES / name).spec.data.sources)
+    ]
+    assert readers, f"no example reads {target} from the claim the Job fills"
+
+    dump = tmp_path / "dump.xml.bz2"
+    dump.write_bytes(os.urandom(3 << 20))
+    path = tmp_path / "corpus" / "enwiki.xml.bz2"
+    first = _fetch(container, dump.as_uri(), path)
+    assert first.returncode == 0, first.stderr
+    assert path.read_bytes() == dump.read_bytes()
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name], "a partial file was left"
+    dump.write_bytes(b"another dump")
+    again = _fetch(container, dump.as_uri(), path)
+    assert again.returncode == 0 and "is there already" in again.stdout, again.stderr
+    assert path.stat().st_size == 3 << 20, "a file already there was fetched again"
+    missing = _fetch(container, (tmp_path / "nothing").as_uri(), tmp_path / "corpus" / "other.bz2")
+    assert missing.returncode != 0 and not (tmp_path / "corpus" / "other.bz2").exists()
