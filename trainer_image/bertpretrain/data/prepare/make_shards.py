@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
-from tqdm import tqdm
 
+from bertpretrain.common.progress import ProgressBar
 from bertpretrain.data.format import vocab
 from bertpretrain.data.format.masking import mask_tokens
 from bertpretrain.data.format.shards import (
@@ -149,7 +149,12 @@ def make_dataset(
     calls = ((_make_shard, (task,)) for task in tasks)
     for task, counts in zip(
         tasks,
-        tqdm(run_parallel(calls, workers, initializer), total=len(tasks), desc=directory.name, unit="shard"),
+        ProgressBar(
+            run_parallel(calls, workers, initializer),
+            total=len(tasks),
+            desc=f"data: {directory.name}",
+            unit="shards",
+        ),
         strict=True,
     ):
         results[task.split].append({"file": task.path.name, **counts})

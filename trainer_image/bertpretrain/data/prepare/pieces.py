@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
-from tqdm import tqdm
 
 from bertjob_api.spec import JobSpec
+from bertpretrain.common.progress import ProgressBar
 from bertpretrain.data.prepare import documents
 from bertpretrain.data.prepare.cache import (
     MANIFEST_FILE,
@@ -92,10 +92,11 @@ def make_documents(
     initializer = (_init_encoder, (tokenizer.to_str(), spec.seed, data.heldout_fraction))
     pieces: list[Piece] = []
     try:
-        with tqdm(desc="documents", unit="MB", unit_scale=True) as progress:
+        # Counted in bytes: tqdm's unit_scale scales the count, so a count in MB read "21.0kMB".
+        with ProgressBar(desc="data: documents", unit="B", unit_scale=True) as progress:
             for piece in run_parallel(tasks, workers, initializer):
                 pieces.append(piece)
-                progress.update(round(sum(piece.text_bytes) / 1e6, 3))
+                progress.update(sum(piece.text_bytes))
     finally:
         # With one worker the encoder (and its chunk table, tens of MB) lives in this process.
         _release_encoder()

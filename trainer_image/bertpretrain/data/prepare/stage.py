@@ -57,13 +57,12 @@ import itertools
 import time
 from pathlib import Path
 
-from tqdm import tqdm
-
 from bertjob_api.files import TEMPORARY
 from bertjob_api.plan import Paths
 from bertjob_api.spec import DataSpec, JobSpec
 from bertpretrain.common.cpus import available_cpus
 from bertpretrain.common.files import check_writable, writing
+from bertpretrain.common.progress import ProgressBar
 from bertpretrain.data.format import vocab
 from bertpretrain.data.format.prepared import PreparedData
 from bertpretrain.data.prepare import cache
@@ -78,8 +77,8 @@ from bertpretrain.data.prepare.vocab import import_vocab, train_vocab
 def prepare(spec: JobSpec) -> PreparedData:
     """Make (or find already made) the vocabulary and every phase's shards for ``spec``.
 
-    Prints progress bars and a report (documents, sentences, tokens, instances, padding,
-    seconds) per stage.
+    Prints progress (bars on a terminal, lines in a log: :mod:`bertpretrain.common.progress`)
+    and a report (documents, sentences, tokens, instances, padding, seconds) per stage.
 
     Raises:
         FileNotFoundError: a corpus source or the vocabulary file does not exist.
@@ -156,7 +155,7 @@ def _make_vocab(spec: JobSpec, corpus: sources.CorpusIdentity, vocab_dir: Path) 
     # Sentence splitting runs here, in one process: training needs one pass over the text, and
     # tokenizers' trainer holds word counts, not the corpus.
     raw_documents = sources.read_corpus(data.sources, spec.seed, skipped)
-    documents_read = tqdm(raw_documents, desc="vocabulary", unit="doc")
+    documents_read = ProgressBar(raw_documents, desc="data: vocabulary", unit="documents")
     sentences = (s for document in documents_read for s in splitting.sentences(document))
     first = next(sentences, None)
     if first is None:
