@@ -383,3 +383,16 @@ def _mentions_of_text(doc: Path, text: str, tmp_path: Path) -> list[Mention]:
     scratch = tmp_path / doc.name
     scratch.write_text(text, encoding="utf-8")
     return [Mention(doc, mention.line, mention.kind, mention.name) for mention in mentions(scratch)]
+
+
+def test_the_paths_the_chart_notes_name_exist() -> None:
+    # NOTES.txt is plain text: its command lines are read as a fenced block's.
+    notes = ROOT / "charts" / "bertjob" / "templates" / "NOTES.txt"
+    found = [
+        mention
+        for number, text in enumerate(notes.read_text(encoding="utf-8").splitlines(), start=1)
+        for mention in _mentions_in_words(notes, number, text)
+    ]
+    assert any(mention.name.startswith("examples/") for mention in found), "NOTES.txt names no example"
+    missing = [str(mention) for mention in found if broken(mention)]
+    assert not missing, "names of nothing in this repository:\n" + "\n".join(missing)
