@@ -28,8 +28,10 @@ from tests.kubeflow_env import pytorchjob_pod_command, pytorchjob_pod_env
 
 EXAMPLE = EXAMPLES / "bert-tiny-cluster.yaml"
 CONFIG_IN_POD = "/etc/bertjob/job.yaml"
-# The whole job, data stage included, on 2 busy cores took about 40 s.
-TIMEOUT_SECONDS = 300
+# The whole job, data stage included, took 38 s here on 2 cores shared with other work (load
+# average 3.5), and 132 s at load 7 in an earlier, twice as long version; the limit leaves room
+# for a busier machine within pytest's own 600 s.
+TIMEOUT_SECONDS = 420
 
 pytestmark = pytest.mark.slow
 
