@@ -64,6 +64,8 @@ STDIN_NAME = "stdin"  # standard input's name in messages
 # What a directory contributes, as for kubectl's -f DIR.
 EXTENSIONS = (".yaml", ".yml", ".json")
 JOB_KIND = "BertPretrainJob"
+JOB_GROUP = "bertjob.dev"
+_SHOWN_KIND = 40
 
 _CORE = "tag:yaml.org,2002:"
 _STR, _INT, _FLOAT, _BOOL, _NULL = (f"{_CORE}{name}" for name in ("str", "int", "float", "bool", "null"))
@@ -492,6 +494,21 @@ def kind_of(document: Any) -> str | None:
     return kind if isinstance(kind, str) else None
 
 
+def other_kind(document: Any) -> str | None:
+    """Why ``document`` is an object of another kind, ``not a BertPretrainJob (kind: Namespace)``,
+    or ``None`` where it is to be validated as a job. A document of this API's group
+    (``apiVersion: bertjob.dev/...``) or without a string ``kind`` is a job whatever its kind says,
+    so that a misspelt ``kind`` is refused by name rather than passed over."""
+    kind = kind_of(document)
+    api_version = document.get("apiVersion") if isinstance(document, dict) else None
+    if kind is None or kind == JOB_KIND:
+        return None
+    if isinstance(api_version, str) and api_version.split("/")[0] == JOB_GROUP:
+        return None
+    shown = kind if kind.isprintable() and len(kind) <= _SHOWN_KIND else repr(_shown(kind))
+    return f"not a {JOB_KIND} (kind: {shown})"
+
+
 def read_documents(name: str, stdin: BinaryIO | None = None) -> list[Document]:
     """Every non-empty document of the file ``name``, or of ``stdin`` where ``name`` is :data:`STDIN`,
     as kubectl reads a stream for ``apply -f`` (YAML documents separated by ``---``, or JSON).
@@ -577,9 +594,9 @@ def load_job(path: str | Path) -> BertPretrainJob:
             the API.
     """
     document = read_document(path)
-    kind = kind_of(document)
-    if kind is not None and kind != JOB_KIND:
-        raise JobFileError(str(path), f"not a {JOB_KIND} (kind: {_shown(kind)})")
+    other = other_kind(document)
+    if other is not None:
+        raise JobFileError(str(path), other)
     return parse_job(document, str(path))
 
 

@@ -37,6 +37,7 @@ from bertjob_api.jobfile import (
     dump_all,
     input_files,
     load_job,
+    other_kind,
     read_documents,
 )
 from bertjob_api.spec import BertPretrainJob, SpecError, parse_job
@@ -61,9 +62,9 @@ INPUTS = """\
 Files are named as for kubectl apply: -f FILE, -f DIR (its *.yaml, *.yml and *.json files in
 sorted order; with -R its subdirectories' too) or -f - (standard input), as often as needed, or
 as arguments without -f. Each file is a stream of YAML documents separated by '---' (or JSON);
-a document is named FILE when it is its file's only one, else FILE#N (N counting from 1;
-standard input is named stdin).
-Objects of other kinds (a Namespace, a Kustomization) are skipped with a note on standard error."""
+a document is named FILE when it is its file's only one, else FILE#N (N counting from 1; standard
+input is named stdin). Objects of other kinds (a Namespace, a Kustomization) are skipped with a
+note on standard error; one of apiVersion bertjob.dev/* is checked as a job whatever its kind."""
 
 VALIDATE = f"""\
 Check each BertPretrainJob as the operator would before creating anything: the fields, the
@@ -160,9 +161,9 @@ def _job(document: Document, namespace: str | None, report: Report) -> Job | Non
     if document.error is not None:
         report.refuse(document.error)
         return None
-    kind = document.kind
-    if kind is not None and kind != JOB_KIND:
-        print(f"{document.source}: not a {JOB_KIND} (kind: {kind}), skipped", file=sys.stderr)
+    other = other_kind(document.value)
+    if other is not None:
+        print(f"{document.source}: {other}, skipped", file=sys.stderr)
         return None
     try:
         return Job(document.source, parse_job(_in_namespace(document, namespace), document.source))

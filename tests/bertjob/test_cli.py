@@ -407,6 +407,14 @@ INPUT_CASES = {
             "bertjob validate: no BertPretrainJob in ns.yaml\n",
         ],
     ),
+    "a misspelt kind of this API is refused by name, not skipped": (
+        {"job.yaml": _job("a").replace("kind: BertPretrainJob", "kind: BertPretrainjob")},
+        None,
+        ["validate", "job.yaml"],
+        2,
+        [],
+        ["job.yaml: invalid BertPretrainJob\n  kind: Input should be 'BertPretrainJob'"],
+    ),
     "no input": (
         {},
         None,
@@ -469,8 +477,9 @@ def test_inputs_are_named_and_reported_as_kubectl_names_them(tmp_path, monkeypat
     position = 0
     for text in err:
         position = captured.err.index(text, position)
-    # A document of another kind is named as such, not refused field by field.
-    assert "Input should be" not in captured.err
+    if "another kind" in case:
+        # Named as such, not refused field by field.
+        assert "Input should be" not in captured.err
 
 
 def _rendered(capsys, argv):

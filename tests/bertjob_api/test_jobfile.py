@@ -303,12 +303,30 @@ def test_a_file_that_cannot_be_read_is_refused_in_one_line(tmp_path, name, messa
     assert str(caught.value) == f"{tmp_path / name}: {message}"
 
 
-def test_load_job_refuses_another_kind_by_name(tmp_path):
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "apiVersion: v1\nkind: Namespace\nmetadata: {name: bert}\n",
+            "not a BertPretrainJob (kind: Namespace)",
+        ),
+        ('apiVersion: v1\nkind: "x\\n  evil: true"\n', "not a BertPretrainJob (kind: 'x\\n  evil: true')"),
+    ],
+)
+def test_load_job_refuses_another_kind_by_name(tmp_path, text, message):
     path = tmp_path / "ns.yaml"
-    path.write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: bert}\n")
+    path.write_text(text)
     with pytest.raises(JobFileError) as caught:
         load_job(path)
-    assert str(caught.value) == f"{path}: not a BertPretrainJob (kind: Namespace)"
+    assert str(caught.value) == f"{path}: {message}"
+
+
+def test_load_job_refuses_a_misspelt_kind_of_this_api_field_by_field(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(dump({**valid_job(), "kind": "BertPretrainjob"}))
+    with pytest.raises(SpecError) as caught:
+        load_job(path)
+    assert caught.value.problems == [("kind", "Input should be 'BertPretrainJob'")]
 
 
 def _stream(tmp_path, text: str):
