@@ -77,23 +77,29 @@ def _stages(dockerfile: Path) -> set[str]:
     )
 
 
-@pytest.fixture(scope="module")
-def built() -> dict[str, str]:
-    """{build-images.sh target: the tag it builds}, from the docker commands the script prints.
-
-    Each trainer target is checked to be a stage of the Dockerfile the command names."""
+def run_build_script(*arguments: str) -> str:
+    """What ``hack/build-images.sh ARGUMENTS`` prints, with ghcr.io/bertjob as its registry (a
+    ``REGISTRY`` of this environment left out); it must succeed."""
     environment = {key: value for key, value in os.environ.items() if key != "REGISTRY"}
-    printed = subprocess.run(
-        [str(BUILD), "--builder", "print"],
+    result = subprocess.run(
+        [str(BUILD), *arguments],
         capture_output=True,
         text=True,
         timeout=60,
         env=environment,
         check=False,
     )
-    assert printed.returncode == 0, printed.stderr
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def built() -> dict[str, str]:
+    """{build-images.sh target: the tag it builds}, from the docker commands the script prints.
+
+    Each trainer target is checked to be a stage of the Dockerfile the command names."""
     tags: dict[str, str] = {}
-    for line in printed.stdout.splitlines():
+    for line in run_build_script("--builder", "print").splitlines():
         words = shlex.split(line)
         options = dict(itertools.pairwise(words))
         dockerfile = Path(options["--file"])

@@ -10,7 +10,6 @@ PATH, the ``run:`` scripts.
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
@@ -22,9 +21,9 @@ from typing import Any
 import yaml
 
 from bertjob_testing.jobs import REPO
+from tests.test_image_tags import run_build_script
 
 WORKFLOWS = REPO / ".github" / "workflows"
-BUILD = REPO / "hack" / "build-images.sh"
 # A full commit SHA: a tag or branch an action's owner could move is no pin.
 PINNED = re.compile(r"^[\w.-]+/[\w./-]+@[0-9a-f]{40}$")
 
@@ -144,17 +143,7 @@ def test_permissions_are_least_privilege() -> None:
 
 def _tags(*targets: str) -> list[str]:
     """hack/build-images.sh --tags: the tags of ``targets`` (default: all it builds), ghcr.io/bertjob's."""
-    environment = {key: value for key, value in os.environ.items() if key != "REGISTRY"}
-    result = subprocess.run(
-        [str(BUILD), "--tags", *targets],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=environment,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout.split()
+    return run_build_script("--tags", *targets).split()
 
 
 def test_release_builds_and_pushes_every_image_the_script_builds() -> None:
