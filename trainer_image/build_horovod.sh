@@ -13,7 +13,10 @@
 # Frameworks: PyTorch only. Controllers: Gloo always (horovodrun --gloo); MPI with
 # HOROVOD_WITH_MPI=1, not with HOROVOD_WITHOUT_MPI=1, else where an MPI compiler (mpicxx) is on
 # PATH. GPU collectives: set HOROVOD_GPU_OPERATIONS=NCCL (the CUDA image does; it needs the CUDA
-# and NCCL headers of a -devel base).
+# and NCCL headers of a -devel base). Without it the wheel is CPU-only, also against PyPI's torch,
+# which is a CUDA build: no other HOROVOD_GPU* switch reaches the build, NVTX is off, and Horovod
+# adds CUDA ops to its torch extension only where torch finds a CUDA toolkit (CUDA_HOME, nvcc;
+# none on this project's machines); the check at the end refuses a CPU-only wheel with CUDA in it.
 #
 # The kept wheel's directory is named by everything the wheel depends on: Horovod's version, the
 # torch it was compiled against (its C++ ABI), the Python tag, and the controllers and GPU
@@ -68,7 +71,11 @@ if [[ -z "$wheel" ]]; then
         sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/' "$cmake_file"
     done
     echo "build_horovod.sh: compiling $key; about 6 minutes on 2 cores"
-    env HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 "${mpi}=1" \
+    gpu_env=(HOROVOD_WITHOUT_NVTX=1)
+    [[ -n "$gpu" ]] && gpu_env=(HOROVOD_GPU_OPERATIONS="$gpu")
+    env -u HOROVOD_GPU_OPERATIONS -u HOROVOD_GPU_ALLREDUCE -u HOROVOD_GPU_ALLGATHER -u HOROVOD_GPU_BROADCAST \
+        -u HOROVOD_GPU_ALLTOALL -u HOROVOD_GPU_REDUCESCATTER -u HOROVOD_GPU "${gpu_env[@]}" \
+        HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 "${mpi}=1" \
         HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
         CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS="-j$(nproc)" \
         "$PYTHON" -m pip wheel --quiet --no-build-isolation --no-deps "$source_dir" -w "$work/dist"
@@ -83,16 +90,23 @@ fi
 "$PYTHON" -m pip install --quiet --force-reinstall --no-deps "$wheel"
 # The installed wheel must have every controller its key names: a wheel put in the wrong
 # directory by hand, or a build that silently dropped MPI, stops here.
-"$PYTHON" - "$controllers" <<'EOF'
+"$PYTHON" - "$controllers" "$gpu" <<'EOF'
 import sys
 from importlib.metadata import version
 
 import horovod.torch as hvd
 
 wanted = set(sys.argv[1].split("-"))
-built = {"gloo": bool(hvd.gloo_built()), "mpi": bool(hvd.mpi_built()), "nccl": bool(hvd.nccl_built())}
+built = {
+    "gloo": bool(hvd.gloo_built()),
+    "mpi": bool(hvd.mpi_built()),
+    "nccl": bool(hvd.nccl_built()),
+    "cuda": bool(hvd.cuda_built()),
+}
 missing = sorted(name for name in wanted if not built.get(name))
 print("build_horovod.sh: horovod", version("horovod"), " ".join(f"{k} {v}" for k, v in built.items()))
 if missing:
     sys.exit(f"build_horovod.sh: the wheel lacks {', '.join(missing)}")
+if built["cuda"] and not sys.argv[2]:
+    sys.exit("build_horovod.sh: the wheel has CUDA ops, though HOROVOD_GPU_OPERATIONS was not set")
 EOF
