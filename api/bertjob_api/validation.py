@@ -6,7 +6,9 @@ names the field at fault in its YAML spelling, so a user or a status condition c
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import PurePosixPath
 from typing import Any, Literal
 
@@ -604,9 +606,148 @@ def _stored_bytes(document: Any) -> int:
 
 
 def _children(path: str, value: Any) -> dict[str, Any]:
-    """The fields (``spec.pod.env``) or items (``spec.pod.env[3]``) of ``value`` at ``path``."""
+    """The fields (``spec.pod.env``) or items (``spec.pod.env[3]``) of ``value`` at ``path``, each
+    named as :func:`bertjob_api.kubenames.field_path` names it (a key that is not a plain name is
+    quoted: ``spec.pod.nodeSelector["a b"]``)."""
     if isinstance(value, Mapping):
-        return {f"{path}.{key}" if path else str(key): item for key, item in value.items()}
+        return {kubenames.field_path(path, [str(key)]): item for key, item in value.items()}
     if isinstance(value, list):
         return {f"{path}[{index}]": item for index, item in enumerate(value)}
     return {}
+
+
+# The most bytes one object rendered for a job (its ConfigMap, ServiceAccount, Role, RoleBinding,
+# data Job, and the launcher's PyTorchJob, MPIJob or TrainJob) may take as compact JSON, as the API
+# server stores a custom resource in etcd: 1 MiB (1,048,576 bytes). etcd refuses a request over
+# 1.5 MiB (its default --max-request-bytes, 1572864), and what the API server adds to an object
+# before storing it (managedFields, ownerReferences, its own metadata) must fit in the rest; the API
+# server also refuses a request body over 3 MiB, and a ConfigMap's data over 1 MiB
+# (bertjob_api.jobfile.MAX_BYTES). A job file within its own 1 MiB can still render past this, since
+# its image and env appear once per replica (a 900,000-character image makes a 1.8 MB PyTorchJob
+# of two nodes). Built-in kinds (the ConfigMap, the Job) are stored as protobuf, a little smaller than
+# their JSON: for them the limit errs on the safe side.
+MAX_OBJECT_BYTES = 1 << 20
+# A string of a rendered object that holds no value of the job whole is searched for the job's
+# strings of at least this many bytes (an env name inside Open MPI's list of forwarded variables).
+_SEARCHED_BYTES = 4096
+
+
+def json_bytes(value: Any) -> int:
+    """Bytes of ``value`` as compact JSON in UTF-8, as the API server stores an object in etcd."""
+    return len(_json(value).encode("utf-8", "surrogatepass"))
+
+
+def object_size_problems(
+    document: Mapping[str, Any], objects: Iterable[Mapping[str, Any]]
+) -> list[tuple[str, str]]:
+    """A problem for each of ``objects`` (what ``bertjob.render`` makes of ``document``, the job
+    after defaults as :func:`bertjob_api.spec.to_document` gives it) whose compact JSON exceeds
+    :data:`MAX_OBJECT_BYTES`: the API server could not store it. Each names the field of
+    ``document`` that makes the object large (:func:`_largest_field`), the object
+    (``kind/name``), its size in bytes and the limit; [] when every object fits. Costs one
+    serialization per object unless one is too large."""
+    found: list[tuple[str, str]] = []
+    for obj in objects:
+        size = json_bytes(obj)
+        if size <= MAX_OBJECT_BYTES:
+            continue
+        path, share = _largest_field(document, _weights(document, obj))
+        name = f"{obj.get('kind')}/{(obj.get('metadata') or {}).get('name')}"
+        found.append(
+            (
+                path,
+                f"takes {format_size(share)} of {name}, which would be {size} bytes as JSON, more than "
+                f"the {MAX_OBJECT_BYTES} bytes ({format_size(MAX_OBJECT_BYTES)}) the operator allows one "
+                "object it creates (etcd stores at most 1.5 MiB); use a smaller value (a large one belongs "
+                "in a file on a volume)",
+            )
+        )
+    return found
+
+
+def _json(value: Any) -> str:
+    # default=str: a value JSON has no type for (a date YAML read) is measured as its text.
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+# A scalar or key as :func:`_weights` counts it: a string as itself, another scalar with its type
+# (True, 1 and 1.0 are equal in Python and different in JSON).
+_Scalar = str | tuple[str, Any]
+
+
+def _scalar(value: Any) -> _Scalar:
+    return value if isinstance(value, str) else (type(value).__name__, value)
+
+
+def _scalars(value: Any) -> Iterator[_Scalar]:
+    """Every scalar and every mapping key within ``value`` (plain dicts and lists, as JSON or
+    :func:`bertjob_api.spec.to_document` gives them)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            yield from map(str, item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        else:
+            yield _scalar(item)
+
+
+def _weights(document: Mapping[str, Any], obj: Mapping[str, Any]) -> dict[_Scalar, float]:
+    """Bytes of ``obj`` that each scalar or key of ``document`` accounts for, at each place of
+    ``document`` that holds it.
+
+    The job's ConfigMap holds the whole document as its ``job.yaml`` text: there each counts once.
+    Another object holds values of the job as its own (the image once per replica, each env entry
+    per container): a value counts as often as ``obj`` holds it, shared between the places of the
+    document that hold it, and a long string of the job counts too where it lies inside one of the
+    object's strings that the job does not hold whole."""
+    job = Counter(_scalars(document))
+
+    def size(value: _Scalar) -> int:
+        return json_bytes(value if isinstance(value, str) else value[1])
+
+    if obj.get("kind") == "ConfigMap" and JOB_FILE in (obj.get("data") or {}):
+        return {value: size(value) / count for value, count in job.items()}
+    held = Counter(_scalars(obj))
+    counts: dict[_Scalar, float] = {value: float(held[value]) for value in job}
+    searched = [value for value in job if isinstance(value, str) and len(value) >= _SEARCHED_BYTES]
+    for text, count in held.items():
+        if isinstance(text, str) and len(text) >= _SEARCHED_BYTES and text not in job:
+            for value in searched:
+                # As a part of a longer string, without quotes of its own.
+                if (times := text.count(value)) > 0:
+                    counts[value] += count * times * (size(value) - 2) / size(value)
+    return {value: count * size(value) / job[value] for value, count in counts.items() if count}
+
+
+def _largest_field(document: Mapping[str, Any], weights: Mapping[_Scalar, float]) -> tuple[str, int]:
+    """The field of ``document`` that accounts for most of the bytes ``weights`` gives its scalars
+    and keys, with those bytes: from the whole, the largest field or item as long as it holds at
+    least half of its parent's (a 1 MiB image is ``spec.image``, ten thousand small env entries
+    ``spec.pod.env``), as :func:`stored_size_problems` names one."""
+    totals: dict[str, float] = {}
+
+    def total(path: str, value: Any, key: float = 0.0) -> float:
+        # A field of a mapping counts its key's bytes (``key``) with its value's.
+        if isinstance(value, dict):
+            inner = sum(
+                total(kubenames.field_path(path, [str(name)]), item, weights.get(str(name), 0.0))
+                for name, item in value.items()
+            )
+        elif isinstance(value, list):
+            inner = sum(total(f"{path}[{index}]", item) for index, item in enumerate(value))
+        else:
+            inner = weights.get(_scalar(value), 0.0)
+        totals[path] = key + inner
+        return key + inner
+
+    total("", document)
+    path, value = "", document
+    while children := _children(path, value):
+        largest = max(children, key=totals.__getitem__)
+        if 2 * totals[largest] < totals[path] or totals[largest] == 0:
+            break
+        path, value = largest, children[largest]
+    return path or "spec", round(totals[path])

@@ -2,8 +2,9 @@
 cannot apply, is refused at ``kubectl apply`` instead of failing after it is stored.
 
 The webhook runs the checks that ``bertjob validate`` runs (:func:`problems`: the document parsed
-by :func:`bertjob_api.spec.parse_job`, then :func:`bertjob_api.validation.cluster_job`) and, on an
-UPDATE that changes the spec, the rule by which the operator applies a change after the fact
+by :func:`bertjob_api.spec.parse_job`, then :func:`bertjob.render.rendered`: every check of
+:func:`bertjob_api.validation.cluster_job`, and each object it renders small enough to store) and,
+on an UPDATE that changes the spec, the rule by which the operator applies a change after the fact
 (:func:`bertjob.changes.refused_fields`). A refusal lists every problem with its field path. An
 update that leaves the spec as it was (metadata: labels, annotations, finalizers; or the status)
 always passes, even for a job whose stored spec is invalid, so that such a job can be deleted.
@@ -32,6 +33,7 @@ from kubernetes.client.exceptions import ApiException
 from bertjob import changes, launchers, lifecycle
 from bertjob.children import read
 from bertjob.launchers import registry
+from bertjob.render import rendered
 from bertjob_api.contract import GROUP, JOB_FILE, PLURAL, VERSION
 from bertjob_api.spec import JobSpec, SpecError, parse_job, to_document
 from bertjob_api.validation import cluster_job
@@ -70,18 +72,22 @@ def problems(obj: Mapping[str, Any]) -> list[tuple[str, str]]:
     return []
 
 
-def checked(obj: Mapping[str, Any]) -> dict[str, Any]:
+def checked(obj: Mapping[str, Any], objects: bool = True) -> dict[str, Any]:
     """A BertPretrainJob object (its status left out) as the operator runs it: validated as
-    ``bertjob validate`` validates a file, with defaults, as a document.
+    ``bertjob validate`` validates a file (:func:`bertjob.render.rendered`), with defaults, as a
+    document. ``objects=False`` leaves out rendering it and the size of its objects: for a job
+    that is only compared with.
 
     Raises:
         SpecError: listing every problem found.
+        RenderError: kustomize failed.
     """
     document = {key: value for key, value in obj.items() if key != "status"}
     meta = document.get("metadata")
     meta = meta if isinstance(meta, Mapping) else {}
     source = f"{meta.get('namespace')}/{meta.get('name')}"
-    return to_document(cluster_job(parse_job(document, source), source))
+    job = parse_job(document, source)
+    return to_document(rendered(job, source).job if objects else cluster_job(job, source))
 
 
 def review(
@@ -109,7 +115,8 @@ def review(
         return []
     for basis in (accepted, old):
         try:
-            before = checked(basis) if basis is not None else None
+            # Only compared with: rendered when it was accepted, not again here.
+            before = checked(basis, objects=False) if basis is not None else None
         except SpecError:
             before = None
         if before is not None:

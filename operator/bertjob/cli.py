@@ -41,7 +41,7 @@ from bertjob_api.jobfile import (
     read_documents,
 )
 from bertjob_api.spec import BertPretrainJob, SpecError, parse_job
-from bertjob_api.validation import checked, cluster_job
+from bertjob_api.validation import checked
 
 PROG = "bertjob"
 
@@ -68,13 +68,15 @@ note on standard error; one of apiVersion bertjob.dev/* is checked as a job what
 
 VALIDATE = f"""\
 Check each BertPretrainJob as the operator would before creating anything: the fields, the
-checks across them, and that every path it writes lies on one of its volumes. One line per job
-on standard output; each invalid job's problems on standard error, field path first.
+checks across them, that every path it writes lies on one of its volumes, and that each object
+it renders fits what the API server stores (1 MiB; this renders the job, with kustomize or
+kubectl as render does). One line per job on standard output; each invalid job's problems on
+standard error, field path first.
 
 {INPUTS}
 
 Exit status: 0 when every job is valid; 2 when a job is invalid, an input is missing or
-unreadable, or the inputs hold no BertPretrainJob."""
+unreadable, or the inputs hold no BertPretrainJob; 1 when kustomize fails."""
 
 VALIDATE_EXAMPLES = """\
 examples:
@@ -202,13 +204,19 @@ def _none_found(args: argparse.Namespace, report: Report) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    # Rendered as the operator renders it, so that an object too large to store is refused too.
+    from bertjob.render import RenderError, rendered
+
     report = Report()
     for found in _jobs(args, report):
         try:
-            spec = cluster_job(found.job, found.source).spec
+            spec = rendered(found.job, found.source).job.spec
         except SpecError as error:
             report.refuse(error)
             continue
+        except RenderError as error:
+            print(f"{PROG} validate: {found.source}: {error}", file=sys.stderr)
+            return 1
         name, size = found.job.metadata.name, spec.topology.world_size
         print(f"{found.source}: valid {JOB_KIND} {name!r}, world size {size}")
     return _none_found(args, report)

@@ -42,11 +42,10 @@ from bertjob.children import (
     read_owner,
 )
 from bertjob.launchers import registry
-from bertjob.render import NAME_LABEL, RenderError, config_map_name, render
+from bertjob.render import NAME_LABEL, RenderError, config_map_name, render, rendered
 from bertjob_api.contract import API_VERSION, GROUP, JOB_FILE, KIND, PLURAL, VERSION
 from bertjob_api.crd import ChildRef, JobStatus
 from bertjob_api.spec import SpecError, parse_job, to_document
-from bertjob_api.validation import cluster_job
 
 # kopf's bookkeeping goes to annotations under our own domain, never into the status.
 STORAGE_PREFIX = GROUP
@@ -305,7 +304,8 @@ def change(api: ApiClient, job: Mapping[str, Any], old: Any, new: Any) -> None:
         return
     accepted = _accepted(api, job, current)
     try:
-        candidate = to_document(cluster_job(parse_job(_document(job))))
+        # Checked as launch() checks it, the size of what it renders included.
+        candidate = to_document(rendered(parse_job(_document(job))).job)
         basis, wanted = (accepted["spec"], candidate["spec"]) if accepted else (old, new)
         safe_fields = admission.launcher_of(accepted or candidate).safe_fields
         # The rule the admission webhook applies before the change is stored (bertjob.admission).

@@ -23,6 +23,7 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,8 +43,8 @@ from bertjob_api.contract import (
     TRAINER_MODULE,
 )
 from bertjob_api.jobfile import dump
-from bertjob_api.spec import BertPretrainJob, JobSpec, to_document
-from bertjob_api.validation import cluster_job
+from bertjob_api.spec import BertPretrainJob, JobSpec, SpecError, to_document
+from bertjob_api.validation import cluster_job, object_size_problems
 
 KUSTOMIZE_DIR_ENV = "BERTJOB_KUSTOMIZE_DIR"
 NAME_LABEL = "app.kubernetes.io/name"
@@ -133,31 +134,61 @@ def render(job: BertPretrainJob) -> list[dict[str, Any]]:
        prepare``) in the trainer's pod, with ``spec.prepare.resources``;
     5. the launcher's child ``<name>`` (a PyTorchJob, an MPIJob or a TrainJob).
 
-    Each carries :func:`job_labels` with its :func:`component`. Applies
-    :func:`bertjob_api.validation.cluster_job` (defaults and every check) first.
+    Each carries :func:`job_labels` with its :func:`component`. The objects of :func:`rendered`,
+    which checks the job first and each object's size after.
 
     Raises:
-        SpecError: the spec is inconsistent, or names a launcher that does not exist.
+        SpecError: the spec is inconsistent, names a launcher that does not exist, or makes an
+            object larger than the API server stores.
         RenderError: no kustomize/kubectl on PATH, kustomize failed, or its build does not take
             the job's patch.
     """
+    return rendered(job).objects
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A job as the operator runs it (defaults applied, every check passed) and its manifests."""
+
+    job: BertPretrainJob
+    objects: list[dict[str, Any]]
+
+
+def rendered(job: BertPretrainJob, source: str | None = None) -> Rendered:
+    """``job`` checked as the operator checks it before creating anything, and its manifests
+    (:func:`render`): :func:`bertjob_api.validation.cluster_job` (defaults and every check of the
+    spec), then the objects are built and each is refused when its JSON exceeds what the API server
+    can store (:func:`bertjob_api.validation.object_size_problems`, naming the field that makes it
+    large). The one check of ``bertjob validate``, the admission webhook and the operator's
+    handlers, so that a job none of them refuses is one the API server takes. ``source`` names the
+    job in a :class:`SpecError` (default ``namespace/name``).
+
+    Raises:
+        SpecError, RenderError: as :func:`render`.
+    """
     name, namespace = job.metadata.name, job.metadata.namespace
-    job = cluster_job(job, f"{namespace}/{name}")
+    source = source or f"{namespace}/{name}"
+    job = cluster_job(job, source)
     spec = job.spec
     launcher = registry.get(spec.launcher)
     pods = PodNames(config_map_name(name), service_account_name(name, spec), job_labels(name, "train"))
+    document = to_document(job)
     config_map = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _meta(name, namespace, config_map_name(name), "config"),
         # The trainer reads it as kubectl would: strings go-yaml reads otherwise are quoted.
-        "data": {JOB_FILE: dump(to_document(job))},
+        "data": {JOB_FILE: dump(document)},
     }
     objects = [config_map, *_progress_rbac(name, namespace, spec, pods.service_account)]
     child = _build_child(job, launcher, pods)
     if spec.prepare.enabled:
         objects.append(_prepare_job(name, namespace, spec, launcher.trainer_template(child)))
-    return [*objects, child]
+    objects.append(child)
+    problems = object_size_problems(document, objects)
+    if problems:
+        raise SpecError(source, problems)
+    return Rendered(job, objects)
 
 
 def _meta(job_name: str, namespace: str, name: str, part: Component) -> dict[str, Any]:

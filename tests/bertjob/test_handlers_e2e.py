@@ -144,6 +144,13 @@ HUGE = "x" * 200_000
         ("nested-wrong", "spec.runPolicy", {"suspend": "yes"}, "spec.runPolicy.suspend"),
         # A valid custom resource name, but the job's children need a DNS label.
         ("dotted.name", "metadata.name", "dotted.name", "metadata.name"),
+        # Renders a 1.8 MB PyTorchJob (the image in the Master and the Worker), which etcd would refuse.
+        (
+            "too-large",
+            "spec",
+            {**valid_job()["spec"], "image": "x" * 900_000, "topology": {"nodes": 2}},
+            "spec.image",
+        ),
     ],
 )
 def test_a_bad_spec_fails_the_job_naming_the_field(

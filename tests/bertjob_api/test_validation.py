@@ -9,7 +9,16 @@ from bertjob_api import kubenames, passthrough
 from bertjob_api.defaults import with_defaults
 from bertjob_api.jobfile import MAX_BYTES, dump
 from bertjob_api.spec import SpecError, parse_job, to_document
-from bertjob_api.validation import check, checked, cluster_job, cluster_problems, problems
+from bertjob_api.validation import (
+    MAX_OBJECT_BYTES,
+    check,
+    checked,
+    cluster_job,
+    cluster_problems,
+    json_bytes,
+    object_size_problems,
+    problems,
+)
 from bertjob_testing.jobs import valid_job, with_value
 
 
@@ -665,3 +674,56 @@ def test_a_job_just_within_its_configmap_is_accepted():
 def test_many_small_fields_are_named_by_their_list():
     env = [{"name": f"VAR_{index}", "value": "x" * 100} for index in range(10_000)]
     assert list(_refusals(_changed({"spec.pod.env": env}))) == ["spec.pod.env"]
+
+
+# Each object rendered for a job must fit what the API server stores (1 MiB as compact JSON); the
+# refusal names the field that accounts for most of the object (tests/bertjob/test_object_size.py
+# renders real jobs). Here the objects are made by hand: only the values they hold matter.
+
+
+def _document(changes):
+    return to_document(cluster_job(parse_job(_changed(changes))))
+
+
+def _object(kind, *held):
+    return {"apiVersion": "v1", "kind": kind, "metadata": {"name": "demo"}, "spec": {"held": list(held)}}
+
+
+def test_objects_within_the_limit_pass():
+    document = _document({})
+    fits = _object("PyTorchJob", "x" * (MAX_OBJECT_BYTES - json_bytes(_object("PyTorchJob", ""))))
+    assert json_bytes(fits) == MAX_OBJECT_BYTES
+    assert object_size_problems(document, [fits]) == []
+
+
+def test_a_value_held_twice_is_named_with_the_object_its_size_and_the_limit():
+    env = [{"name": "SMALL", "value": "1"}, {"name": "BLOB", "value": "y" * 600_000}]
+    document = _document({"spec.pod.env": env})
+    big = _object("PyTorchJob", *env, *env, document["spec"]["image"])
+    [(field, message)] = object_size_problems(document, [_object("Role"), big])
+    assert field == "spec.pod.env[1].value"
+    assert message.startswith(
+        f"takes 1.1 MiB of PyTorchJob/demo, which would be {json_bytes(big)} bytes as JSON"
+    )
+    assert "more than the 1048576 bytes (1.0 MiB)" in message
+
+
+def test_a_value_the_object_holds_most_often_is_named_not_the_largest_in_the_job():
+    # The ConfigMap holds the largest field of the job once; a child holds the image once per replica.
+    env = [{"name": "A", "value": "a" * 500_000}]
+    document = _document({"spec.image": "i" * 300_000, "spec.pod.env": env})
+    child = _object("PyTorchJob", *[document["spec"]["image"]] * 4, document["spec"]["pod"]["env"][0])
+    assert [field for field, _ in object_size_problems(document, [child])] == ["spec.image"]
+    config_map = {
+        "kind": "ConfigMap",
+        "metadata": {"name": "demo-job"},
+        "data": {"job.yaml": "j" * MAX_OBJECT_BYTES},
+    }
+    assert [field for field, _ in object_size_problems(document, [config_map])] == ["spec.pod.env[0].value"]
+
+
+def test_many_small_values_held_are_named_by_their_list():
+    env = [{"name": f"VAR_{index}", "value": "x" * 100} for index in range(6_000)]
+    document = _document({"spec.pod.env": env})
+    [(field, _)] = object_size_problems(document, [_object("MPIJob", *env, *env)])
+    assert field == "spec.pod.env"
