@@ -16,9 +16,12 @@
 #   xeon): the base is Debian bookworm made here with mmdebstrap (kept in $BERTJOB_CACHE/images),
 #   the kubectl image a stand-in carrying this machine's kubectl at /bin/kubectl, as Kubernetes'
 #   own kubectl image does, and pip in the build trusts this machine's CA bundle ($PIP_CERT or
-#   $SSL_CERT_FILE) and reads its find-links directories ($PIP_FIND_LINKS or pip's config), where
-#   torch's CPU wheel is; those files are mounted read-only at their own paths. Horovod's wheel
-#   comes from .cache/wheels when build_horovod.sh left one there (see --horovod-wheels).
+#   $SSL_CERT_FILE) and reads its find-links directories ($PIP_FIND_LINKS or pip's config); those
+#   files are mounted read-only at their own paths. xeon's torch: PyTorch's CPU index cannot be
+#   reached, so the image gets PyPI's torch (the CUDA build, which runs on the CPU), from a local
+#   index in $BERTJOB_CACHE/torch-index that the first --local build fills from PyPI (about 3 GB,
+#   once; pip's own cache keeps nothing here) and mounts read-only. Horovod's wheel comes from
+#   .cache/wheels when build_horovod.sh left one there (see --horovod-wheels).
 # --horovod-wheels DIR: a directory that trainer_image/build_horovod.sh filled for the image's
 #   torch and Python; the xeon (or cuda) image installs its wheel instead of compiling Horovod
 #   (about 6 minutes on 2 cores). The image build fails if DIR has no wheel for it.
@@ -40,6 +43,7 @@ if [[ -z "$VERSION" ]]; then
 fi
 LOCAL_BASE=localhost/bertjob-base:bookworm
 LOCAL_KUBECTL=localhost/bertjob-kubectl:local
+TORCH_INDEX=""  # local_torch_index sets it
 
 # overlay where this machine can mount it (root, a kernel with overlayfs, a cache directory that is
 # not itself on overlayfs), else vfs. vfs works everywhere but copies the whole root filesystem
@@ -178,6 +182,49 @@ local_kubectl() {
     fi
 }
 
+# xeon's torch for --local: torch as the [trainer] extra pins it, and its dependencies, downloaded
+# from pip's index (PyPI: the CUDA build, with its nvidia-* wheels) for the local base's Python
+# 3.11 into $CACHE/torch-index/PIN-cp311/files, and a PEP 503 page per project under simple/, so
+# that the Dockerfile's own step (pip install --index-url "$TORCH_INDEX_URL") installs from it with
+# no download. Sets TORCH_INDEX. A download that stops half-way leaves no index behind.
+local_torch_index() {
+    local pin partial
+    pin=$(python3 -c 'import re, sys, tomllib; print(*[r for r in tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]["trainer"] if re.match(r"torch==", r)])' \
+        "$REPO/pyproject.toml")
+    if [[ "$pin" != torch==* ]]; then
+        echo "build-images.sh: no torch==VERSION in pyproject.toml's [trainer] extra" >&2
+        exit 1
+    fi
+    TORCH_INDEX="$CACHE/torch-index/${pin/==/-}-cp311"
+    [[ -f "$TORCH_INDEX/simple/torch/index.html" ]] && return 0
+    echo "build-images.sh: downloading $pin and its dependencies from pip's index into $TORCH_INDEX (about 3 GB, once)"
+    partial="$TORCH_INDEX.partial"
+    rm -rf "$partial"
+    mkdir -p "$partial/files"
+    python3 -m pip download --quiet --only-binary=:all: --python-version 3.11 --dest "$partial/files" "$pin"
+    python3 - "$partial" <<'EOF'
+import html
+import os
+import re
+import sys
+
+root = sys.argv[1]
+projects: dict[str, list[str]] = {}
+for name in sorted(os.listdir(os.path.join(root, "files"))):
+    # A wheel's name starts with its distribution's, whose PEP 503 form names the page.
+    projects.setdefault(re.sub(r"[-_.]+", "-", name.split("-")[0]).lower(), []).append(name)
+for project, names in projects.items():
+    os.makedirs(os.path.join(root, "simple", project))
+    with open(os.path.join(root, "simple", project, "index.html"), "w") as page:
+        page.write("<!DOCTYPE html>\n<html><body>\n")
+        for name in names:
+            page.write(f'<a href="../../files/{html.escape(name)}">{html.escape(name)}</a><br>\n')
+        page.write("</body></html>\n")
+EOF
+    rm -rf "$TORCH_INDEX"
+    mv "$partial" "$TORCH_INDEX"
+}
+
 # The arguments that point a build of target $1 at this machine's pip set-up (--local).
 local_pip_args() {
     local target=$1 cert=${PIP_CERT:-${SSL_CERT_FILE:-}} links found=()
@@ -195,12 +242,10 @@ local_pip_args() {
     if ((${#found[@]})); then
         printf '%s\n' --build-arg "PIP_FIND_LINKS=${found[*]}"
     fi
-    if [[ "$target" == xeon && -z "$(find "${found[@]:-/nonexistent}" -maxdepth 1 -name 'torch-*+cpu-*.whl' 2>/dev/null | head -n 1)" ]]; then
-        echo "build-images.sh: no torch CPU wheel in the find-links directories (${found[*]:-none}):" \
-            "the xeon image would take PyPI's torch, the CUDA build" >&2
+    # PyTorch's CPU index cannot be reached: torch comes from the local copy of PyPI's.
+    if [[ "$target" == xeon ]]; then
+        printf '%s\n' --volume "$TORCH_INDEX:$TORCH_INDEX:ro" --build-arg "TORCH_INDEX_URL=file://$TORCH_INDEX/simple"
     fi
-    # PyTorch's CPU index cannot be reached either; the find-links directories stand for it.
-    printf '%s\n' --build-arg PIP_EXTRA_INDEX_URL=
 }
 
 # Every build argument and option for one target, one a line.
@@ -232,6 +277,7 @@ if [[ "$builder" == buildah ]]; then
     if $local_mode; then
         local_base
         if [[ " ${targets[*]} " == *" operator "* ]]; then local_kubectl; fi
+        if [[ " ${targets[*]} " == *" xeon "* ]]; then local_torch_index; fi
     fi
 fi
 

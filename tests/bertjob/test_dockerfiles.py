@@ -220,3 +220,20 @@ def test_horovod_is_installed_with_mpi_from_a_replaceable_wheel_stage(target: st
     assert f"--mount=type=bind,from={target}-horovod," in runs
     assert "HOROVOD_WITH_MPI=1" in runs and "build_horovod.sh --cached-only" in runs
     assert ("ARG", "HOROVOD_WHEELS_DIGEST") in stages[target]
+
+
+def test_the_xeon_target_takes_torch_alone_from_pytorchs_cpu_index() -> None:
+    xeon = _chain(_stages(TRAINER), "xeon")
+    arguments = dict(argument.split("=", 1) for name, argument in xeon if name == "ARG" and "=" in argument)
+    # A release's default; hack/build-images.sh --local points it at a local copy of PyPI's torch.
+    assert arguments["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    [run] = [argument for name, argument in xeon if name == "RUN" and "tomllib" in argument]
+    steps = [step.strip() for step in run.split("&&")]
+    # torch first, from that index alone (--index-url: not an extra index, where a name on PyPI
+    # could outrank it), then everything else from pip's own index, which keeps that torch.
+    torch_step = steps.index(
+        'pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} -r /tmp/torch.txt'
+    )
+    assert steps[torch_step - 1] == "grep '^torch==' /tmp/requirements.txt > /tmp/torch.txt"
+    assert steps.index("pip install -r /tmp/requirements.txt") > torch_step
+    assert not any("EXTRA_INDEX" in argument for _, argument in xeon)
