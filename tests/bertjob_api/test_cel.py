@@ -71,12 +71,12 @@ CASES: list[tuple[str, dict[str, Any], set[str]]] = [
             spec__topology={"nodes": 2, "processesPerNode": 2},
             spec__finetune=[BUILTIN_TASK, {**BUILTIN_TASK, "name": "odd", "globalBatchSize": 30}],
         ),
-        {"spec.finetune[1].globalBatchSize"},
+        {"spec.finetune[].globalBatchSize"},
     ),
     (
         "finetune-seeds-micro-batch",
         _job(spec__finetune=[{**BUILTIN_TASK, "parallelism": "seeds", "microBatchSize": 7}]),
-        {"spec.finetune[0].globalBatchSize"},
+        {"spec.finetune[].globalBatchSize"},
     ),
     (
         "trainjob-mpi-on-habana-hpu",
@@ -248,6 +248,12 @@ def _named(refusals: list[cel.Refusal]) -> set[str]:
     return {refusal.message.partition(": ")[0] for refusal in refusals}
 
 
+def _fields(lines: set[str] | list[str]) -> set[str]:
+    """The fields messages name, a fine-tuning task's index left out (the rule on spec.finetune
+    names ``spec.finetune[]``: a CEL message cannot say which task, see bertjob_api.spec.cel)."""
+    return {re.sub(r"^spec\.finetune\[\d+\]", "spec.finetune[]", line.partition(": ")[0]) for line in lines}
+
+
 def _refusals(document: dict[str, Any]) -> list[cel.Refusal]:
     found = cel.refusals(document, SCHEMA)
     assert not [refusal for refusal in found if refusal.error], found
@@ -268,7 +274,7 @@ def test_the_rules_refuse_the_admission_tables_cel_cases_naming_its_fields(case:
     found = _refusals(case["document"])
 
     assert _named(found) == set(case["fields"])
-    assert {refusal.message for refusal in found} <= set(_cli(case["document"]).lines)
+    assert _fields([refusal.message for refusal in found]) <= _fields(_cli(case["document"]).lines)
 
 
 @pytest.mark.parametrize(
@@ -292,10 +298,10 @@ def test_no_rule_refuses_what_the_cli_allows(document: dict[str, Any]) -> None:
     if cli.at_parse:
         # The CLI stops at the spec's own validators, before the checks across fields that
         # CEL, which runs every rule at once, may also find: the CLI's problem must be among CEL's.
-        assert not messages or messages & set(cli.lines), (sorted(messages), cli.lines)
+        assert not messages or _fields(messages) & _fields(cli.lines), (sorted(messages), cli.lines)
     else:
-        # In the CLI's words, each a line of `bertjob validate`.
-        assert messages <= set(cli.lines), (sorted(messages), cli.lines)
+        # Each names a field that `bertjob validate` names.
+        assert _fields(messages) <= _fields(cli.lines), (sorted(messages), cli.lines)
 
 
 def test_every_rule_refuses_some_case() -> None:
@@ -352,9 +358,6 @@ def test_the_batch_rule_agrees_with_batch_split_problem(index: int) -> None:
                     size,
                     micro,
                 )
-                if problem is not None:
-                    shown = cel.evaluate(entry["messageExpression"], value)
-                    assert shown == f"spec.phases[{index}].globalBatchSize: {problem}"
                 checked += 1
     assert checked == 4 * 12 * 6
 
@@ -381,8 +384,6 @@ def test_the_finetune_rule_agrees_with_batch_split_problem_at_its_index() -> Non
     problem = batch_split_problem(_Batch(25, 5), 3)
 
     assert problem is not None and not cel.evaluate(entry["rule"], value)
-    shown = cel.evaluate(entry["messageExpression"], value)
-    assert shown == f"spec.finetune[{MAX_FINETUNE_TASKS - 1}].globalBatchSize: {problem}"
     tasks[-1]["parallelism"] = "seeds"  # one rank: 25 = 5 x 5
     assert cel.evaluate(entry["rule"], _spec_value(spec))
 
@@ -452,6 +453,10 @@ def test_each_rule_is_one_the_api_server_accepts(site: cel.Site) -> None:
     if "fieldPath" in entry:
         _resolve(schema, entry["fieldPath"])  # a field of the object, without a list index
         assert "[" not in entry["fieldPath"]
+    if "messageExpression" in entry:
+        # string() of a number is an unbounded string to the API server's cost estimate: the
+        # CRD would be refused (tests/cluster, bertjob_api.spec.cel).
+        assert "string(" not in _LITERAL.sub("''", entry["messageExpression"]), entry["messageExpression"]
     for expression in _expressions(entry):
         code = _LITERAL.sub("''", expression)
         assert not KUBERNETES_ONLY.search(code), expression
@@ -574,8 +579,7 @@ def test_on_the_fields_the_rules_read_they_say_what_the_cli_says(fields: dict[st
 
     if cli.at_parse:
         # The CLI stops at the spec's own validators; CEL states those and may find more.
-        assert set(cli.lines) <= messages
+        assert _fields(cli.lines) <= _fields(messages)
         return
-    # One rule covers every fine-tuning task, and a rule gives one message: the first task's.
-    tasks = [line for line in cli.lines if line.startswith("spec.finetune[")]
-    assert messages == set(cli.lines) - set(tasks[1:])
+    # The same fields (one rule covers every fine-tuning task).
+    assert _fields(messages) == _fields(cli.lines)

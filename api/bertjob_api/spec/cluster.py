@@ -254,8 +254,6 @@ class ElasticSpec(_Spec):
             Rule(
                 "self.minNodes <= self.maxNodes",
                 "spec.elastic: minNodes must not be greater than maxNodes",
-                message_expression="'spec.elastic: minNodes ' + string(self.minNodes) + ' is greater than "
-                "maxNodes ' + string(self.maxNodes)",
             )
         )
     )
