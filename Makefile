@@ -8,7 +8,7 @@ HOROVOD := $(VENV)/.horovod
 IMAGE_TOOLS := $(VENV)/.image-tools
 HELM := $(BIN)/helm
 
-.PHONY: demo test lint generate images
+.PHONY: demo test lint generate images cluster
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,12 @@ $(HOROVOD): $(STAMP) $(IMAGE_TOOLS) trainer_image/build_horovod.sh
 $(HELM): $(STAMP) hack/install-helm.sh
 	hack/install-helm.sh $(BIN) .cache/tools
 
+# The test cluster's binaries (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+# kubectl, kwok, and the API server of the oldest Kubernetes claimed) built from the Go module proxy
+# at the versions of hack/versions.env, once per version per machine (~/.cache/bertjob/tools).
+cluster:
+	hack/build-cluster.sh
+
 # The operator and trainer images: docker where it works, else buildah (hack/build-images.sh --help);
 # IMAGE_TARGETS="--local operator xeon" builds them here, with no registry, as the tests do.
 IMAGE_TARGETS ?=
@@ -53,5 +59,5 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/mypy --strict -p bertjob_api
 
-test: lint $(HOROVOD) $(HELM)
+test: lint $(HOROVOD) $(HELM) cluster
 	$(BIN)/pytest

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bertjob_api.crd import resource_schema
-from bertjob_testing.kube_emulator import UPSTREAM_CRDS, Cluster, cluster_crds, running_cluster
+from bertjob_testing.cluster import shared
+from bertjob_testing.cluster.controlplane import ControlPlane
+from bertjob_testing.cluster.versions import upstream_crd
+from bertjob_testing.kube_emulator import Cluster, cluster_crds, running_cluster
 from tests.k8s_schema import load_crd_schema
 
 
@@ -21,28 +23,25 @@ def bertjob_schema() -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def pytorchjob_schema() -> dict[str, Any]:
-    """openAPIV3Schema of Kubeflow's PyTorchJob kubeflow.org/v1 (skips when shared/ is absent)."""
+    """openAPIV3Schema of Kubeflow's PyTorchJob kubeflow.org/v1."""
     return _upstream("kubeflow.org_pytorchjobs.yaml", "v1")
 
 
 @pytest.fixture(scope="session")
 def mpijob_schema() -> dict[str, Any]:
-    """openAPIV3Schema of mpi-operator's MPIJob kubeflow.org/v2beta1 (skips when shared/ is absent)."""
+    """openAPIV3Schema of mpi-operator's MPIJob kubeflow.org/v2beta1."""
     return _upstream("kubeflow.org_mpijobs.yaml", "v2beta1")
 
 
 @pytest.fixture(scope="session")
 def trainjob_schema() -> dict[str, Any]:
-    """openAPIV3Schema of Kubeflow Trainer v2's TrainJob trainer.kubeflow.org/v1alpha1 (v2.3.0; skips
-    when shared/ is absent)."""
+    """openAPIV3Schema of Kubeflow Trainer v2's TrainJob trainer.kubeflow.org/v1alpha1 (v2.3.0)."""
     return _upstream("trainer.kubeflow.org_trainjobs.yaml", "v1alpha1")
 
 
 def _upstream(filename: str, version: str) -> dict[str, Any]:
-    path: Path = UPSTREAM_CRDS / filename
-    if not path.is_file():
-        pytest.skip(f"{path} is absent: the upstream Kubeflow CRDs are not checked out beside the repo")
-    return load_crd_schema(path, version)
+    """The schema of ``version`` in an upstream CRD, from its controller's Go module."""
+    return load_crd_schema(upstream_crd(filename), version)
 
 
 @pytest.fixture(scope="session")
@@ -52,3 +51,38 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     session."""
     with running_cluster(tmp_path_factory.mktemp("e2e"), cluster_crds()) as running:
         yield running
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The run's controller names the shared cluster's directory before xdist's workers start."""
+    if not hasattr(config, "workerinput"):
+        shared.configure()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The controller stops the shared cluster when the whole run is over."""
+    if not hasattr(session.config, "workerinput"):
+        kept = shared.finish()
+        if kept:
+            print(f"\nthe test cluster's logs are kept in {kept}")
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> ControlPlane:
+    """The real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok)
+    on 127.0.0.1, built from source and shared by the whole run (:mod:`bertjob_testing.cluster`)."""
+    return shared.control_plane()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failed test that used the real cluster reports the cluster's events and components' logs,
+    and the run keeps the logs."""
+    report = yield
+    if report.failed and "control_plane" in getattr(item, "fixturenames", ()):
+        shared.mark_failed()
+        plane = shared.existing()
+        if plane is not None:
+            report.sections.append(("cluster events", plane.events()))
+            report.sections.append(("cluster logs", plane.logs()))
+    return report

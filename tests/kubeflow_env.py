@@ -6,7 +6,7 @@ machine: every pod on one host, the rendezvous address replaced by ``master_addr
 
 Sources (read for these functions; Apache-2.0, The Kubeflow Authors):
 
-- training-operator v1 (release 1.9, whose PyTorchJob CRD is in ``../shared/upstream-crds``):
+- training-operator v1 (release 1.9, whose PyTorchJob CRD comes from its Go module):
   ``pkg/controller.v1/pytorch/envvar.go`` (``setPodEnv``: ``PYTHONUNBUFFERED``; beside a Master
   ``WORLD_SIZE`` = replicas x ``nprocPerNode``, ``RANK`` = ``PET_NODE_RANK`` = the index, plus
   one for Workers, ``PET_NPROC_PER_NODE``; ``PET_NNODES`` = replicas without an elasticPolicy),
@@ -22,7 +22,7 @@ Sources (read for these functions; Apache-2.0, The Kubeflow Authors):
   hostfile, one ``<name>-worker-<i>.<name>.<namespace>.svc slots=<slotsPerWorker>`` line per
   Worker for Open MPI; ``updateDiscoverHostsInConfigMap``: ``discover_hosts.sh``, one
   ``echo <host>`` per running Worker; both mounted on the Launcher at ``/etc/mpi``).
-- Trainer v2 (v2.3.0, whose TrainJob and ClusterTrainingRuntime CRDs are in ``../shared/upstream-crds``;
+- Trainer v2 (v2.3.0, whose TrainJob and ClusterTrainingRuntime CRDs come from its Go module;
   the stored copies read here are later commits of kubeflow/trainer, and the functions follow what
   they agree on):
 

@@ -31,7 +31,6 @@ from typing import Any, TypeVar
 import aiohttp.web
 import attrs
 import kmock
-import pytest
 import yaml
 from kmock._internal import parsing
 from kmock._internal.k8s import KubernetesError, KubernetesObjectNotFoundError
@@ -40,10 +39,9 @@ from kubernetes.config import new_client_from_config
 
 from bertjob_api import crd as bertjob_crd
 from bertjob_api.spec import GROUP, PLURAL, VERSION
+from bertjob_testing.cluster.versions import upstream_crd
 
 WAIT_S = 30
-# Kubeflow's CRDs live in the shared checkout beside the repository, not in it.
-UPSTREAM_CRDS = Path(__file__).resolve().parents[3] / "shared" / "upstream-crds"
 # The upstream CRD of each launcher's training job (``spec.launcher``): Kubeflow's training operator
 # (PyTorchJob), mpi-operator (MPIJob) and Kubeflow Trainer v2.3.0 (TrainJob).
 KUBEFLOW_CRD_FILES = {
@@ -88,17 +86,15 @@ def cluster_crds(
 ) -> list[dict[str, Any]]:
     """The CRDs of a cluster to run the operator against: ours (generated from the spec) unless
     ``ours`` is false, and the upstream Kubeflow CRD of each of ``launchers`` (``spec.launcher``
-    values) from ``../shared/upstream-crds``.
+    values) from the controllers' Go modules at the pinned versions
+    (:func:`bertjob_testing.cluster.versions.upstream_crd`).
 
     Raises:
-        pytest.skip.Exception: an upstream CRD file is absent (shared/ is not beside the repo).
+        bertjob_testing.cluster.versions.BuildError: a module could not be downloaded.
     """
     crds = [bertjob_crd.crd()] if ours else []
     for launcher in launchers:
-        path = UPSTREAM_CRDS / KUBEFLOW_CRD_FILES[launcher]
-        if not path.is_file():
-            pytest.skip(f"{path} is absent: the upstream Kubeflow CRDs are not checked out beside the repo")
-        crds.append(yaml.safe_load(path.read_text()))
+        crds.append(yaml.safe_load(upstream_crd(KUBEFLOW_CRD_FILES[launcher]).read_text()))
     return crds
 
 
@@ -476,6 +472,8 @@ class Cluster:
     launch: Callable[[list[str], dict[str, str]], list[str]] | None = None
     # Seconds the liveness endpoint may take to answer after a start.
     start_wait_s: float = WAIT_S
+    # More environment of the operator's (the webhook's certificate directory and port).
+    env: dict[str, str] = attrs.Factory(dict)
 
     def start(self) -> None:
         """Start ``kopf run`` and wait until its liveness endpoint answers."""
@@ -488,6 +486,7 @@ class Cluster:
             "BERTJOB_METRICS_PORT": str(port),
             "NO_PROXY": "127.0.0.1,localhost",
             "no_proxy": "127.0.0.1",
+            **self.env,
         }
         scope = [f"--namespace={name}" for name in self.namespaces] or ["--all-namespaces"]
         liveness = f"--liveness={self.liveness}"

@@ -19,8 +19,8 @@ import yaml
 from bertjob.monitoring import PORT_ENV
 from bertjob_api.contract import MPI_RUNTIME, TORCH_RUNTIME
 from bertjob_api.crd import chart_template, crd
+from bertjob_testing.cluster.versions import upstream_crd, versions
 from bertjob_testing.jobs import REPO
-from bertjob_testing.kube_emulator import UPSTREAM_CRDS
 from tests.charts.test_webhook_chart import CERT_MANAGER_SCHEMAS
 from tests.helm_chart import (
     BAD_VALUES,
@@ -43,7 +43,7 @@ from tests.k8s_schema import assert_valid, load_crd_schema
 Helm = Callable[..., subprocess.CompletedProcess[str]]
 Render = Callable[..., list[dict[str, Any]]]
 
-CLUSTER_TRAINING_RUNTIMES = UPSTREAM_CRDS / "trainer.kubeflow.org_clustertrainingruntimes.yaml"
+CLUSTER_TRAINING_RUNTIMES = "trainer.kubeflow.org_clustertrainingruntimes.yaml"
 VALUES_FILES = [None, *CI_VALUES]
 VALUES_IDS = ["defaults", *(path.name.removesuffix("-values.yaml") for path in CI_VALUES)]
 
@@ -184,11 +184,7 @@ def test_every_rendered_object_validates(render: Render, values_file: Path | Non
         elif obj["kind"] in CERT_MANAGER_SCHEMAS:
             assert_valid(obj, CERT_MANAGER_SCHEMAS[obj["kind"]])
         elif obj["kind"] == "ClusterTrainingRuntime":
-            if not CLUSTER_TRAINING_RUNTIMES.is_file():
-                pytest.skip(
-                    f"{CLUSTER_TRAINING_RUNTIMES} is absent: the upstream Kubeflow CRDs are not checked out"
-                )
-            assert_valid(obj, load_crd_schema(CLUSTER_TRAINING_RUNTIMES, "v1alpha1"))
+            assert_valid(obj, load_crd_schema(upstream_crd(CLUSTER_TRAINING_RUNTIMES), "v1alpha1"))
         else:
             kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
 
@@ -243,8 +239,10 @@ def test_chart_yaml(helm: Helm) -> None:
     assert chart["version"] == "0.1.0"
     # The operator image is tagged with the project's version, and the image tag defaults to this.
     assert chart["appVersion"] == project["version"]
-    assert helm("template", RELEASE, str(CHART), "--kube-version=1.27.0").returncode == 0
-    too_old = helm("template", RELEASE, str(CHART), "--kube-version=1.26.15")
+    # The floor is what tests/cluster/test_version_floor.py installs on.
+    floor = versions()["KUBERNETES_FLOOR_VERSION"]
+    assert helm("template", RELEASE, str(CHART), f"--kube-version={floor}").returncode == 0
+    too_old = helm("template", RELEASE, str(CHART), "--kube-version=1.27.16")
     assert too_old.returncode != 0 and "kubeVersion" in too_old.stderr
 
 

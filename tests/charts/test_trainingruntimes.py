@@ -32,8 +32,8 @@ from bertjob_api.contract import (
     TRAINJOB_LAUNCHER,
     TRAINJOB_NODE,
 )
+from bertjob_testing.cluster.versions import upstream_crd
 from bertjob_testing.jobs import REPO
-from bertjob_testing.kube_emulator import UPSTREAM_CRDS
 from tests.helm_chart import CHART, KUBERNETES_VERSION, NAMESPACE, RELEASE, leaves
 from tests.k8s_schema import assert_valid, errors, load_crd_schema
 
@@ -42,7 +42,7 @@ Object = dict[str, Any]
 
 KIND = "ClusterTrainingRuntime"
 SERVED = "trainer.kubeflow.org/v1alpha1/ClusterTrainingRuntime"
-CRD_FILE = UPSTREAM_CRDS / "trainer.kubeflow.org_clustertrainingruntimes.yaml"
+CRD_FILE = "trainer.kubeflow.org_clustertrainingruntimes.yaml"
 BASE = REPO / "kustomize" / "base"
 ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
 # JobSet's webhook refuses a failure policy rule whose name does not match this (jobset_types.go).
@@ -52,10 +52,8 @@ DEFAULT_IMAGE = "ghcr.io/bertjob/trainer:0.1.0-xeon"
 
 @pytest.fixture(scope="module")
 def runtime_schema() -> dict[str, Any]:
-    """openAPIV3Schema of Trainer v2.3.0's ClusterTrainingRuntime v1alpha1 (skips when shared/ is absent)."""
-    if not CRD_FILE.is_file():
-        pytest.skip(f"{CRD_FILE} is absent: the upstream Kubeflow CRDs are not checked out beside the repo")
-    return load_crd_schema(CRD_FILE, "v1alpha1")
+    """openAPIV3Schema of Trainer v2.3.0's ClusterTrainingRuntime v1alpha1, from Trainer's module."""
+    return load_crd_schema(upstream_crd(CRD_FILE), "v1alpha1")
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from bertjob.admission import CERT_DIR_ENV, CERT_FILE, KEY_FILE, PORT, PORT_ENV, WEBHOOK_ID
 from bertjob_api.contract import GROUP, PLURAL, VERSION
 from bertjob_testing.admission_cases import CHANGE_CASES, JOB_CASES
+from bertjob_testing.cluster.versions import versions
 from tests.helm_chart import CHART, NAMESPACE, RELEASE, one, operator_container
 from tests.k8s_schema import assert_valid
 
@@ -121,7 +122,7 @@ def test_off_by_default(render: Render) -> None:
 
 
 @pytest.mark.parametrize("values", [SELF_SIGNED, CERT_MANAGER], ids=["self-signed", "cert-manager"])
-@pytest.mark.parametrize("kube_version", ["1.27.0", "1.33.0"])
+@pytest.mark.parametrize("kube_version", [versions()["KUBERNETES_FLOOR_VERSION"].lstrip("v"), "1.33.0"])
 def test_every_object_passes_strict_validation(
     helm: Callable[..., Any], tmp_path: Path, values: dict[str, Any], kube_version: str
 ) -> None:

@@ -1,0 +1,208 @@
+"""The operator on the real control plane, installed as a platform team installs it.
+
+:func:`install` applies Kubeflow's CRDs (from the controllers' modules), then ``helm install``s
+``charts/bertjob`` with its webhook on (the chart's own certificates), and runs the operator as a
+local process (``kopf run``, as the chart's Deployment runs it) with the credentials of the
+chart's ServiceAccount: a ``TokenRequest`` token, so the real API server holds it to the chart's
+RBAC. The chart's Deployment also exists, and kwok runs its pod on a fake node, where nothing runs.
+
+The API server calls the webhook through the chart's Service, made ``type: ExternalName`` to
+``localhost``; that kind of Service takes its port from the webhook configuration, so the
+configuration's ``service.port`` is set to the local operator's port (its path stays the chart's).
+
+:class:`RealCluster` is :class:`bertjob_testing.kube_emulator.Cluster` over the real server: the
+same calls, with :meth:`RealCluster.stored` reading the server instead of the emulator's store.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config import new_client_from_config
+
+from bertjob.admission import ADDRESS_ENV, CERT_DIR_ENV, PORT_ENV
+from bertjob_testing.cluster.controlplane import ControlPlane
+from bertjob_testing.cluster.process import free_port
+from bertjob_testing.cluster.versions import REPO, UPSTREAM_CRDS, upstream_crd
+from bertjob_testing.kube_emulator import Cluster
+
+CHART = REPO / "charts" / "bertjob"
+RELEASE = "bertjob"
+NAMESPACE = "bertjob-system"
+OPERATOR = f"{RELEASE}-operator"
+WEBHOOK_SERVICE = f"{OPERATOR}-webhook"
+WEBHOOK_SECRET = f"{OPERATOR}-webhook-tls"
+START_WAIT_S = 60.0
+
+
+def get_json(api: ApiClient, path: str, query: list[tuple[str, str]] | None = None) -> Any:
+    """GET ``path`` of the API server as JSON.
+
+    Raises:
+        kubernetes.client.exceptions.ApiException: the server answered an error.
+    """
+    method, url, headers, body, post = api.param_serialize(
+        "GET",
+        path,
+        query_params=query or [],
+        header_params={"Accept": "application/json"},
+        auth_settings=["BearerToken"],
+    )
+    response = api.call_api(method, url, headers, body, post)
+    data = response.read()
+    if not 200 <= response.status < 300:
+        raise ApiException(status=response.status, reason=response.reason)
+    return json.loads(data)
+
+
+def resource_path(group_version_plural: str, namespace: str | None = None) -> str:
+    """The REST path of a resource: ``v1/configmaps`` or ``kubeflow.org/v1/pytorchjobs``, in
+    ``namespace`` or in all."""
+    *group_version, plural = group_version_plural.split("/")
+    prefix = f"/api/{group_version[0]}" if len(group_version) == 1 else f"/apis/{'/'.join(group_version)}"
+    return f"{prefix}/namespaces/{namespace}/{plural}" if namespace else f"{prefix}/{plural}"
+
+
+@attrs.define
+class RealCluster(Cluster):
+    """The operator and a client of the real API server (``server`` is None: there is no
+    emulator); ``plane`` is the control plane."""
+
+    plane: ControlPlane | None = None
+
+    def stored(self, group_version_plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Every live object of a resource, as the API server lists it (none when the resource
+        is not served)."""
+        try:
+            return list(get_json(self.api, resource_path(group_version_plural, namespace))["items"])
+        except ApiException as error:
+            if error.status == 404:
+                return []
+            raise
+
+
+def helm_binary() -> str:
+    """helm beside this interpreter (make installs it into .venv/bin), else on PATH.
+
+    Raises:
+        FileNotFoundError: neither.
+    """
+    beside = Path(sys.executable).with_name("helm")
+    found = str(beside) if beside.is_file() else shutil.which("helm")
+    if found is None:
+        raise FileNotFoundError("helm is not installed: `make .venv/bin/helm` (hack/install-helm.sh)")
+    return found
+
+
+def helm(plane: ControlPlane, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run helm against the control plane as its admin.
+
+    Raises:
+        AssertionError: ``check`` and helm failed; the message has its stderr.
+    """
+    result = subprocess.run(
+        [helm_binary(), f"--kubeconfig={plane.admin}", *args], capture_output=True, text=True, timeout=180
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed ({result.returncode}): {result.stderr}")
+    return result
+
+
+def apply_upstream_crds(plane: ControlPlane) -> None:
+    """Apply every Kubeflow CRD of :data:`UPSTREAM_CRDS` (server-side, as Kubeflow's install
+    does) and wait until the server serves them."""
+    for filename in UPSTREAM_CRDS:
+        plane.kubectl("apply", "--server-side", "-f", str(upstream_crd(filename)))
+    plane.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+
+
+def install(plane: ControlPlane, workdir: Path, *values: str) -> RealCluster:
+    """Install the chart (webhook on, ``values`` as ``--set`` arguments) and start the operator
+    under the chart's ServiceAccount; the returned cluster's operator is running.
+
+    Raises:
+        AssertionError: helm or kubectl failed.
+        bertjob_testing.kube_emulator.WaitTimeoutError: the operator did not start.
+    """
+    apply_upstream_crds(plane)
+    helm(
+        plane,
+        "install",
+        RELEASE,
+        str(CHART),
+        f"--namespace={NAMESPACE}",
+        "--create-namespace",
+        "--set=webhook.enabled=true",
+        *(f"--set={value}" for value in values),
+    )
+    plane.kubectl("wait", "--for=condition=Established", "crd/bertpretrainjobs.bertjob.dev", "--timeout=60s")
+    port = free_port()
+    certs = workdir / "webhook-certs"
+    certs.mkdir(parents=True, exist_ok=True)
+    secret = json.loads(plane.kubectl("get", "secret", WEBHOOK_SECRET, "-n", NAMESPACE, "-o", "json").stdout)
+    for name in ("tls.crt", "tls.key"):
+        (certs / name).write_bytes(base64.b64decode(secret["data"][name]))
+    plane.route_service_to_localhost(NAMESPACE, WEBHOOK_SERVICE)
+    route_webhook_port(plane, port)
+    deployment = json.loads(
+        plane.kubectl("get", "deployment", OPERATOR, "-n", NAMESPACE, "-o", "json").stdout
+    )
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    token = plane.service_account_token(NAMESPACE, account, seconds=6 * 3600)
+    cluster = RealCluster(
+        new_client_from_config(config_file=str(plane.admin)),
+        None,  # type: ignore[arg-type]
+        workdir,
+        plane.kubeconfig_for_token(workdir / "operator.kubeconfig", token),
+        start_wait_s=START_WAIT_S,
+        env={CERT_DIR_ENV: str(certs), PORT_ENV: str(port), ADDRESS_ENV: "127.0.0.1"},
+        plane=plane,
+    )
+    cluster.start()
+    return cluster
+
+
+def route_webhook_port(plane: ControlPlane, port: int) -> None:
+    """Point every webhook of the chart's ValidatingWebhookConfiguration at ``port`` (an
+    ExternalName Service has no port mapping of its own)."""
+    name = OPERATOR
+    configuration = json.loads(
+        plane.kubectl("get", "validatingwebhookconfiguration", name, "-o", "json").stdout
+    )
+    patch = [
+        {"op": "replace", "path": f"/webhooks/{index}/clientConfig/service/port", "value": port}
+        for index, _ in enumerate(configuration["webhooks"])
+    ]
+    plane.kubectl("patch", "validatingwebhookconfiguration", name, "--type=json", "-p", json.dumps(patch))
+
+
+def uninstall(cluster: RealCluster) -> None:
+    """Stop the operator and ``helm uninstall`` the chart (the CRD stays, as Helm leaves CRDs)."""
+    cluster.stop()
+    assert cluster.plane is not None
+    helm(cluster.plane, "uninstall", RELEASE, f"--namespace={NAMESPACE}", "--wait", check=False)
+
+
+def wait_until(what: str, probe: Any, wait_s: float = 60.0) -> Any:
+    """Poll ``probe()`` until truthy.
+
+    Raises:
+        AssertionError: not within ``wait_s`` seconds, naming ``what``.
+    """
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"waited {wait_s:.0f} s for {what}")

@@ -1,0 +1,159 @@
+"""One local process of the test cluster: started in its own session with its output in a log
+file, ready when a probe says so, and always stopped (SIGTERM to its process group, then SIGKILL).
+
+As controller-runtime's envtest keeps one small type per process
+(``pkg/internal/testing/process``), each component of :mod:`bertjob_testing.cluster.controlplane`
+is one of these with its command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+# What a component that lost the race for its port prints; the component is then started again
+# on other ports.
+PORT_TAKEN = ("address already in use", "bind: address already in use")
+
+
+class StartError(RuntimeError):
+    """A component did not start: the message names it, its version, and the last lines of its log."""
+
+
+class PortTakenError(StartError):
+    """A component exited because one of its ports was taken meanwhile."""
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (another process may take it before it is used: the
+    components retry, see :data:`PORT_TAKEN`)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def answers(url: str, context: ssl.SSLContext | None = None, timeout_s: float = 2.0) -> bool:
+    """Whether ``url`` answers 200 (HTTPS with ``context``)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s, context=context) as response:
+            return bool(response.status == 200)
+    except (OSError, ValueError):
+        return False
+
+
+def insecure() -> ssl.SSLContext:
+    """A TLS context that checks nothing: for the health endpoints of components that serve a
+    self-signed certificate of their own."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    """The last ``lines`` lines of a log file ('' when it does not exist)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return ""
+
+
+class Process:
+    """A started component: its command, log, and how it is stopped.
+
+    Args:
+        name: the component's name in messages (``kube-apiserver v1.36.3``).
+        command: the executable and its arguments.
+        log: the file that receives stdout and stderr.
+        env: the environment (the caller's when None).
+    """
+
+    def __init__(
+        self, name: str, command: Sequence[str], log: Path, env: dict[str, str] | None = None
+    ) -> None:
+        self.name = name
+        self.command = list(command)
+        self.log = log
+        self.started_s = 0.0
+        self.ready_s = 0.0
+        with log.open("ab") as output:
+            output.write(f"--- {name}: {' '.join(self.command)} ---\n".encode())
+            output.flush()
+            self.popen = subprocess.Popen(
+                self.command,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        self.started_s = time.monotonic()
+
+    @property
+    def pid(self) -> int:
+        """The process id (also its process group's)."""
+        return self.popen.pid
+
+    def wait_ready(self, probe: Callable[[], bool], timeout_s: float) -> float:
+        """Poll ``probe`` until it is true; the seconds from start to ready.
+
+        Raises:
+            PortTakenError: the process exited saying a port was in use.
+            StartError: it exited otherwise, or was not ready in ``timeout_s`` seconds (it is
+                stopped then); the message ends with the last lines of its log.
+        """
+        deadline = self.started_s + timeout_s
+        while time.monotonic() < deadline:
+            if self.popen.poll() is not None:
+                log = tail(self.log)
+                kind = PortTakenError if any(text in log for text in PORT_TAKEN) else StartError
+                raise kind(f"{self.name} exited with {self.popen.returncode} before it was ready:\n{log}")
+            if probe():
+                self.ready_s = time.monotonic() - self.started_s
+                return self.ready_s
+            time.sleep(0.1)
+        self.stop()
+        raise StartError(f"{self.name} was not ready after {timeout_s:.0f} s:\n{tail(self.log)}")
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM to the process group, SIGKILL after ``timeout_s`` seconds; waits for the exit."""
+        stop_group(self.pid, timeout_s)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=timeout_s)
+
+
+def stop_group(pid: int, timeout_s: float = 10.0) -> None:
+    """Stop process group ``pid`` (started with ``start_new_session``): SIGTERM, then SIGKILL
+    after ``timeout_s`` seconds. Nothing happens when it is gone already."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return
+        # A child of ours is reaped by its Popen; one of another process (the xdist controller
+        # stopping a worker's cluster) only by its parent: both count as gone once they are zombies.
+        if _zombie(pid):
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except (FileNotFoundError, IndexError):
+        return True
