@@ -15,6 +15,7 @@ written into the status with the change they report and posted from there (:func
 from __future__ import annotations
 
 import collections
+import json
 import os
 import threading
 import time
@@ -402,7 +403,20 @@ def _create(api: ApiClient, job: Mapping[str, Any], objects: list[dict[str, Any]
         answer = f"{error.status} {error.reason}"
         if error.status in (400, 422):
             raise _fail(api, job, "ChildRejected", f"{answer}: {error.body}") from error
-        raise kopf.TemporaryError(f"the API server answered {answer}", delay=RETRY_DELAY_S) from error
+        # The server's own message says what was refused (a 403 names the verb and the resource).
+        said = _server_message(error)
+        raise kopf.TemporaryError(
+            f"the API server answered {answer}" + (f": {said}" if said else ""), delay=RETRY_DELAY_S
+        ) from error
+
+
+def _server_message(error: ApiException) -> str:
+    """The ``message`` of the Status an API server answered with; '' when the body has none."""
+    try:
+        status = json.loads(error.body or "")
+    except (TypeError, ValueError):
+        return ""
+    return str(status.get("message") or "") if isinstance(status, dict) else ""
 
 
 def _write(

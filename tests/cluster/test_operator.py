@@ -141,15 +141,21 @@ def _report(plane: ControlPlane, namespace: str, name: str, *types: str) -> None
     )
 
 
-def _phase(plane: ControlPlane, namespace: str, name: str, phase: str) -> dict[str, Any]:
-    return wait_until(  # type: ignore[no-any-return]
-        f"{name} to be {phase}",
-        lambda: (
-            (job := get(plane, PLURAL, name, "-n", namespace))
+def _phase(operator: RealCluster, namespace: str, name: str, phase: str) -> dict[str, Any]:
+    """The job's status once its phase is ``phase``; a timeout names any request the API server
+    refused the operator (RBAC's 403 names the verb and the resource)."""
+    plane = operator.plane
+    assert plane is not None
+    try:
+        return wait_until(  # type: ignore[no-any-return]
+            f"{name} to be {phase}",
+            lambda: (job := get(plane, PLURAL, name, "-n", namespace))
             and (job.get("status") or {}).get("phase") == phase
-            and job["status"]
-        ),
-    )
+            and job["status"],
+        )
+    except AssertionError as error:
+        refused = "\n".join(forbidden(operator)) or "none"
+        raise AssertionError(f"{error}; requests the API server refused the operator: {refused}") from None
 
 
 def test_a_job_runs_its_lifecycle_under_the_charts_rbac_and_its_children_are_collected(
@@ -159,7 +165,7 @@ def test_a_job_runs_its_lifecycle_under_the_charts_rbac_and_its_children_are_col
     assert plane is not None
     name = "lifecycle"
     plane.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(named_job(name)))
-    _phase(plane, namespace, name, "Pending")
+    _phase(operator, namespace, name, "Pending")
     pods = _stand_in_for_the_training_operator(plane, namespace, name)
 
     running = wait_until(
@@ -177,7 +183,7 @@ def test_a_job_runs_its_lifecycle_under_the_charts_rbac_and_its_children_are_col
         assert {volume["name"] for volume in pod["spec"]["volumes"]} >= {"job-config", "data", "dshm"}
         assert pod["spec"]["nodeName"].startswith("gpu-")
     _report(plane, namespace, name, "Created", "Running")
-    _phase(plane, namespace, name, "Running")
+    _phase(operator, namespace, name, "Running")
 
     for pod in pods:
         plane.kubectl("annotate", "pod", pod, "-n", namespace, f"{EXIT_CODE_ANNOTATION}=0")
@@ -188,7 +194,7 @@ def test_a_job_runs_its_lifecycle_under_the_charts_rbac_and_its_children_are_col
         ),
     )
     _report(plane, namespace, name, "Created", "Running", "Succeeded")
-    status = _phase(plane, namespace, name, "Succeeded")
+    status = _phase(operator, namespace, name, "Succeeded")
     ready = [c for c in status["conditions"] if c["type"] == "Ready"]
     assert ready and ready[0]["status"] == "True", status["conditions"]
 

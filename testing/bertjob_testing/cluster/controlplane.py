@@ -333,8 +333,9 @@ class ControlPlane:
                 # The API server taints a new node not-ready (TaintNodesByCondition); the node
                 # lifecycle controller, which would lift it, is not run: it would also need kwok's
                 # lease heartbeats to keep the nodes Ready.
+                taint = "node.kubernetes.io/not-ready:NoSchedule-"
                 for name in NODES:
-                    self.kubectl("taint", "node", name, "node.kubernetes.io/not-ready:NoSchedule-", check=False)
+                    self.kubectl("taint", "node", name, taint, check=False)
                 self.timings["nodes"] = time.monotonic() - started
                 return
             time.sleep(0.2)
