@@ -1,12 +1,13 @@
 """What the operator's end-to-end tests share: the launchers, the children's resources, a job's
-children as the emulator stores them, job documents by name, and a TrainJob's status as Kubeflow
-Trainer v2 writes it."""
+children as the emulator or the real API server stores them, job documents by name, and a
+TrainJob's status as Kubeflow Trainer v2 writes it."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from bertjob.render import JOB_LABEL
+from bertjob_testing.cluster.operator import RealCluster
 from bertjob_testing.jobs import valid_job, with_value
 from bertjob_testing.kube_emulator import Cluster
 
@@ -29,15 +30,21 @@ OWNED = (
 )
 
 
+def home(cluster: Cluster) -> str:
+    """The namespace of a test's jobs: its own on the real cluster (``RealCluster.default_namespace``),
+    ``default`` on the emulator."""
+    return cluster.default_namespace if isinstance(cluster, RealCluster) else "default"
+
+
 def children_of(cluster: Cluster, name: str) -> dict[str, list[dict[str, Any]]]:
-    """Every object labelled as ``name``'s, by resource."""
+    """Every object labelled as ``name``'s, by resource, in the test's namespace (:func:`home`)."""
     return {
         resource: found
         for resource in OWNED
         if (
             found := [
                 obj
-                for obj in cluster.stored(resource, "default")
+                for obj in cluster.stored(resource, home(cluster))
                 if (obj["metadata"].get("labels") or {}).get(JOB_LABEL) == name
             ]
         )

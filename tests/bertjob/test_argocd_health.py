@@ -3,7 +3,7 @@
 as the global ``obj``, the chunk's return value the health.
 
 Here on statuses written out by hand, including those of an operator older than the kstatus
-conditions; tests/bertjob/test_kstatus_e2e.py runs it on the statuses the operator writes.
+conditions; tests/cluster/test_kstatus_e2e.py runs it on the statuses the operator writes.
 """
 
 from __future__ import annotations

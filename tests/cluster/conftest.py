@@ -1,14 +1,36 @@
 """Fixtures of the tests on the real control plane: the chart installed and the operator running
-under its ServiceAccount (one for this folder's run), and a namespace per test."""
+under its ServiceAccount (one for this folder's run), and a namespace per test.
+
+``cluster`` is the operator's :class:`RealCluster` with its calls in the test's own namespace (the
+moved end-to-end tests call it as they called the emulator's ``cluster`` of tests/conftest.py,
+which this one hides here); ``unguarded`` is the same in a namespace the chart's webhook does not
+serve, as on a cluster where the webhook is off (the chart's default), so that what only the
+webhook refuses reaches the operator. Every test that uses the operator is in the xdist group
+``operator``: one operator for the one cluster (two watching every namespace would both handle
+each job), so pytest-xdist's ``--dist loadgroup`` runs them all in one worker.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from bertjob_testing.cluster.controlplane import ControlPlane
-from bertjob_testing.cluster.operator import RealCluster, install, uninstall
+from bertjob_testing.cluster.operator import (
+    UNSERVED_LABEL,
+    UNSERVED_VALUE,
+    RealCluster,
+    install,
+    skip_webhook_in_labelled_namespaces,
+    uninstall,
+)
+
+OPERATOR_GROUP = "operator"
 
 
 @pytest.fixture(scope="package")
@@ -17,25 +39,87 @@ def operator(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFacto
     running as a local process with the chart's ServiceAccount's token; uninstalled after."""
     cluster = install(control_plane, tmp_path_factory.mktemp("operator"))
     try:
+        skip_webhook_in_labelled_namespaces(control_plane)
         yield cluster
     finally:
         uninstall(cluster)
 
 
+def _namespace_name(request: pytest.FixtureRequest, suffix: str = "") -> str:
+    """A namespace name of the test's own: its name, cut short, and a digest of its node id (two
+    parameters of one test differ after the cut)."""
+    digest = hashlib.sha256((request.node.nodeid + suffix).encode()).hexdigest()[:8]
+    name = request.node.name.replace("_", "-").replace("[", "-").replace("]", "").replace(".", "-").lower()
+    return f"{name[:50].strip('-')}-{digest}"
+
+
+@contextlib.contextmanager
+def _own_namespace(plane: ControlPlane, name: str, labels: dict[str, str] | None = None) -> Iterator[str]:
+    """Namespace ``name`` (with ``labels``) while in the block, then deleted without waiting."""
+    document = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}}
+    plane.kubectl("create", "-f", "-", input=json.dumps(document))
+    try:
+        yield name
+    finally:
+        plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
 @pytest.fixture
 def namespace(control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[str]:
     """A namespace of the test's own, deleted after it (the namespace controller empties it)."""
-    name = request.node.name.replace("_", "-").replace("[", "-").replace("]", "").lower()[:50].strip("-")
-    control_plane.kubectl("create", "namespace", name)
-    yield name
-    control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    with _own_namespace(control_plane, _namespace_name(request)) as name:
+        yield name
+
+
+@contextlib.contextmanager
+def _in_namespace(operator: RealCluster, namespace: str) -> Iterator[RealCluster]:
+    """``operator`` with its calls in ``namespace``; running again after, if a test that stopped or
+    killed it failed before starting it."""
+    operator.default_namespace = namespace
+    try:
+        yield operator
+    finally:
+        operator.default_namespace = "default"
+        if operator.operator is None or operator.operator.poll() is not None:
+            operator.start()
+
+
+@pytest.fixture
+def cluster(operator: RealCluster, namespace: str) -> Iterator[RealCluster]:
+    """The operator's cluster, its calls (create_job, job, report ...) in the test's namespace."""
+    with _in_namespace(operator, namespace) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def unguarded(
+    operator: RealCluster, control_plane: ControlPlane, request: pytest.FixtureRequest
+) -> Iterator[RealCluster]:
+    """The operator's cluster, its calls in a namespace of the test's own that the webhook does
+    not serve (:data:`UNSERVED_LABEL`): the API server stores a job, or a change, that only the
+    webhook would refuse, and the operator refuses it after the fact (its status and Events)."""
+    labels = {UNSERVED_LABEL: UNSERVED_VALUE}
+    with (
+        _own_namespace(control_plane, _namespace_name(request, "-unguarded"), labels) as name,
+        _in_namespace(operator, name) as cluster,
+    ):
+        yield cluster
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test here that runs the operator joins the xdist group ``operator``."""
+    here = Path(__file__).parent
+    for item in items:
+        if item.path.is_relative_to(here) and "operator" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group(OPERATOR_GROUP))
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
     """A failed test that ran the operator reports the operator's log."""
     report = yield
-    cluster = getattr(item, "funcargs", {}).get("operator")
+    funcargs = getattr(item, "funcargs", {})
+    cluster = funcargs.get("operator") or funcargs.get("cluster") or funcargs.get("unguarded")
     if report.failed and isinstance(cluster, RealCluster) and cluster.log.exists():
         report.sections.append(("operator log", cluster.log_tail()))
     return report

@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-from kubernetes.client import ApiClient
+from kubernetes.client import ApiClient, CoreV1Api
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config import new_client_from_config
 
 from bertjob.admission import ADDRESS_ENV, CERT_DIR_ENV, PORT_ENV
-from bertjob_testing.cluster.controlplane import ControlPlane
+from bertjob_api.contract import KIND
+from bertjob_testing.cluster.controlplane import EXIT_CODE_ANNOTATION, ControlPlane
 from bertjob_testing.cluster.process import free_port
 from bertjob_testing.cluster.versions import REPO, UPSTREAM_CRDS, upstream_crd
 from bertjob_testing.kube_emulator import Cluster
@@ -76,9 +77,74 @@ def resource_path(group_version_plural: str, namespace: str | None = None) -> st
 @attrs.define
 class RealCluster(Cluster):
     """The operator and a client of the real API server (``server`` is None: there is no
-    emulator); ``plane`` is the control plane."""
+    emulator); ``plane`` is the control plane.
+
+    The calls of :class:`Cluster` that name no namespace act in ``default_namespace`` (a test's
+    own: tests/cluster/conftest.py's ``cluster`` fixture sets it), where the emulator's act in
+    ``default``."""
 
     plane: ControlPlane | None = None
+    default_namespace: str = "default"
+
+    def create_job(self, document: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
+        """Create a BertPretrainJob; the object as stored."""
+        return super().create_job(document, namespace or self.default_namespace)
+
+    def job(self, name: str, namespace: str | None = None) -> dict[str, Any]:
+        """A BertPretrainJob as stored."""
+        return super().job(name, namespace or self.default_namespace)
+
+    def patch_job(self, name: str, patch: dict[str, Any], namespace: str | None = None) -> None:
+        """Merge-patch a BertPretrainJob, as ``kubectl patch --type merge`` would."""
+        super().patch_job(name, patch, namespace or self.default_namespace)
+
+    def object(
+        self, group_version_plural: str, name: str, namespace: str | None = None
+    ) -> dict[str, Any] | None:
+        """One live object of a resource; None if there is none."""
+        return super().object(group_version_plural, name, namespace or self.default_namespace)
+
+    def report(
+        self, group_version_plural: str, name: str, status: dict[str, Any], namespace: str | None = None
+    ) -> None:
+        """Patch a child's status subresource, as Kubeflow's operator would (the real server
+        holds it to the CRD's status schema)."""
+        super().report(group_version_plural, name, status, namespace or self.default_namespace)
+
+    def events(self, name: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        """The Events about the BertPretrainJob ``name`` (not those the real cluster's controllers
+        post about a child or pod of the same name)."""
+        return [
+            event
+            for event in super().events(name, namespace or self.default_namespace)
+            if (event.get("involvedObject") or {}).get("kind") == KIND
+        ]
+
+    def end_pods(self, selector: str, exit_code: int, namespace: str | None = None) -> list[str]:
+        """End the pods that ``selector`` (a label selector) picks, once there is at least one and
+        all run, with every container exiting ``exit_code`` (kwok's stage: Succeeded for 0, else
+        Failed); the pods' names.
+
+        Raises:
+            WaitTimeoutError: no pod ran.
+        """
+        where = namespace or self.default_namespace
+        pods = resource_path("v1/pods", where)
+
+        def running() -> list[str] | None:
+            found = get_json(self.api, pods, [("labelSelector", selector)])["items"]
+            live = [pod for pod in found if not pod["metadata"].get("deletionTimestamp")]
+            if live and all(pod.get("status", {}).get("phase") == "Running" for pod in live):
+                return [str(pod["metadata"]["name"]) for pod in live]
+            return None
+
+        names = self.wait_for(f"pods {selector} running", running)
+        core = CoreV1Api(self.api)
+        for name in names:
+            core.patch_namespaced_pod(
+                name, where, {"metadata": {"annotations": {EXIT_CODE_ANNOTATION: str(exit_code)}}}
+            )
+        return names
 
     def stored(self, group_version_plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
         """Every live object of a resource, as the API server lists it (none when the resource
@@ -184,6 +250,30 @@ def route_webhook_port(plane: ControlPlane, port: int) -> None:
         for index, _ in enumerate(configuration["webhooks"])
     ]
     plane.kubectl("patch", "validatingwebhookconfiguration", name, "--type=json", "-p", json.dumps(patch))
+
+
+# A namespace labelled so is not served by the webhook (:func:`skip_webhook_in_labelled_namespaces`):
+# there the API server stores what only the webhook would refuse, as on a cluster where the chart's
+# webhook is off (its default), and the operator refuses it after the fact.
+UNSERVED_LABEL = "bertjob.dev/test-webhook"
+UNSERVED_VALUE = "skip"
+
+
+def skip_webhook_in_labelled_namespaces(plane: ControlPlane) -> None:
+    """Give every webhook of the chart's configuration a ``namespaceSelector`` that leaves out the
+    namespaces labelled :data:`UNSERVED_LABEL` = :data:`UNSERVED_VALUE` (the chart sets one only
+    for ``watchNamespaces``, which this install leaves empty)."""
+    configuration = json.loads(
+        plane.kubectl("get", "validatingwebhookconfiguration", OPERATOR, "-o", "json").stdout
+    )
+    selector = {
+        "matchExpressions": [{"key": UNSERVED_LABEL, "operator": "NotIn", "values": [UNSERVED_VALUE]}]
+    }
+    patch = [
+        {"op": "add", "path": f"/webhooks/{index}/namespaceSelector", "value": selector}
+        for index, _ in enumerate(configuration["webhooks"])
+    ]
+    plane.kubectl("patch", "validatingwebhookconfiguration", OPERATOR, "--type=json", "-p", json.dumps(patch))
 
 
 def uninstall(cluster: RealCluster) -> None:

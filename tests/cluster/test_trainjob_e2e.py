@@ -1,26 +1,43 @@
-"""Launcher ``trainjob`` end to end: a BertPretrainJob's Kubeflow Trainer v2 TrainJob on kmock's emulator.
+"""Launcher ``trainjob`` end to end: a BertPretrainJob's Kubeflow Trainer v2 TrainJob on the real
+control plane.
 
-Same harness as test_e2e_lifecycle.py: the session's ``cluster`` runs `kopf run` against the
-emulator, which serves the upstream TrainJob CRD (trainer.kubeflow.org/v1alpha1, Trainer v2.3.0),
-and the test plays Trainer v2's TrainJob controller by patching the TrainJob's status as it writes
-it (conditions Suspended, Complete and Failed, and ``jobsStatus``: :func:`tests.bertjob.e2e.trainjob_status`).
+Same harness as test_e2e_lifecycle.py: the chart's operator, the real API server serving the
+upstream TrainJob CRD (trainer.kubeflow.org/v1alpha1, Trainer v2.3.0, its schema and CEL rules
+applied to what the operator writes), and the test playing Trainer v2's TrainJob controller by
+patching the TrainJob's status subresource as it writes it (conditions Suspended, Complete and
+Failed, and ``jobsStatus``: :func:`tests.bertjob.e2e.trainjob_status`). The data Job is run by the
+real Job controller, its pod ended by the test (kwok).
+
+A change the webhook refuses (a deadline of a running TrainJob job) is refused at ``kubectl
+apply``; the operator's own refusal after the fact is tested in a namespace the webhook does not
+serve (``unguarded``, the chart's default of no webhook), as is a job created while the operator is
+away (the webhook's failurePolicy: Fail refuses it elsewhere).
 """
 
 from __future__ import annotations
 
+import copy
+import json
 from typing import Any
 
+import pytest
 import yaml
 from kubernetes.client import CustomObjectsApi
+from kubernetes.client.exceptions import ApiException
 
 from bertjob.launchers.trainjob import TrainJobLauncher
+from bertjob.render import JOB_LABEL
 from bertjob_api.spec import GROUP, PLURAL, VERSION
-from bertjob_testing.kube_emulator import Cluster
-from tests.bertjob.e2e import TRAINJOBS, children_of, trainjob_status
+from bertjob_testing.cluster.operator import RealCluster as Cluster
+from tests.bertjob.e2e import TRAINJOBS, children_of, home, trainjob_status
 from tests.bertjob.e2e import named_job as _named_job
 from tests.k8s_schema import assert_valid
 
+pytestmark = pytest.mark.xdist_group("operator")
+
 IMAGE = "ghcr.io/bertjob/trainer:0.1.0"
+# A ConfigMap volume's mode when none is given (0644), as the API server defaults a pod template.
+DEFAULT_MODE = 0o644
 OWNED_BY = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "BertPretrainJob"}
 
 
@@ -60,6 +77,22 @@ def _observed(cluster: Cluster, name: str, generation: int) -> dict[str, Any]:
         f"generation {generation} of {name} observed",
         lambda: (s := cluster.job(name)["status"]).get("observedGeneration") == generation and s,
     )
+
+
+def _without_pod_defaults(pod: dict[str, Any]) -> dict[str, Any]:
+    """A pod spec of a Job as the real server stores it, less the defaults it filled in that a
+    TrainJob's template (a custom resource, not defaulted as a pod) lacks: a ConfigMap volume's
+    ``defaultMode`` and a field reference's ``apiVersion``."""
+    pod = copy.deepcopy(pod)
+    for volume in pod.get("volumes") or []:
+        if volume.get("configMap", {}).get("defaultMode") == DEFAULT_MODE:
+            del volume["configMap"]["defaultMode"]
+    for container in pod.get("containers") or []:
+        for variable in container.get("env") or []:
+            field_ref = (variable.get("valueFrom") or {}).get("fieldRef") or {}
+            if field_ref.get("apiVersion") == "v1":
+                del field_ref["apiVersion"]
+    return pod
 
 
 def test_a_trainjob_job_gets_an_owned_trainjob(cluster: Cluster, trainjob_schema: dict[str, Any]) -> None:
@@ -108,7 +141,7 @@ def test_a_trainjob_job_gets_an_owned_trainjob(cluster: Cluster, trainjob_schema
         1,
         1,
     )
-    # What the operator created is a TrainJob the v2.3.0 API server takes (the emulator does not check).
+    # What the operator created is a TrainJob the v2.3.0 CRD takes (the real server took it too).
     created = {key: value for key, value in trainjob.items() if key != "metadata"}
     assert_valid(created, trainjob_schema)
     # The trainer reads the job from the ConfigMap that the TrainJob's node pods mount.
@@ -212,7 +245,23 @@ def test_suspend_and_resume_reach_the_trainjob(cluster: Cluster) -> None:
     assert "activeDeadlineSeconds" not in _trainjob(cluster, name)["spec"]
 
 
-def test_a_deadline_or_phase_change_of_a_running_trainjob_job_is_refused(cluster: Cluster) -> None:
+def test_a_deadline_change_of_a_running_trainjob_job_is_refused_by_the_webhook(cluster: Cluster) -> None:
+    name = "tj-changed"
+    cluster.create_job(_job(name, spec__runPolicy={"activeDeadlineSeconds": 3600}))
+    _running(cluster, name)
+
+    with pytest.raises(ApiException) as refused:
+        cluster.patch_job(name, {"spec": {"runPolicy": {"activeDeadlineSeconds": 7200}}})
+
+    message = json.loads(str(refused.value.body))["message"]
+    assert refused.value.status == 422 and "denied the request" in message, message
+    assert "spec.runPolicy.activeDeadlineSeconds: cannot change once the job has children" in message
+    assert cluster.job(name)["spec"]["runPolicy"]["activeDeadlineSeconds"] == 3600
+    assert _trainjob(cluster, name)["spec"]["activeDeadlineSeconds"] == 3600
+
+
+def test_a_deadline_or_phase_change_of_a_running_trainjob_job_is_refused(unguarded: Cluster) -> None:
+    cluster = unguarded
     name = "tj-changed"
     cluster.create_job(_job(name, spec__runPolicy={"activeDeadlineSeconds": 3600}))
     _running(cluster, name)
@@ -245,7 +294,11 @@ def test_a_deadline_or_phase_change_of_a_running_trainjob_job_is_refused(cluster
     assert _trainjob(cluster, name)["spec"] == before
 
 
-def test_the_data_job_runs_before_the_trainjob(cluster: Cluster) -> None:
+def test_the_data_job_runs_before_the_trainjob(unguarded: Cluster) -> None:
+    """The real Job controller deletes the pod of a suspended data Job: the data is prepared once
+    the job is resumed, and the TrainJob made then takes neither the refused deadline nor a
+    suspend."""
+    cluster = unguarded
     name = "tj-prepared"
     cluster.create_job(_job(name, spec__prepare={"enabled": True}))
 
@@ -262,22 +315,23 @@ def test_the_data_job_runs_before_the_trainjob(cluster: Cluster) -> None:
         lambda: children_of(cluster, name)["batch/v1/jobs"][0]["spec"].get("suspend") is True,
     )
     assert TRAINJOBS not in children_of(cluster, name)
+    selector = f"{JOB_LABEL}={name},app.kubernetes.io/component=prepare"
+    cluster.wait_for("the data Job's pod deleted", lambda: not cluster.stored("v1/pods", home(cluster)))
 
-    cluster.report(
-        "batch/v1/jobs",
-        data_job["metadata"]["name"],
-        {"conditions": [{"type": "Complete", "status": "True"}]},
-    )
+    cluster.patch_job(name, {"spec": {"runPolicy": {"suspend": False}}})
+    cluster.status_when(name, "Preparing")
+    cluster.end_pods(selector, 0)
 
     trainjob = cluster.wait_for("the TrainJob", lambda: cluster.object(TRAINJOBS, name))
-    status = cluster.status_when(name, "Suspended")
+    status = cluster.status_when(name, "Pending")
     assert [c["kind"] for c in status["children"]] == ["Job", "TrainJob"]
     assert _condition(status, "Prepared")["status"] == "True"
-    assert trainjob["spec"]["suspend"] is True and "activeDeadlineSeconds" not in trainjob["spec"]
+    assert "spec.runPolicy.activeDeadlineSeconds" in _condition(status, "SpecChangeRefused")["message"]
+    assert trainjob["spec"]["suspend"] is False and "activeDeadlineSeconds" not in trainjob["spec"]
     # The data Job's pod is the trainer's node pod (TrainJobLauncher.trainer_template) but for its
     # command and the devices it does not need.
     trainer = TrainJobLauncher().trainer_template(trainjob)["spec"]
-    prepare = data_job["spec"]["template"]["spec"]
+    prepare = _without_pod_defaults(data_job["spec"]["template"]["spec"])
     for field in ("serviceAccountName", "securityContext", "volumes"):
         assert prepare[field] == trainer[field], field
     [container] = prepare["containers"]
@@ -302,14 +356,15 @@ def test_deleting_the_job_deletes_its_trainjob(cluster: Cluster) -> None:
         for obj in objects
     )
 
-    CustomObjectsApi(cluster.api).delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, name)
+    CustomObjectsApi(cluster.api).delete_namespaced_custom_object(GROUP, VERSION, home(cluster), PLURAL, name)
 
     cluster.wait_for("the children gone", lambda: children_of(cluster, name) == {})
     assert cluster.object(TRAINJOBS, name) is None
     assert cluster.operator is not None and cluster.operator.poll() is None
 
 
-def test_an_operator_restart_leaves_trainjob_jobs_as_they_were(cluster: Cluster) -> None:
+def test_an_operator_restart_leaves_trainjob_jobs_as_they_were(unguarded: Cluster) -> None:
+    cluster = unguarded
     waiting, running, away = "tj-restart-waiting", "tj-restart-running", "tj-restart-away"
     cluster.create_job(_job(waiting))
     cluster.create_job(_job(running))

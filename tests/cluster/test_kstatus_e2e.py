@@ -1,8 +1,13 @@
-"""The kstatus conditions end to end: jobs driven through each phase by the operator (`kopf run`
-against the emulator, the test playing Kubeflow's operator and the Job controller), and at each
-phase the live object read back and judged three ways: its Ready, Reconciling and Stalled
-conditions and observedGeneration; kstatus' verdict on it (what Flux's ``wait`` reads); and Argo CD's
-health, by examples/gitops/argocd/health.lua run in Lua 5.1.
+"""The kstatus conditions end to end: jobs driven through each phase by the chart's operator on
+the real control plane (tests/cluster/conftest.py; the test playing Kubeflow's operator), and at
+each phase the live object read back from the real API server and judged three ways: its Ready,
+Reconciling and Stalled conditions and observedGeneration; kstatus' verdict on it (what Flux's
+``wait`` reads); and Argo CD's health, by examples/gitops/argocd/health.lua run in Lua 5.1.
+
+A job the operator fails or a change it refuses is one that only the operator (and the webhook)
+refuses: a checkpoint on no writable volume, in a namespace the webhook does not serve
+(``unguarded``, the chart's default of no webhook); the CRD's CEL rules refuse an indivisible
+batch before it is stored.
 """
 
 from __future__ import annotations
@@ -11,11 +16,13 @@ from typing import Any
 
 import pytest
 
-from bertjob_testing.kube_emulator import Cluster
+from bertjob_testing.cluster.operator import RealCluster as Cluster
 from tests.bertjob.e2e import PYTORCHJOBS
 from tests.bertjob.e2e import named_job as _job
 from tests.bertjob.test_argocd_health import argocd_health
 from tests.kubeflow_env import kubeflow_condition
+
+pytestmark = pytest.mark.xdist_group("operator")
 
 KSTATUS = ("Ready", "Reconciling", "Stalled")
 
@@ -91,10 +98,11 @@ def test_a_job_that_prepares_its_data_first(cluster: Cluster) -> None:
     ("name", "fields", "reason"),
     [
         ("kstatus-child-failed", {}, "JobFailed"),
-        ("kstatus-invalid", {"spec__topology__processesPerNode": 3}, "InvalidSpec"),
+        ("kstatus-invalid", {"spec__checkpoint__path": "/ckpt"}, "InvalidSpec"),
     ],
 )
-def test_a_failed_job_is_stalled(cluster: Cluster, name: str, fields: dict[str, Any], reason: str) -> None:
+def test_a_failed_job_is_stalled(unguarded: Cluster, name: str, fields: dict[str, Any], reason: str) -> None:
+    cluster = unguarded
     cluster.create_job(_job(name, **fields))
     if not fields:
         cluster.status_when(name, "Pending")
@@ -128,7 +136,8 @@ def test_a_suspended_job_is_neither_ready_nor_reconciling(cluster: Cluster) -> N
     )
 
 
-def test_a_refused_change_stalls_the_job_until_it_is_undone(cluster: Cluster) -> None:
+def test_a_refused_change_stalls_the_job_until_it_is_undone(unguarded: Cluster) -> None:
+    cluster = unguarded
     name = "kstatus-refused"
     cluster.create_job(_job(name))
     cluster.status_when(name, "Pending")

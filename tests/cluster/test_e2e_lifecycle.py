@@ -1,22 +1,59 @@
-"""The lifecycle end to end: data Job, suspend/resume, spec changes, deletion, operator restart.
+"""The lifecycle end to end on the real control plane: data Job, suspend/resume, spec changes,
+deletion, operator restart.
 
-Same harness as test_handlers_e2e.py: the session's ``cluster`` runs `kopf run` against kmock's
-emulator, and the test plays Kubeflow's operators and the Job controller by patching status.
+Same harness as test_handlers_e2e.py: the chart's operator (tests/cluster/conftest.py), each test
+in a namespace of its own; the test plays Kubeflow's operators by patching the training job's
+status subresource, which the real server holds to the upstream CRD's schema. The data Job is run
+by the real Job controller: its pod runs on a kwok node and the test ends it with an exit code.
+
+What the real server changes here: the chart's webhook refuses, at ``kubectl apply``, a change
+that the operator would refuse, and (failurePolicy: Fail) any job created while the operator is
+away; CEL refuses an indivisible batch at create and at update. The tests of the operator's own
+refusals after the fact (a job's status and Events) run in a namespace the webhook does not serve
+(``unguarded``), as on a cluster with the chart's default, the webhook off; their invalid spec is
+one that only the operator refuses (a checkpoint on no writable volume), since CEL refuses the
+others before anything is stored.
 """
 
 from __future__ import annotations
 
+import json
 import urllib.request
 from typing import Any
 
 import pytest
 from kubernetes.client import CustomObjectsApi
+from kubernetes.client.exceptions import ApiException
 
+from bertjob.render import JOB_LABEL
 from bertjob_api.spec import GROUP, PLURAL, VERSION
-from bertjob_testing.kube_emulator import Cluster
-from tests.bertjob.e2e import CHILD_RESOURCES, LAUNCHERS, PYTORCHJOBS, children_of
+from bertjob_testing.cluster.operator import RealCluster as Cluster
+from tests.bertjob.e2e import CHILD_RESOURCES, LAUNCHERS, PYTORCHJOBS, children_of, home
 from tests.bertjob.e2e import named_job as _job
 from tests.kubeflow_env import kubeflow_condition
+
+pytestmark = pytest.mark.xdist_group("operator")
+
+# A spec that the CRD's schema and CEL rules take and only the operator (and its webhook) refuses:
+# a checkpoint on no writable volume; the field the refusal names.
+INVALID = {"spec__checkpoint__path": "/ckpt"}
+INVALID_FIELD = "spec.checkpoint.path"
+WEBHOOK_DENIED = 'admission webhook "bertpretrainjobs.bertjob.dev" denied the request'
+
+
+def _refused_by_the_webhook(cluster: Cluster, name: str, patch: dict[str, Any]) -> str:
+    """The message with which the API server refuses ``patch`` of job ``name`` (the webhook's)."""
+    with pytest.raises(ApiException) as refused:
+        cluster.patch_job(name, patch)
+    assert refused.value.status == 422, refused.value
+    message = str(json.loads(str(refused.value.body))["message"])
+    assert WEBHOOK_DENIED in message, message
+    return message
+
+
+def _end_data_job(cluster: Cluster, name: str, exit_code: int) -> None:
+    """End the pod that the Job controller runs for job ``name``'s data Job (kwok, exit code)."""
+    cluster.end_pods(f"{JOB_LABEL}={name},app.kubernetes.io/component=prepare", exit_code)
 
 
 def _running(cluster: Cluster, name: str, resource: str = PYTORCHJOBS) -> None:
@@ -67,7 +104,35 @@ def test_suspend_and_resume_reach_the_child(cluster: Cluster, launcher: str) -> 
     assert reasons.count("Suspended") == 1 and reasons.count("Running") == 2
 
 
-def test_a_spec_change_while_running_applies_only_what_is_safe(cluster: Cluster) -> None:
+def test_a_spec_change_of_a_running_job_is_refused_by_the_webhook(cluster: Cluster) -> None:
+    """The API server refuses the whole patch, naming the field the operator would not apply, and
+    stores nothing of it; the safe part alone is then taken and reaches the child."""
+    cluster.create_job(_job("changed"))
+    _running(cluster, "changed")
+
+    message = _refused_by_the_webhook(
+        cluster, "changed", {"spec": {"image": "evil:latest", "runPolicy": {"backoffLimit": 7}}}
+    )
+
+    assert "spec.image: cannot change once the job has children (phase Running)" in message
+    assert "backoffLimit" not in message.partition("spec.image")[0]
+    job = cluster.job("changed")
+    assert (job["metadata"]["generation"], job["spec"]["image"]) == (1, "ghcr.io/bertjob/trainer:0.1.0")
+    cluster.patch_job("changed", {"spec": {"runPolicy": {"backoffLimit": 7}}})
+    cluster.wait_for(
+        "backoffLimit on the child",
+        lambda: (cluster.object(PYTORCHJOBS, "changed") or {})["spec"]["runPolicy"].get("backoffLimit") == 7,
+    )
+    status = cluster.job("changed")["status"]
+    assert status["phase"] == "Running" and "SpecChangeRefused" not in {
+        c["type"] for c in status["conditions"]
+    }
+
+
+def test_a_spec_change_while_running_applies_only_what_is_safe(unguarded: Cluster) -> None:
+    """Where the webhook does not judge it, the operator applies the safe part and records the
+    refusal of the rest."""
+    cluster = unguarded
     cluster.create_job(_job("changed"))
     _running(cluster, "changed")
     image_before = cluster.object(PYTORCHJOBS, "changed")
@@ -111,27 +176,29 @@ def test_a_spec_change_while_running_applies_only_what_is_safe(cluster: Cluster)
     assert (_condition(status, "SpecChangeRefused")["status"], status["phase"]) == ("False", "Running")
 
 
-def test_an_invalid_change_is_refused_whole(cluster: Cluster) -> None:
+def test_an_invalid_change_is_refused_whole(unguarded: Cluster) -> None:
+    cluster = unguarded
     cluster.create_job(_job("invalid-change"))
     cluster.status_when("invalid-change", "Pending")
 
     cluster.patch_job(
-        "invalid-change", {"spec": {"topology": {"processesPerNode": 3}, "runPolicy": {"backoffLimit": 2}}}
+        "invalid-change", {"spec": {"checkpoint": {"path": "/ckpt"}, "runPolicy": {"backoffLimit": 2}}}
     )
 
     status = cluster.wait_for(
         "the refusal",
         lambda: (s := cluster.job("invalid-change")["status"]).get("observedGeneration") == 2 and s,
     )
-    assert "spec.phases[0].globalBatchSize" in _condition(status, "SpecChangeRefused")["message"]
+    assert INVALID_FIELD in _condition(status, "SpecChangeRefused")["message"]
     assert "backoffLimit" not in cluster.object(PYTORCHJOBS, "invalid-change")["spec"]["runPolicy"]  # type: ignore[index]
 
 
-def test_a_spec_fixed_after_failing_is_rendered_again(cluster: Cluster) -> None:
-    cluster.create_job(_job("fixed", spec__topology__processesPerNode=3))
+def test_a_spec_fixed_after_failing_is_rendered_again(unguarded: Cluster) -> None:
+    cluster = unguarded
+    cluster.create_job(_job("fixed", **INVALID))
     cluster.status_when("fixed", "Failed")
 
-    cluster.patch_job("fixed", {"spec": {"topology": {"processesPerNode": 2}}})
+    cluster.patch_job("fixed", {"spec": {"checkpoint": {"path": "/data/checkpoints"}}})
 
     status = cluster.status_when("fixed", "Pending")
     # The failure's conditions gone (its kstatus Stalled too), the new children's in their place.
@@ -165,9 +232,10 @@ def test_deleting_the_job_deletes_every_child(cluster: Cluster) -> None:
     )
 
     CustomObjectsApi(cluster.api).delete_namespaced_custom_object(
-        GROUP, VERSION, "default", PLURAL, "deleted"
+        GROUP, VERSION, home(cluster), PLURAL, "deleted"
     )
 
+    # The controller-manager's garbage collector deletes them (the operator has no delete handler).
     cluster.wait_for("the children gone", lambda: children_of(cluster, "deleted") == {})
     assert cluster.operator is not None and cluster.operator.poll() is None
 
@@ -178,7 +246,7 @@ def test_the_data_job_runs_before_the_training_job(cluster: Cluster) -> None:
     status = cluster.status_when("prepared", "Preparing")
     children = children_of(cluster, "prepared")
     assert PYTORCHJOBS not in children and len(children["batch/v1/jobs"]) == 1
-    [data_job] = children["batch/v1/jobs"]
+    assert children["batch/v1/jobs"][0]["spec"]["suspend"] is False
     assert [c["kind"] for c in status["children"]] == ["Job"]
     # A safe change made while the data is prepared reaches the training job created afterwards.
     cluster.patch_job("prepared", {"spec": {"runPolicy": {"ttlSecondsAfterFinished": 600}}})
@@ -187,11 +255,7 @@ def test_the_data_job_runs_before_the_training_job(cluster: Cluster) -> None:
         lambda: cluster.job("prepared")["status"].get("observedGeneration") == 2,
     )
 
-    cluster.report(
-        "batch/v1/jobs",
-        data_job["metadata"]["name"],
-        {"conditions": [{"type": "Complete", "status": "True"}]},
-    )
+    _end_data_job(cluster, "prepared", 0)
 
     status = cluster.status_when("prepared", "Pending")
     assert [c["kind"] for c in status["children"]] == ["Job", "PyTorchJob"]
@@ -203,23 +267,24 @@ def test_the_data_job_runs_before_the_training_job(cluster: Cluster) -> None:
 def test_a_failed_data_job_fails_the_job(cluster: Cluster) -> None:
     cluster.create_job(_job("unprepared", spec__prepare={"enabled": True}))
     cluster.status_when("unprepared", "Preparing")
-    [data_job] = children_of(cluster, "unprepared")["batch/v1/jobs"]
+    assert children_of(cluster, "unprepared")["batch/v1/jobs"]
 
-    failed = {
-        "type": "Failed",
-        "status": "True",
-        "reason": "BackoffLimitExceeded",
-        "message": "out of retries",
-    }
-    cluster.report("batch/v1/jobs", data_job["metadata"]["name"], {"conditions": [failed]})
+    # Exit code 1 matches the data Job's podFailurePolicy (FailJob): the Job controller fails it
+    # at once, with its reason PodFailurePolicy.
+    _end_data_job(cluster, "unprepared", 1)
 
     status = cluster.status_when("unprepared", "Failed")
     assert _condition(status, "Failed")["reason"] == "PrepareFailed"
-    assert "BackoffLimitExceeded" in _condition(status, "Failed")["message"]
+    assert "PodFailurePolicy" in _condition(status, "Failed")["message"]
     assert PYTORCHJOBS not in children_of(cluster, "unprepared")
 
 
-def test_an_operator_restart_adopts_the_children_without_duplicates(cluster: Cluster) -> None:
+def test_an_operator_restart_adopts_the_children_without_duplicates(
+    unguarded: Cluster, namespace: str
+) -> None:
+    """In a namespace the webhook does not serve: where it does, the API server refuses a job
+    created while the operator is away (the chart's failurePolicy: Fail), shown first."""
+    cluster = unguarded
     cluster.create_job(_job("restarted"))
     cluster.create_job(_job("restarted-running"))
     _running(cluster, "restarted-running")
@@ -227,6 +292,12 @@ def test_an_operator_restart_adopts_the_children_without_duplicates(cluster: Clu
     before = children_of(cluster, "restarted")
 
     cluster.stop()
+    with pytest.raises(ApiException) as refused:
+        cluster.create_job(_job("while-away"), namespace)
+    message = json.loads(str(refused.value.body))["message"]
+    assert (
+        'failed calling webhook "bertpretrainjobs.bertjob.dev"' in message and "connection refused" in message
+    )
     # While the operator is away, the child finishes and a new job arrives.
     cluster.report(PYTORCHJOBS, "restarted-running", {"conditions": [kubeflow_condition("Succeeded")]})
     cluster.create_job(_job("while-away"))
@@ -242,9 +313,10 @@ def test_an_operator_restart_adopts_the_children_without_duplicates(cluster: Clu
     assert children_of(cluster, "restarted").keys() == before.keys()
 
 
-def test_metrics_and_readiness_are_served(cluster: Cluster) -> None:
+def test_metrics_and_readiness_are_served(unguarded: Cluster) -> None:
+    cluster = unguarded
     cluster.create_job(_job("measured"))
-    cluster.create_job(_job("measured-bad", spec__topology__processesPerNode=3))
+    cluster.create_job(_job("measured-bad", **INVALID))
     cluster.status_when("measured", "Pending")
     cluster.status_when("measured-bad", "Failed")
 
@@ -278,22 +350,21 @@ def _refused_at(cluster: Cluster, name: str, generation: int) -> dict[str, Any]:
 
 
 # A change that suspends (or resumes) the job and makes the spec invalid: refused whole.
-INVALID_WITH_SUSPEND = "spec.topology.processesPerNode"
+INVALID_WITH_SUSPEND = INVALID_FIELD
 
 
 @pytest.mark.parametrize("suspend", [True, False], ids=["suspend", "resume"])
 def test_an_invalid_change_neither_suspends_nor_resumes_the_training_job(
-    cluster: Cluster, suspend: bool
+    unguarded: Cluster, suspend: bool
 ) -> None:
+    cluster = unguarded
     name = f"invalid-{'suspend' if suspend else 'resume'}"
     cluster.create_job(_job(name, spec__runPolicy={"suspend": not suspend}))
     if suspend:
         _running(cluster, name)
     before = cluster.status_when(name, "Suspended" if not suspend else "Running")
 
-    cluster.patch_job(
-        name, {"spec": {"runPolicy": {"suspend": suspend}, "topology": {"processesPerNode": 3}}}
-    )
+    cluster.patch_job(name, {"spec": {"runPolicy": {"suspend": suspend}, "checkpoint": {"path": "/ckpt"}}})
 
     status = _refused_at(cluster, name, 2)
     assert INVALID_WITH_SUSPEND in _condition(status, "SpecChangeRefused")["message"]
@@ -315,16 +386,17 @@ def test_an_invalid_change_neither_suspends_nor_resumes_the_training_job(
 
 
 @pytest.mark.parametrize("suspend", [True, False], ids=["suspend", "resume"])
-def test_an_invalid_change_neither_suspends_nor_resumes_the_data_job(cluster: Cluster, suspend: bool) -> None:
+def test_an_invalid_change_neither_suspends_nor_resumes_the_data_job(
+    unguarded: Cluster, suspend: bool
+) -> None:
+    cluster = unguarded
     name = f"invalid-prepare-{'suspend' if suspend else 'resume'}"
     cluster.create_job(_job(name, spec__prepare={"enabled": True}, spec__runPolicy={"suspend": not suspend}))
     before = cluster.status_when(name, "Preparing" if suspend else "Suspended")
     [data_job] = children_of(cluster, name)["batch/v1/jobs"]
     assert data_job["spec"]["suspend"] is (not suspend)
 
-    cluster.patch_job(
-        name, {"spec": {"runPolicy": {"suspend": suspend}, "topology": {"processesPerNode": 3}}}
-    )
+    cluster.patch_job(name, {"spec": {"runPolicy": {"suspend": suspend}, "checkpoint": {"path": "/ckpt"}}})
 
     status = _refused_at(cluster, name, 2)
     assert status["phase"] == before["phase"]
@@ -332,22 +404,19 @@ def test_an_invalid_change_neither_suspends_nor_resumes_the_data_job(cluster: Cl
     assert data_job["spec"]["suspend"] is (not suspend)
 
 
-def test_a_refused_change_does_not_reach_the_training_job_created_later(cluster: Cluster) -> None:
+def test_a_refused_change_does_not_reach_the_training_job_created_later(unguarded: Cluster) -> None:
+    cluster = unguarded
     name = "refused-then-prepared"
     cluster.create_job(_job(name, spec__prepare={"enabled": True}))
     cluster.status_when(name, "Preparing")
     cluster.patch_job(
         name,
-        {"spec": {"topology": {"processesPerNode": 3}, "runPolicy": {"suspend": True, "backoffLimit": 9}}},
+        {"spec": {"checkpoint": {"path": "/ckpt"}, "runPolicy": {"suspend": True, "backoffLimit": 9}}},
     )
     _refused_at(cluster, name, 2)
-    [data_job] = children_of(cluster, name)["batch/v1/jobs"]
+    assert children_of(cluster, name)["batch/v1/jobs"]
 
-    cluster.report(
-        "batch/v1/jobs",
-        data_job["metadata"]["name"],
-        {"conditions": [{"type": "Complete", "status": "True"}]},
-    )
+    _end_data_job(cluster, name, 0)
 
     status = cluster.status_when(name, "Pending")
     assert [c["kind"] for c in status["children"]] == ["Job", "PyTorchJob"]
