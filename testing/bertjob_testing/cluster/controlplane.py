@@ -244,6 +244,10 @@ class ControlPlane:
                 f"--kubeconfig={config}",
                 f"--authentication-kubeconfig={config}",
                 f"--authorization-kubeconfig={config}",
+            # Clients authenticate with certificates of our CA only: no front-proxy CA to look up
+            # (the lookup logs an error every few seconds without one).
+            "--authentication-skip-lookup=true",
+            f"--client-ca-file={self.ca}",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={port}",
                 "--leader-elect=false",
@@ -267,6 +271,10 @@ class ControlPlane:
                 f"--kubeconfig={config}",
                 f"--authentication-kubeconfig={config}",
                 f"--authorization-kubeconfig={config}",
+            # Clients authenticate with certificates of our CA only: no front-proxy CA to look up
+            # (the lookup logs an error every few seconds without one).
+            "--authentication-skip-lookup=true",
+            f"--client-ca-file={self.ca}",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={port}",
                 "--leader-elect=false",
