@@ -13,19 +13,22 @@ create, are tested on the emulator (tests/bertjob/test_invalid_stored_job_e2e.py
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
 import yaml
 from kubernetes.client import CoreV1Api, CustomObjectsApi, V1ConfigMap
+from kubernetes.client.exceptions import ApiException
 
 from bertjob.children import ForeignObjectError, create_children
 from bertjob.render import render
-from bertjob_api.spec import parse_job
+from bertjob_api.spec import GROUP, PLURAL, VERSION, parse_job
 from bertjob_testing.cluster.operator import RealCluster as Cluster
 from bertjob_testing.jobs import valid_job, with_value
 from bertjob_testing.kube_emulator import answers
 from tests.bertjob.e2e import CHILD_RESOURCES, LAUNCHERS, children_of, home
+from tests.bertjob.test_invalid_stored_job_e2e import REFUSED_BY_THE_CRD
 from tests.k8s_schema import assert_valid
 from tests.kubeflow_env import kubeflow_condition
 
@@ -167,7 +170,7 @@ def test_a_bad_spec_fails_the_job_naming_the_field(
 
     condition, ready, stalled = status["conditions"]
     assert (condition["type"], condition["status"], condition["reason"]) == ("Failed", "True", "InvalidSpec")
-    # kstatus: the failure is final until the spec changes (test_kstatus_e2e.py).
+    # kstatus: the failure is final until the spec changes (tests/cluster/test_kstatus_e2e.py).
     assert [(c["type"], c["status"], c["reason"]) for c in (ready, stalled)] == [
         ("Ready", "False", "InvalidSpec"),
         ("Stalled", "True", "InvalidSpec"),
@@ -199,6 +202,27 @@ def test_hostile_strings_are_data(cluster: Cluster, name: str, field: str, value
     [config_map] = children_of(cluster, name)["v1/configmaps"]
     document = yaml.safe_load(config_map["data"]["job.yaml"])
     assert with_value(document, field, value) == document
+
+
+@pytest.mark.parametrize(
+    ("name", "field", "value", "named"), REFUSED_BY_THE_CRD, ids=[case[0] for case in REFUSED_BY_THE_CRD]
+)
+def test_the_server_refuses_what_only_the_emulator_stores(
+    unguarded: Cluster, name: str, field: str, value: Any, named: str
+) -> None:
+    """The bad specs tested on the emulator (tests/bertjob/test_invalid_stored_job_e2e.py) are
+    refused at create by the CRD's schema or CEL rules, where the webhook does not judge them."""
+    document = with_value(_named(valid_job(), name), field, value)
+
+    with pytest.raises(ApiException) as refused:
+        unguarded.create_job(document)
+
+    message = str(json.loads(str(refused.value.body))["message"])
+    assert refused.value.status == 422, message
+    assert "admission webhook" not in message
+    assert f'BertPretrainJob.bertjob.dev "{name}" is invalid' in message, message
+    assert named.split(":")[0] in message, message
+    assert unguarded.stored(f"{GROUP}/{VERSION}/{PLURAL}", home(unguarded)) == []
 
 
 def test_a_misspelt_field_is_dropped_by_the_server(cluster: Cluster) -> None:
