@@ -3,20 +3,28 @@
 until it admits it; spec changes write to it only the fields the user changed, so neither an
 unrelated change nor an operator restart unsuspends it, and a user's resume leaves it to Kueue.
 
-On the session's cluster; the test plays Kueue (it unsuspends the child: the admission) and
-Kubeflow's operator (it reports the child's conditions). Waits are bounded.
+On the real control plane with the chart's operator; the test plays Kueue (it unsuspends the
+child: the admission) and Kubeflow's operator (it reports the child's conditions); the data Job is
+run by the real Job controller. In a namespace the webhook does not serve (``unguarded``): the
+tests change a spec field the operator refuses (the image) and change a spec while the operator is
+away, both of which the chart's webhook refuses at apply (failurePolicy: Fail while it is away).
+Waits are bounded.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from kubernetes.client import CustomObjectsApi
 
-from bertjob_testing.kube_emulator import Cluster
-from tests.bertjob.e2e import PYTORCHJOBS, children_of
+from bertjob.render import JOB_LABEL
+from bertjob_testing.cluster.operator import RealCluster as Cluster
+from tests.bertjob.e2e import PYTORCHJOBS, children_of, home
 from tests.bertjob.e2e import named_job as _job
 from tests.kubeflow_env import kubeflow_condition
+
+pytestmark = pytest.mark.xdist_group("operator")
 
 QUEUE = "team-a"
 
@@ -50,14 +58,15 @@ def _admit(cluster: Cluster, name: str) -> None:
     """What Kueue does when it admits the child, and Kubeflow's operator once its pods run."""
     group, version, plural = PYTORCHJOBS.split("/")
     CustomObjectsApi(cluster.api).patch_namespaced_custom_object(
-        group, version, "default", plural, name, {"spec": {"runPolicy": {"suspend": False}}},
+        group, version, home(cluster), plural, name, {"spec": {"runPolicy": {"suspend": False}}},
         _content_type="application/merge-patch+json",
     )  # fmt: skip
     running = [kubeflow_condition("Created"), kubeflow_condition("Running")]
     cluster.report(PYTORCHJOBS, name, {"conditions": running})
 
 
-def test_unrelated_changes_and_a_restart_leave_a_queued_child_suspended(cluster: Cluster) -> None:
+def test_unrelated_changes_and_a_restart_leave_a_queued_child_suspended(unguarded: Cluster) -> None:
+    cluster = unguarded
     name = "queued"
     cluster.create_job(_job(name, spec__queueName=QUEUE))
     cluster.status_when(name, "Pending")
@@ -89,7 +98,8 @@ def test_unrelated_changes_and_a_restart_leave_a_queued_child_suspended(cluster:
     assert cluster.job(name)["status"]["phase"] == "Running"
 
 
-def test_a_users_resume_leaves_a_queued_child_to_kueue(cluster: Cluster) -> None:
+def test_a_users_resume_leaves_a_queued_child_to_kueue(unguarded: Cluster) -> None:
+    cluster = unguarded
     name = "queued-resumed"
     cluster.create_job(_job(name, spec__queueName=QUEUE))
     cluster.status_when(name, "Pending")
@@ -109,19 +119,17 @@ def test_a_users_resume_leaves_a_queued_child_to_kueue(cluster: Cluster) -> None
     cluster.status_when(name, "Running")
 
 
-def test_a_training_job_made_after_the_data_job_is_queued_suspended(cluster: Cluster) -> None:
+def test_a_training_job_made_after_the_data_job_is_queued_suspended(unguarded: Cluster) -> None:
+    cluster = unguarded
     name = "queued-prepared"
     cluster.create_job(_job(name, spec__queueName=QUEUE, spec__prepare={"enabled": True}))
     cluster.status_when(name, "Preparing")
     cluster.patch_job(name, {"spec": {"runPolicy": {"backoffLimit": 5}}})
     _observed(cluster, name, 2)
-    [data_job] = children_of(cluster, name)["batch/v1/jobs"]
+    assert children_of(cluster, name)["batch/v1/jobs"]
 
-    cluster.report(
-        "batch/v1/jobs",
-        data_job["metadata"]["name"],
-        {"conditions": [{"type": "Complete", "status": "True"}]},
-    )
+    # The Job controller runs the data Job's pod; it succeeds.
+    cluster.end_pods(f"{JOB_LABEL}={name},app.kubernetes.io/component=prepare", 0)
 
     cluster.status_when(name, "Pending")
     policy = _policy_when(cluster, name, "backoffLimit", 5)
