@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import json
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -85,6 +86,14 @@ class RealCluster(Cluster):
 
     plane: ControlPlane | None = None
     default_namespace: str = "default"
+
+    def start(self) -> None:
+        """Start the operator and wait until its liveness endpoint answers and its webhook port
+        takes connections: kopf opens the webhook's port a few tens of milliseconds after the
+        liveness endpoint, and a job applied in between is refused (failurePolicy: Fail)."""
+        super().start()
+        if port := self.env.get(PORT_ENV):
+            self.wait_for("the webhook's port", lambda: takes_connections(int(port)))
 
     def create_job(self, document: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
         """Create a BertPretrainJob; the object as stored."""
@@ -155,6 +164,15 @@ class RealCluster(Cluster):
             if error.status == 404:
                 return []
             raise
+
+
+def takes_connections(port: int) -> bool:
+    """Whether something listens on ``port`` of 127.0.0.1."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
 
 
 def helm_binary() -> str:

@@ -2,7 +2,9 @@
 and the Event: the operator runs as :mod:`faulty_operator`, which kills it at a chosen API call,
 and is then started again without the fault.
 
-Its own cluster (the session's one must not be killed), with the PyTorchJob CRD only.
+On the real control plane: the chart's operator is stopped for this module and the faulty one
+runs in its place, under the same ServiceAccount and webhook (one operator at a time); the chart's
+own starts again after.
 """
 
 from __future__ import annotations
@@ -14,13 +16,18 @@ from pathlib import Path
 
 import pytest
 
-from bertjob_testing.kube_emulator import WAIT_S, Cluster, cluster_crds, running_cluster
+from bertjob_testing.cluster.operator import RealCluster as Cluster
+from bertjob_testing.kube_emulator import WAIT_S
+from tests.bertjob import faulty_operator
 from tests.bertjob.e2e import PYTORCHJOBS
 from tests.bertjob.e2e import named_job as _job
 from tests.bertjob.faulty_operator import FAULT_ENV, FAULT_EXIT
 from tests.kubeflow_env import kubeflow_condition
 
-HERE = Path(__file__).resolve().parent
+pytestmark = pytest.mark.xdist_group("operator")
+
+# Where faulty_operator is, for kopf's -m.
+HERE = Path(faulty_operator.__file__).resolve().parent
 KOPF = str(Path(sys.executable).with_name("kopf"))
 
 
@@ -45,11 +52,17 @@ def faults() -> Faults:
 
 
 @pytest.fixture(scope="module")
-def faulty(tmp_path_factory: pytest.TempPathFactory, faults: Faults) -> Iterator[Cluster]:
-    """The emulator and the operator run as :mod:`faulty_operator`, no fault set yet."""
-    crds = cluster_crds(["pytorchjob"])
-    with running_cluster(tmp_path_factory.mktemp("faults"), crds, launch=faults.launch) as cluster:
-        yield cluster
+def faulty(operator: Cluster, faults: Faults) -> Iterator[Cluster]:
+    """The chart's operator run as :mod:`faulty_operator`, no fault set yet; as itself again after."""
+    operator.stop()
+    operator.launch = faults.launch
+    try:
+        operator.start()
+        yield operator
+    finally:
+        operator.stop()
+        operator.launch = None
+        operator.start()
 
 
 def _restart(cluster: Cluster, faults: Faults, at: str) -> None:
@@ -73,8 +86,9 @@ def _finish(cluster: Cluster, name: str) -> list[str]:
 
 @pytest.mark.parametrize("at", ["status:Running", "event:Running"])
 def test_a_phase_change_gets_one_event_though_the_operator_died(
-    faulty: Cluster, faults: Faults, at: str
+    faulty: Cluster, cluster: Cluster, faults: Faults, at: str
 ) -> None:
+    assert faulty is cluster  # the faulty operator, its calls in the test's namespace
     name = f"dies-after-{at.split(':')[0]}"
     _restart(faulty, faults, at)
     faulty.create_job(_job(name))
