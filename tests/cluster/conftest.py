@@ -73,15 +73,21 @@ def namespace(control_plane: ControlPlane, request: pytest.FixtureRequest) -> It
 
 @contextlib.contextmanager
 def _in_namespace(operator: RealCluster, namespace: str) -> Iterator[RealCluster]:
-    """``operator`` with its calls in ``namespace``; running again after, if a test that stopped or
-    killed it failed before starting it."""
+    """``operator`` with its calls in ``namespace``; running again after if it ran before, and a
+    test that stopped or killed it failed before starting it."""
     operator.default_namespace = namespace
+    was_running = running(operator)
     try:
         yield operator
     finally:
         operator.default_namespace = "default"
-        if operator.operator is None or operator.operator.poll() is not None:
+        if was_running and not running(operator):
             operator.start()
+
+
+def running(operator: RealCluster) -> bool:
+    """Whether the operator's process runs."""
+    return operator.operator is not None and operator.operator.poll() is None
 
 
 @pytest.fixture
