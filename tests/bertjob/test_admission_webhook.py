@@ -2,7 +2,12 @@
 Kubernetes emulator, configured as the chart configures it (``$BERTJOB_WEBHOOK_CERT_DIR`` with a
 certificate for 127.0.0.1 made here), answering AdmissionReview v1 requests POSTed over HTTPS
 by a client that trusts only the test's CA, for the whole admission table
-(:mod:`bertjob_testing.admission_cases`)."""
+(:mod:`bertjob_testing.admission_cases`).
+
+The emulator: what is tested is the operator's HTTPS endpoint itself, sent AdmissionReviews that a
+real API server never sends (malformed ones, a spec of the wrong shape, which its schema refuses
+before any webhook); tests/cluster/test_operator.py has the real server call the webhook over TLS
+for the same table."""
 
 from __future__ import annotations
 

@@ -2,6 +2,10 @@
 
 Its own emulator (the session's ``cluster`` has every CRD from the start): Kubeflow's PyTorchJob
 CRD only, no BertPretrainJob CRD and no MPIJob CRD, and a CRD check every second instead of 30.
+
+The emulator: the run's one real API server holds our CRD from the chart's install for every test
+that runs the operator, and deleting it there would delete every stored job, so a server without
+it is the emulator's (a real one would serve the same absence: a 404 on the resource).
 """
 
 from __future__ import annotations

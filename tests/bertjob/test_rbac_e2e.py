@@ -13,6 +13,11 @@ with the chart's rules:
   operator): each namespace's requests against its Role, the requests that name no namespace
   against the ClusterRole, both rendered by ``helm template``; and no request at all for a job in
   a namespace not listed.
+
+The emulator: a real API server keeps no list of the requests it served to one client (only an
+audit log, with a policy and a backend of its own), so the requests compared here are the
+emulator's record; that the real server enforces the chart's RBAC on every call of the operator's
+is tested in tests/cluster/test_operator.py.
 """
 
 from __future__ import annotations
