@@ -23,7 +23,7 @@ $(IMAGE_TOOLS): $(STAMP) hack/install-image-tools.sh
 	hack/install-image-tools.sh
 	touch $(IMAGE_TOOLS)
 
-# Horovod for the MPIJob path's tests and the Xeon trainer image: compiled once (about 6 minutes on
+# Horovod for the MPIJob path's tests and the Xeon trainer image, CPU-only: compiled once (6 to 11 minutes on
 # 2 cores; with MPI when Open MPI is installed), the wheel kept in .cache/wheels.
 $(HOROVOD): $(STAMP) $(IMAGE_TOOLS) trainer_image/build_horovod.sh
 	trainer_image/build_horovod.sh $(BIN)/python .cache/wheels
