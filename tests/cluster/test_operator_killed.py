@@ -1,0 +1,136 @@
+"""The operator SIGKILLed while 50 jobs are being created, on the real control plane: once it is
+started again, no job is lost (each is reconciled and gets its one Pending Event) and nothing is
+made twice (each job has exactly one child of each kind, each child exactly one ownerReference, to
+its job).
+
+The jobs go to a namespace the webhook does not serve, so that they keep arriving while the
+operator is dead: where it serves, the chart's failurePolicy: Fail refuses a job until the operator
+is back (tests/cluster/test_e2e_lifecycle.py shows it).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Any
+
+import pytest
+from kubernetes.client import CustomObjectsApi
+from kubernetes.config import new_client_from_config
+
+from bertjob.render import JOB_LABEL
+from bertjob_api.contract import GROUP, PLURAL, VERSION
+from bertjob_testing.cluster.operator import RealCluster
+from tests.bertjob.e2e import OWNED, home, named_job
+
+pytestmark = [pytest.mark.xdist_group("operator"), pytest.mark.slow, pytest.mark.timeout(300)]
+
+JOBS = 50
+# Seconds between two creations: the 50 take about 6 s, and the kill comes while they arrive (the
+# operator takes a second or two over its first job).
+PACE_S = 0.1
+# What a pytorchjob job's children are, one of each.
+CHILDREN = {
+    "v1/configmaps",
+    "v1/serviceaccounts",
+    "rbac.authorization.k8s.io/v1/roles",
+    "rbac.authorization.k8s.io/v1/rolebindings",
+    "kubeflow.org/v1/pytorchjobs",
+}
+
+
+def _jobs(cluster: RealCluster) -> dict[str, dict[str, Any]]:
+    return {
+        job["metadata"]["name"]: job for job in cluster.stored(f"{GROUP}/{VERSION}/{PLURAL}", home(cluster))
+    }
+
+
+def _all_pending(cluster: RealCluster, names: list[str]) -> dict[str, dict[str, Any]] | None:
+    """The jobs once every one is Pending with its Events posted; None before.
+
+    Raises:
+        AssertionError: a job failed (its last condition's message).
+    """
+    jobs = _jobs(cluster)
+    failed = {
+        name: job["status"]["conditions"][-1]["message"]
+        for name, job in jobs.items()
+        if (job.get("status") or {}).get("phase") == "Failed"
+    }
+    assert not failed, f"jobs failed after the restart: {failed}"
+    done = all(
+        (jobs.get(name, {}).get("status") or {}).get("phase") == "Pending"
+        and not jobs[name]["status"].get("pendingEvents")
+        for name in names
+    )
+    return jobs if done else None
+
+
+def test_an_operator_killed_under_50_jobs_loses_none_and_makes_nothing_twice(unguarded: RealCluster) -> None:
+    cluster = unguarded
+    assert cluster.plane is not None and cluster.operator is not None
+    names = [f"burst-{index:02d}" for index in range(JOBS)]
+    created: list[str] = []
+    errors: list[BaseException] = []
+    # The creating thread's own client (the main thread keeps using cluster.api).
+    creator = CustomObjectsApi(new_client_from_config(config_file=str(cluster.plane.admin)))
+
+    def create_all() -> None:
+        try:
+            for name in names:
+                creator.create_namespaced_custom_object(
+                    GROUP, VERSION, home(cluster), PLURAL, named_job(name)
+                )
+                created.append(name)
+                time.sleep(PACE_S)
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    started = time.monotonic()
+    thread = threading.Thread(target=create_all)
+    thread.start()
+    # Killed once it has reconciled a first job, in the middle of the others.
+    cluster.wait_for(
+        "a first job reconciled", lambda: errors or any(job.get("status") for job in _jobs(cluster).values())
+    )
+    cluster.operator.kill()
+    cluster.operator.wait(timeout=10)
+    killed_at = len(created)
+    done = sum(bool(job.get("status")) for job in _jobs(cluster).values())
+    assert killed_at < JOBS and done < killed_at, f"killed after {killed_at} created, {done} reconciled"
+    thread.join(timeout=60)
+    assert not thread.is_alive() and not errors, errors
+    cluster.start()
+
+    jobs = cluster.wait_for("every job Pending, its Events posted", lambda: _all_pending(cluster, names), 120)
+    elapsed = time.monotonic() - started
+    uids = {name: job["metadata"]["uid"] for name, job in jobs.items()}
+    assert sorted(uids) == names
+
+    # Every child of every job: exactly one of each kind, owned once, by its job.
+    counts: collections.Counter[tuple[str, str]] = collections.Counter()
+    for resource in OWNED:
+        for child in cluster.stored(resource, home(cluster)):
+            owner = (child["metadata"].get("labels") or {}).get(JOB_LABEL)
+            if owner is None:
+                continue
+            counts[(owner, resource)] += 1
+            refs = child["metadata"].get("ownerReferences") or []
+            assert [(ref["uid"], ref.get("controller")) for ref in refs] == [(uids[owner], True)], (
+                f"{resource} {child['metadata']['name']}: {refs}"
+            )
+    for name in names:
+        found = {resource: count for (owner, resource), count in counts.items() if owner == name}
+        assert found == dict.fromkeys(CHILDREN, 1), (name, found)
+
+    # No event lost nor posted twice: one Pending Event per job.
+    pending = collections.Counter(
+        event["involvedObject"]["name"]
+        for event in cluster.stored("v1/events", home(cluster))
+        if event["reason"] == "Pending" and event["involvedObject"].get("kind") == "BertPretrainJob"
+    )
+    assert {name: pending[name] for name in names} == dict.fromkeys(names, 1)
+    print(
+        f"\nkilled after {killed_at} of {JOBS} created, {done} reconciled; all reconciled in {elapsed:.1f} s"
+    )
