@@ -140,6 +140,51 @@ buildah_() {
     buildah "${BUILDAH_FLAGS[@]}" "$@"
 }
 
+# An image's layers (their diff IDs), space-separated.
+diff_ids() {
+    buildah_ inspect --type image --format '{{range .OCIv1.RootFS.DiffIDs}}{{.}} {{end}}' "$1"
+}
+
+# After a build that moved a tag from image $1 to $2: the untagged images that hold a layer of $1
+# which no tagged image holds are removed. buildah --layers keeps each step's image as the next
+# build's cache, and nothing removed the replaced ones: with the xeon image's 6 GB torch layer,
+# every change to pyproject.toml left another 6 GB in the storage. The cache of every tagged image
+# stays, and so does that of a stage built apart from the image (Horovod's) unless it was built on
+# a replaced layer.
+prune_replaced() {
+    local old=$1 new=$2 id name layer
+    local -A tagged=() stale=()
+    local untagged=() remove=()
+    [[ -n "$old" && "$old" != "$new" ]] || return 0
+    while read -r id name; do
+        if [[ "$name" == "<none>:<none>" ]]; then
+            untagged+=("$id")
+        else
+            for layer in $(diff_ids "$id"); do tagged[$layer]=1; done
+        fi
+    done < <(buildah_ images --all --noheading --no-trunc --format '{{.ID}} {{.Name}}:{{.Tag}}')
+    for layer in $(diff_ids "$old"); do
+        [[ -n "${tagged[$layer]:-}" ]] || stale[$layer]=1
+    done
+    ((${#stale[@]})) || return 0
+    for id in "${untagged[@]}"; do
+        for layer in $(diff_ids "$id"); do
+            if [[ -n "${stale[$layer]:-}" ]]; then
+                remove+=("$id")
+                break
+            fi
+        done
+    done
+    ((${#remove[@]})) || return 0
+    # A container still made from one (a test's) keeps it; the next build tries again.
+    old=${old#sha256:}
+    if buildah_ rmi "${remove[@]}" >/dev/null; then
+        echo "build-images.sh: removed ${#remove[@]} images that only the replaced image ${old:0:12} used"
+    else
+        echo "build-images.sh: WARNING: could not remove every image that only ${old:0:12} used" >&2
+    fi
+}
+
 # The Debian bookworm base, made from the Debian archive and kept as a tarball, then imported once.
 local_base() {
     local tarball="$CACHE/images/debian-bookworm.tar"
@@ -298,11 +343,13 @@ for target in "${targets[@]}"; do
             echo "build-images.sh: building $image with buildah (storage: $CACHE/containers)"
             start=$SECONDS
             before=$(buildah_ containers --quiet --notruncate | sort)
+            replaced=$(buildah_ inspect --type image --format '{{.FromImageID}}' "$image" 2>/dev/null || true)
             buildah_ bud --isolation chroot --layers "${options[@]}" -t "$image" "$REPO"
             # buildah 1.28 leaves the container of a stage used only by COPY --from (kubectl),
             # mounted; only the ones this build made go.
             comm -13 <(echo "$before") <(buildah_ containers --quiet --notruncate | sort) |
                 while read -r leftover; do buildah_ rm "$leftover" >/dev/null; done
+            prune_replaced "$replaced" "$(buildah_ inspect --type image --format '{{.FromImageID}}' "$image")"
             echo "build-images.sh: built $image in $((SECONDS - start)) s"
             ;;
     esac
