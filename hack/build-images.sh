@@ -3,6 +3,7 @@
 #
 #   hack/build-images.sh [--builder docker|buildah|print] [--local] [--horovod-wheels DIR] [TARGET...]
 #   hack/build-images.sh --buildah-flags      # buildah's storage flags, one a line (for scripts)
+#   hack/build-images.sh --cache-dir          # $BERTJOB_CACHE: where the builds keep what they reuse
 #   hack/build-images.sh --tags [TARGET...]   # each TARGET's tag, one a line; builds nothing
 #
 # TARGET: operator, cuda, xeon, gaudi (default: all four). Tags: ghcr.io/bertjob/operator:VERSION
@@ -21,20 +22,22 @@
 #   reached, so the image gets PyPI's torch (the CUDA build, which runs on the CPU), from a local
 #   index in $BERTJOB_CACHE/torch-index that the first --local build fills from PyPI (about 3 GB,
 #   once; pip's own cache keeps nothing here) and mounts read-only. Horovod's wheel comes from
-#   .cache/wheels when build_horovod.sh left one there (see --horovod-wheels).
+#   $BERTJOB_CACHE/wheels when build_horovod.sh left one there (see --horovod-wheels).
 # --horovod-wheels DIR: a directory that trainer_image/build_horovod.sh filled for the image's
 #   torch and Python; the xeon (or cuda) image installs its wheel instead of compiling Horovod
 #   (about 6 minutes on 2 cores). The image build fails if DIR has no wheel for it.
 #
-# buildah keeps its images in $BERTJOB_CACHE/containers (default: .cache/containers in the
-# repository), with the overlay driver where it works, else vfs ($BUILDAH_DRIVER chooses), and
+# buildah keeps its images in $BERTJOB_CACHE/containers (BERTJOB_CACHE's default:
+# ~/.cache/bertjob/build), with the overlay driver where it works, else vfs ($BUILDAH_DRIVER chooses), and
 # --layers, so that a second build reuses every unchanged layer. To push one:
 #   buildah $(hack/build-images.sh --buildah-flags | tr '\n' ' ') push IMAGE docker://IMAGE
 # To start over, delete $BERTJOB_CACHE/containers.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-CACHE=${BERTJOB_CACHE:-$REPO/.cache}
+# Kept in the home directory by default, so that a fresh clone on the same machine (CI's) reuses
+# the base, the torch index, Horovod's wheel and every unchanged image layer.
+CACHE=${BERTJOB_CACHE:-$HOME/.cache/bertjob/build}
 REGISTRY=${REGISTRY:-ghcr.io/bertjob}
 VERSION=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' "$REPO/charts/bertjob/Chart.yaml")
 if [[ -z "$VERSION" ]]; then
@@ -71,7 +74,7 @@ storage_flags() {
     BUILDAH_FLAGS=(--root "$CACHE/containers/$BUILDAH_DRIVER" --runroot "$CACHE/containers/$BUILDAH_DRIVER-run"
         --storage-driver "$BUILDAH_DRIVER")
     # Without this, the overlay driver leaves its directory bind-mounted after buildah exits, and
-    # deleting .cache fails with "Device or resource busy".
+    # deleting $CACHE fails with "Device or resource busy".
     if [[ "$BUILDAH_DRIVER" == overlay ]]; then
         BUILDAH_FLAGS+=(--storage-opt overlay.skip_mount_home=true)
     fi
@@ -93,6 +96,7 @@ while (($#)); do
         --local) local_mode=true; shift ;;
         --horovod-wheels) wheels=$(cd "${2:?--horovod-wheels needs a directory}" && pwd); shift 2 ;;
         --buildah-flags) storage_flags; printf '%s\n' "${BUILDAH_FLAGS[@]}"; exit 0 ;;
+        --cache-dir) echo "$CACHE"; exit 0 ;;
         --tags) tags_only=true; shift ;;
         -h | --help) usage ;;
         operator | cuda | xeon | gaudi) targets+=("$1"); shift ;;
@@ -131,8 +135,8 @@ if $local_mode; then
             exit 2
         fi
     done
-    if [[ -z "$wheels" && -n "$(find "$REPO/.cache/wheels" -path '*/horovod-*/horovod-*.whl' 2>/dev/null | head -n 1)" ]]; then
-        wheels="$REPO/.cache/wheels"
+    if [[ -z "$wheels" && -n "$(find "$CACHE/wheels" -path '*/horovod-*/horovod-*.whl' 2>/dev/null | head -n 1)" ]]; then
+        wheels="$CACHE/wheels"
     fi
 fi
 

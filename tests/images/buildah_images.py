@@ -22,9 +22,10 @@ BUILD = REPO / "hack" / "build-images.sh"
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 OPERATOR_IMAGE = f"ghcr.io/bertjob/operator:{VERSION}"
 XEON_IMAGE = f"ghcr.io/bertjob/trainer:{VERSION}-xeon"
-# A cold Xeon build (Debian base, Python dependencies, PyPI's CUDA torch from .cache/torch-index)
-# took 5 minutes here, plus 2 to fill that index the first time (2.6 GB), and 6 to 11 more when
-# no Horovod wheel is in .cache/wheels to reuse; a warm one seconds (docs/images.md).
+# A cold Xeon build (Debian base, Python dependencies, PyPI's CUDA torch from
+# $BERTJOB_CACHE/torch-index) took 5 minutes here, plus 2 to fill that index the first time
+# (2.6 GB), and 6 to 11 more when no Horovod wheel is in $BERTJOB_CACHE/wheels to reuse; a warm one
+# seconds (docs/images.md).
 BUILD_TIMEOUT_S = 1500
 
 

@@ -2,7 +2,8 @@
 
 ``hack/build-images.sh --local`` builds the operator and the Xeon trainer image with buildah on a
 Debian bookworm made here (no image registry is needed); buildah's storage and the base tarball
-stay in ``.cache``, and the next session reuses every unchanged layer. The tests start the images
+stay in ``$BERTJOB_CACHE`` (``hack/build-images.sh --cache-dir``: ~/.cache/bertjob/build), and the
+next session or checkout reuses every unchanged layer. The tests start the images
 with ``buildah run`` (:mod:`buildah_images`).
 
 Everything here skips, saying why, where buildah cannot run (not installed, not root); a build
@@ -14,10 +15,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from bertjob_testing.jobs import REPO
 from tests.images.buildah_images import BUILD, Buildah, Built, build
 
 
@@ -27,11 +28,11 @@ def _why_not() -> str | None:
         return "buildah is not installed (hack/install-image-tools.sh installs it as root on Debian)"
     if os.geteuid() != 0:
         return "buildah builds and runs the images as root here (chroot isolation); not root"
-    if (
-        shutil.which("mmdebstrap") is None
-        and not (REPO / ".cache" / "images" / "debian-bookworm.tar").exists()
-    ):
-        return "mmdebstrap is not installed, and the Debian base it makes is not in .cache/images"
+    cache = subprocess.run(
+        [str(BUILD), "--cache-dir"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    if shutil.which("mmdebstrap") is None and not (Path(cache) / "images" / "debian-bookworm.tar").exists():
+        return f"mmdebstrap is not installed, and the Debian base it makes is not in {cache}/images"
     return None
 
 
@@ -58,5 +59,5 @@ def operator_image(buildah: Buildah, tmp_path_factory: pytest.TempPathFactory) -
 @pytest.fixture(scope="session")
 def xeon_image(buildah: Buildah, tmp_path_factory: pytest.TempPathFactory) -> Built:
     """The Xeon trainer image, built by hack/build-images.sh --local, with the Horovod wheel that
-    `make test` compiled into .cache/wheels when it is there."""
+    `make test` compiled into $BERTJOB_CACHE/wheels when it is there."""
     return build("xeon", buildah, tmp_path_factory.mktemp("image-builds"))
