@@ -42,6 +42,7 @@ from bertjob.children import (
     read_job,
     read_owner,
 )
+from bertjob.diffbase import BoundedDiffBaseStorage, spec_of
 from bertjob.launchers import registry
 from bertjob.render import NAME_LABEL, RenderError, config_map_name, render, rendered
 from bertjob_api.contract import API_VERSION, GROUP, JOB_FILE, KIND, PLURAL, VERSION
@@ -76,7 +77,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     kubernetes.config.load_config()
     memo.api = ApiClient()
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=STORAGE_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=STORAGE_PREFIX)
+    # The last spec handled, as a digest when too large for the job's annotations (bertjob.diffbase).
+    settings.persistence.diffbase_storage = BoundedDiffBaseStorage(prefix=STORAGE_PREFIX)
     admission.configure(settings)
     if port := os.environ.get(metrics.PORT_ENV):
         memo.metrics = metrics.serve(int(port), READY)
@@ -197,8 +199,9 @@ def create_job(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 @metrics.observed("update")
 def update_job(body: kopf.Body, old: Any, new: Any, memo: kopf.Memo, **_: Any) -> None:
-    """Apply a spec change to a job that has children, where safe; see :func:`change`."""
-    change(memo.api, body, old, new)
+    """Apply a spec change to a job that has children, where safe; see :func:`change`. A spec too
+    large for kopf's record reaches here as its digest: the new one is read from the job."""
+    change(memo.api, body, spec_of(old, None), spec_of(new, body))
 
 
 @metrics.observed("prepare")

@@ -225,6 +225,38 @@ def test_the_server_refuses_what_only_the_emulator_stores(
     assert unguarded.stored(f"{GROUP}/{VERSION}/{PLURAL}", home(unguarded)) == []
 
 
+def test_a_spec_too_large_for_kopfs_annotation_is_handled_once(cluster: Cluster) -> None:
+    """A valid job whose spec (a 300 KB image) is larger than the 256 KiB of annotations the real
+    server allows: the operator handles it once and records it (as a digest: bertjob.diffbase),
+    and a change of it is still applied. Before, the server refused kopf's record ('metadata.
+    annotations: Too long: may not be more than 262144 bytes') and kopf created the job again on
+    every event."""
+    offset = cluster.log.stat().st_size
+    cluster.create_job(with_value(_named(valid_job(), "big"), "spec.image", "x" * 300_000))
+    cluster.status_when("big", "Pending")
+
+    record = f"{GROUP}/last-handled-configuration"
+    recorded = cluster.wait_for(
+        "kopf's record of the job",
+        lambda: (cluster.job("big")["metadata"].get("annotations") or {}).get(record),
+    )
+
+    assert len(recorded) < 1024
+    cluster.patch_job("big", {"spec": {"runPolicy": {"backoffLimit": 4}}})
+    cluster.wait_for(
+        "the change applied to the child",
+        lambda: (
+            (cluster.object(CHILD_RESOURCES["pytorchjob"], "big") or {})["spec"]["runPolicy"].get(
+                "backoffLimit"
+            )
+            == 4
+        ),
+    )
+    log = cluster.log.read_bytes()[offset:].decode(errors="replace")
+    assert "Too long" not in log
+    assert log.count("[" + home(cluster) + "/big] Creation is processed") == 1
+
+
 def test_a_misspelt_field_is_dropped_by_the_server(cluster: Cluster) -> None:
     """The real server prunes a field the CRD's schema does not know (kubectl's strict field
     validation would refuse it at apply; a client that asks for none gets a warning): the job it
