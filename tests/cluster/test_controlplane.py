@@ -12,33 +12,13 @@ from it, each checked against the real components.
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from typing import Any
 
-import pytest
-
 from bertjob_testing.cluster.controlplane import EXIT_CODE_ANNOTATION, NODES, ControlPlane
+from bertjob_testing.cluster.operator import wait_until
 from bertjob_testing.cluster.versions import versions
 
 WAIT_S = 60.0
-
-
-def wait_for(what: str, probe: Callable[[], Any], wait_s: float = WAIT_S) -> Any:
-    """Poll ``probe`` until it returns something truthy; fails naming ``what`` after ``wait_s``."""
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.2)
-    pytest.fail(f"waited {wait_s:.0f} s for {what}")
-
-
-def get(plane: ControlPlane, *args: str) -> Any:
-    """``kubectl get ... -o json`` as a document; None when not found."""
-    result = plane.kubectl("get", *args, "-o", "json", check=False)
-    return json.loads(result.stdout) if result.returncode == 0 else None
 
 
 def test_the_server_reports_the_pinned_version(control_plane: ControlPlane) -> None:
@@ -48,7 +28,7 @@ def test_the_server_reports_the_pinned_version(control_plane: ControlPlane) -> N
 
 
 def test_fake_nodes_offer_cpus_gpus_and_gaudis(control_plane: ControlPlane) -> None:
-    nodes = {node["metadata"]["name"]: node for node in get(control_plane, "nodes")["items"]}
+    nodes = {node["metadata"]["name"]: node for node in control_plane.get("nodes")["items"]}
     assert set(NODES) <= set(nodes)
     assert nodes["gpu-0"]["status"]["allocatable"]["nvidia.com/gpu"] == "8"
     assert nodes["gaudi-0"]["status"]["allocatable"]["habana.ai/gaudi"] == "8"
@@ -73,20 +53,20 @@ def test_a_gpu_pod_is_scheduled_runs_and_fails_with_the_chosen_exit_code(
     control_plane.kubectl(
         "apply", "-n", namespace, "-f", "-", input=json.dumps(pod("gpu", {"nvidia.com/gpu": "8"}))
     )
-    running = wait_for(
+    running = wait_until(
         "the pod to run",
         lambda: (
-            (found := get(control_plane, "pod", "gpu", "-n", namespace))
+            (found := control_plane.get("pod", "gpu", "-n", namespace))
             and found["status"].get("phase") == "Running"
             and found
         ),
     )
     assert running["spec"]["nodeName"].startswith("gpu-")
     control_plane.kubectl("annotate", "pod", "gpu", "-n", namespace, f"{EXIT_CODE_ANNOTATION}=137")
-    failed = wait_for(
+    failed = wait_until(
         "the pod to fail",
         lambda: (
-            (found := get(control_plane, "pod", "gpu", "-n", namespace))
+            (found := control_plane.get("pod", "gpu", "-n", namespace))
             and found["status"].get("phase") == "Failed"
             and found
         ),
@@ -101,12 +81,12 @@ def test_a_pod_asking_for_more_gpus_than_a_node_has_stays_pending(
     control_plane.kubectl(
         "apply", "-n", namespace, "-f", "-", input=json.dumps(pod("big", {"nvidia.com/gpu": "9"}))
     )
-    unschedulable = wait_for(
+    unschedulable = wait_until(
         "the scheduler's verdict",
         lambda: [
             condition
             for condition in (
-                get(control_plane, "pod", "big", "-n", namespace)["status"].get("conditions") or []
+                control_plane.get("pod", "big", "-n", namespace)["status"].get("conditions") or []
             )
             if condition["type"] == "PodScheduled" and condition.get("reason") == "Unschedulable"
         ],
@@ -124,20 +104,20 @@ def test_the_job_controller_completes_a_job_whose_pod_succeeded(
         "spec": {"backoffLimit": 0, "template": {"spec": pod("ignored", {"cpu": "1"})["spec"]}},
     }
     control_plane.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(job))
-    running = wait_for(
+    running = wait_until(
         "the Job's pod to run",
         lambda: [
             item["metadata"]["name"]
-            for item in get(control_plane, "pods", "-n", namespace, "-l", "job-name=prepare")["items"]
+            for item in control_plane.get("pods", "-n", namespace, "-l", "job-name=prepare")["items"]
             if item["status"].get("phase") == "Running"
         ],
     )
     control_plane.kubectl("annotate", "pod", running[0], "-n", namespace, f"{EXIT_CODE_ANNOTATION}=0")
-    wait_for(
+    wait_until(
         "the Job to complete",
         lambda: any(
             condition["type"] == "Complete" and condition["status"] == "True"
-            for condition in get(control_plane, "job", "prepare", "-n", namespace)["status"].get("conditions")
+            for condition in control_plane.get("job", "prepare", "-n", namespace)["status"].get("conditions")
             or []
         ),
     )
@@ -147,7 +127,7 @@ def test_the_garbage_collector_deletes_what_an_owner_leaves(
     control_plane: ControlPlane, namespace: str
 ) -> None:
     control_plane.kubectl("create", "configmap", "owner", "-n", namespace)
-    owner = get(control_plane, "configmap", "owner", "-n", namespace)
+    owner = control_plane.get("configmap", "owner", "-n", namespace)
     child = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -160,8 +140,8 @@ def test_the_garbage_collector_deletes_what_an_owner_leaves(
     }
     control_plane.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(child))
     control_plane.kubectl("delete", "configmap", "owner", "-n", namespace)
-    wait_for(
-        "the child to be collected", lambda: get(control_plane, "configmap", "child", "-n", namespace) is None
+    wait_until(
+        "the child to be collected", lambda: control_plane.get("configmap", "child", "-n", namespace) is None
     )
 
 
@@ -169,7 +149,7 @@ def test_a_namespace_is_deleted_with_what_it_holds(control_plane: ControlPlane) 
     control_plane.kubectl("create", "namespace", "cp-doomed")
     control_plane.kubectl("create", "configmap", "inside", "-n", "cp-doomed")
     control_plane.kubectl("delete", "namespace", "cp-doomed", "--wait=false")
-    wait_for("the namespace to go", lambda: get(control_plane, "namespace", "cp-doomed") is None)
+    wait_until("the namespace to go", lambda: control_plane.get("namespace", "cp-doomed") is None)
 
 
 def test_a_service_account_token_is_held_to_its_role(

@@ -35,12 +35,6 @@ SERVER_DECIDES = {"bad-name"}
 CHILDREN = ("configmaps", "serviceaccounts", "roles", "rolebindings", "pytorchjobs", "pods")
 
 
-def get(plane: ControlPlane, *args: str) -> Any:
-    """``kubectl get ... -o json`` as a document; None when not found."""
-    result = plane.kubectl("get", *args, "-o", "json", check=False)
-    return json.loads(result.stdout) if result.returncode == 0 else None
-
-
 def forbidden(cluster: RealCluster) -> list[str]:
     """The operator's log lines about a request the API server's RBAC refused it (its 403 names
     the user, the verb and the resource: 'is forbidden: User "..." cannot create resource ...').
@@ -52,7 +46,7 @@ def forbidden(cluster: RealCluster) -> list[str]:
 
 def test_the_crd_is_served_with_its_cel_rules(operator: RealCluster) -> None:
     assert operator.plane is not None
-    crd = get(operator.plane, "crd", f"{PLURAL}.bertjob.dev")
+    crd = operator.plane.get("crd", f"{PLURAL}.bertjob.dev")
     conditions = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
     assert conditions["Established"] == "True" and conditions["NamesAccepted"] == "True"
     rules = json.dumps(crd["spec"]["versions"]).count('"rule"')
@@ -94,7 +88,7 @@ def _stand_in_for_the_training_operator(plane: ControlPlane, namespace: str, nam
     """What Kubeflow's training operator does with a PyTorchJob, as far as these tests need it:
     one pod per replica from each replica type's template, owned by the PyTorchJob, named as it
     names them (``<job>-master-0``, ``<job>-worker-<i>``). Returns the pods' names."""
-    child = get(plane, "pytorchjob", name, "-n", namespace)
+    child = plane.get("pytorchjob", name, "-n", namespace)
     owner = {
         "apiVersion": child["apiVersion"],
         "kind": child["kind"],
@@ -152,7 +146,7 @@ def _phase(operator: RealCluster, namespace: str, name: str, phase: str) -> dict
     try:
         return wait_until(  # type: ignore[no-any-return]
             f"{name} to be {phase}",
-            lambda: (job := get(plane, PLURAL, name, "-n", namespace))
+            lambda: (job := plane.get(PLURAL, name, "-n", namespace))
             and (job.get("status") or {}).get("phase") == phase
             and job["status"],
         )
@@ -174,7 +168,7 @@ def test_a_job_runs_its_lifecycle_under_the_charts_rbac_and_its_children_are_col
     running = wait_until(
         "the pods to run",
         lambda: (
-            (found := [get(plane, "pod", pod, "-n", namespace) for pod in pods])
+            (found := [plane.get("pod", pod, "-n", namespace) for pod in pods])
             and all(pod["status"].get("phase") == "Running" for pod in found)
             and found
         ),
@@ -193,7 +187,7 @@ def test_a_job_runs_its_lifecycle_under_the_charts_rbac_and_its_children_are_col
     wait_until(
         "the pods to succeed",
         lambda: all(
-            get(plane, "pod", pod, "-n", namespace)["status"].get("phase") == "Succeeded" for pod in pods
+            plane.get("pod", pod, "-n", namespace)["status"].get("phase") == "Succeeded" for pod in pods
         ),
     )
     _report(plane, namespace, name, "Created", "Running", "Succeeded")
@@ -202,7 +196,7 @@ def test_a_job_runs_its_lifecycle_under_the_charts_rbac_and_its_children_are_col
     assert ready and ready[0]["status"] == "True", status["conditions"]
 
     labelled = f"{JOB_LABEL}={name}"
-    before = {kind: get(plane, kind, "-n", namespace, "-l", labelled)["items"] for kind in CHILDREN}
+    before = {kind: plane.get(kind, "-n", namespace, "-l", labelled)["items"] for kind in CHILDREN}
     assert all(
         before[kind] for kind in ("configmaps", "serviceaccounts", "roles", "rolebindings", "pytorchjobs")
     )
@@ -210,8 +204,8 @@ def test_a_job_runs_its_lifecycle_under_the_charts_rbac_and_its_children_are_col
     wait_until(
         "the garbage collector to delete every child",
         lambda: (
-            not any(get(plane, kind, "-n", namespace, "-l", labelled)["items"] for kind in CHILDREN)
-            and not any(get(plane, "pod", pod, "-n", namespace) for pod in pods)
+            not any(plane.get(kind, "-n", namespace, "-l", labelled)["items"] for kind in CHILDREN)
+            and not any(plane.get("pod", pod, "-n", namespace) for pod in pods)
         ),
     )
     assert not forbidden(operator), "the API server refused the operator:\n" + "\n".join(forbidden(operator))

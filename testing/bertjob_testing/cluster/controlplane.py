@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -376,6 +377,11 @@ class ControlPlane:
         if check and result.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({result.returncode}): {result.stderr}")
         return result
+
+    def get(self, *args: str) -> Any:
+        """``kubectl get ARGS -o json`` as admin, as a document; None when kubectl fails (not found)."""
+        result = self.kubectl("get", *args, "-o", "json", check=False)
+        return json.loads(result.stdout) if result.returncode == 0 else None
 
     def kubeconfig_for_token(self, path: Path, token: str) -> Path:
         """Write a kubeconfig that authenticates with bearer ``token`` to ``path``."""
