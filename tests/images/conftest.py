@@ -15,11 +15,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-from tests.images.buildah_images import BUILD, Buildah, Built, build
+from tests.images.buildah_images import BUILD, Buildah, Built, build, build_cache
 
 
 def _why_not() -> str | None:
@@ -28,10 +27,8 @@ def _why_not() -> str | None:
         return "buildah is not installed (hack/install-image-tools.sh installs it as root on Debian)"
     if os.geteuid() != 0:
         return "buildah builds and runs the images as root here (chroot isolation); not root"
-    cache = subprocess.run(
-        [str(BUILD), "--cache-dir"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    if shutil.which("mmdebstrap") is None and not (Path(cache) / "images" / "debian-bookworm.tar").exists():
+    cache = build_cache()
+    if shutil.which("mmdebstrap") is None and not (cache / "images" / "debian-bookworm.tar").exists():
         return f"mmdebstrap is not installed, and the Debian base it makes is not in {cache}/images"
     return None
 

@@ -160,13 +160,20 @@ def _ranks_env(tmp_path: Path, launcher: list[str], env: dict[str, str]) -> list
     """Each rank's environment when the launcher's mpirun, with its own options and ``env``,
     starts a probe instead of the trainer."""
     mpirun = launcher[launcher.index("mpirun") : launcher.index("python", launcher.index("mpirun"))]
-    probe = [sys.executable, "-c", "import json, os; print('ENV ' + json.dumps(dict(os.environ)))"]
+    # Each rank writes a file of its own: mpirun forwards the ranks' output in chunks, and two
+    # long lines printed at once came out interleaved on a loaded machine.
+    write = "import json, os; open(f'env-{os.getpid()}.json', 'w').write(json.dumps(dict(os.environ)))"
     done = subprocess.run(
-        [*mpirun, *probe], env=_pod_env(env), capture_output=True, text=True, timeout=120, cwd=tmp_path
+        [*mpirun, sys.executable, "-c", write],
+        env=_pod_env(env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
 
-    return [json.loads(line[4:]) for line in done.stdout.splitlines() if line.startswith("ENV ")]
+    return [json.loads(path.read_text()) for path in sorted(tmp_path.glob("env-*.json"))]
 
 
 def _probe_job(
