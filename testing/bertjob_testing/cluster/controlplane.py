@@ -235,6 +235,22 @@ class ControlPlane:
         process.wait_ready(lambda: answers(f"{server}/readyz", context), START_TIMEOUT_S)
         return process
 
+    def _component_flags(self, config: Path, port: int) -> list[str]:
+        """What the controller-manager and the scheduler share: the kubeconfig for the API and for
+        checking their own clients, a secure port on 127.0.0.1, no leader election."""
+        return [
+            f"--kubeconfig={config}",
+            f"--authentication-kubeconfig={config}",
+            f"--authorization-kubeconfig={config}",
+            # Clients authenticate with certificates of our CA only: no front-proxy CA to look up
+            # (the lookup logs an error every few seconds without one).
+            "--authentication-skip-lookup=true",
+            f"--client-ca-file={self.ca}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            "--leader-elect=false",
+        ]
+
     def _controller_manager(self, tools: Binaries, config: Path, keys: pki.KeyPair) -> Process:
         port = free_port()
         process = self._process(
@@ -242,16 +258,7 @@ class ControlPlane:
             tools.kubernetes_version,
             [
                 str(tools.kube_controller_manager),
-                f"--kubeconfig={config}",
-                f"--authentication-kubeconfig={config}",
-                f"--authorization-kubeconfig={config}",
-            # Clients authenticate with certificates of our CA only: no front-proxy CA to look up
-            # (the lookup logs an error every few seconds without one).
-            "--authentication-skip-lookup=true",
-            f"--client-ca-file={self.ca}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={port}",
-                "--leader-elect=false",
+                *self._component_flags(config, port),
                 f"--controllers={','.join(CONTROLLERS)}",
                 f"--service-account-private-key-file={keys.key}",
                 f"--root-ca-file={self.ca}",
@@ -269,16 +276,7 @@ class ControlPlane:
             tools.kubernetes_version,
             [
                 str(tools.kube_scheduler),
-                f"--kubeconfig={config}",
-                f"--authentication-kubeconfig={config}",
-                f"--authorization-kubeconfig={config}",
-            # Clients authenticate with certificates of our CA only: no front-proxy CA to look up
-            # (the lookup logs an error every few seconds without one).
-            "--authentication-skip-lookup=true",
-            f"--client-ca-file={self.ca}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={port}",
-                "--leader-elect=false",
+                *self._component_flags(config, port),
                 "--v=1",
             ],
         )
