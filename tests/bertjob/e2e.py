@@ -9,7 +9,7 @@ from typing import Any
 from bertjob.render import JOB_LABEL
 from bertjob_testing.cluster.operator import RealCluster
 from bertjob_testing.jobs import valid_job, with_value
-from bertjob_testing.kube_emulator import Cluster
+from bertjob_testing.kube_emulator import Cluster, answers
 
 # The launchers whose child reports Kubeflow's JobCondition list (tests/kubeflow_env.kubeflow_condition);
 # a TrainJob reports Trainer v2's status instead (trainjob_status), tested in test_trainjob_e2e.py.
@@ -116,3 +116,26 @@ def trainjob_status(
         "conditions": [trainjob_condition(type_, reason) for type_, reason in conditions],
         "jobsStatus": [{"name": job, **counts, "suspended": suspended}],
     }
+
+
+def assert_fails_naming(cluster: Cluster, name: str, named: str) -> None:
+    """Job ``name`` fails with InvalidSpec naming ``named`` in its condition (at most 1,024
+    characters) and in an Event, kstatus says Stalled, no child is made, and the operator lives on:
+    on the emulator or the real server alike."""
+    status = cluster.status_when(name, "Failed")
+
+    condition, ready, stalled = status["conditions"]
+    assert (condition["type"], condition["status"], condition["reason"]) == ("Failed", "True", "InvalidSpec")
+    # kstatus: the failure is final until the spec changes (tests/cluster/test_kstatus_e2e.py).
+    assert [(c["type"], c["status"], c["reason"]) for c in (ready, stalled)] == [
+        ("Ready", "False", "InvalidSpec"),
+        ("Stalled", "True", "InvalidSpec"),
+    ]
+    assert named in condition["message"]
+    assert len(condition["message"]) <= 1024
+    assert children_of(cluster, name) == {}
+    cluster.wait_for(
+        f"an InvalidSpec event about {name}",
+        lambda: [e for e in cluster.events(name) if e["reason"] == "InvalidSpec" and named in e["message"]],
+    )
+    assert cluster.operator is not None and cluster.operator.poll() is None and answers(cluster.liveness)

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from bertjob_testing.jobs import with_value
-from bertjob_testing.kube_emulator import Cluster, answers
-from tests.bertjob.e2e import children_of
+from bertjob_testing.kube_emulator import Cluster
+from tests.bertjob.e2e import assert_fails_naming
 from tests.bertjob.e2e import named_job as _named
 
 HUGE = "x" * 200_000
@@ -42,20 +42,4 @@ def test_a_bad_spec_fails_the_job_naming_the_field(
 ) -> None:
     cluster.create_job(with_value(_named(name), field, value))
 
-    status = cluster.status_when(name, "Failed")
-
-    condition, ready, stalled = status["conditions"]
-    assert (condition["type"], condition["status"], condition["reason"]) == ("Failed", "True", "InvalidSpec")
-    # kstatus: the failure is final until the spec changes (tests/cluster/test_kstatus_e2e.py).
-    assert [(c["type"], c["status"], c["reason"]) for c in (ready, stalled)] == [
-        ("Ready", "False", "InvalidSpec"),
-        ("Stalled", "True", "InvalidSpec"),
-    ]
-    assert named in condition["message"]
-    assert len(condition["message"]) <= 1024
-    assert children_of(cluster, name) == {}
-    cluster.wait_for(
-        f"an InvalidSpec event about {name}",
-        lambda: [e for e in cluster.events(name) if e["reason"] == "InvalidSpec" and named in e["message"]],
-    )
-    assert cluster.operator is not None and cluster.operator.poll() is None and answers(cluster.liveness)
+    assert_fails_naming(cluster, name, named)

@@ -26,8 +26,7 @@ from bertjob.render import render
 from bertjob_api.spec import GROUP, PLURAL, VERSION, parse_job
 from bertjob_testing.cluster.operator import RealCluster as Cluster
 from bertjob_testing.jobs import valid_job, with_value
-from bertjob_testing.kube_emulator import answers
-from tests.bertjob.e2e import CHILD_RESOURCES, LAUNCHERS, children_of, home
+from tests.bertjob.e2e import CHILD_RESOURCES, LAUNCHERS, assert_fails_naming, children_of, home
 from tests.bertjob.test_invalid_stored_job_e2e import REFUSED_BY_THE_CRD
 from tests.k8s_schema import assert_valid
 from tests.kubeflow_env import kubeflow_condition
@@ -166,23 +165,7 @@ def test_a_bad_spec_fails_the_job_naming_the_field(
     cluster = unguarded
     cluster.create_job(with_value(_named(valid_job(), name), field, value))
 
-    status = cluster.status_when(name, "Failed")
-
-    condition, ready, stalled = status["conditions"]
-    assert (condition["type"], condition["status"], condition["reason"]) == ("Failed", "True", "InvalidSpec")
-    # kstatus: the failure is final until the spec changes (tests/cluster/test_kstatus_e2e.py).
-    assert [(c["type"], c["status"], c["reason"]) for c in (ready, stalled)] == [
-        ("Ready", "False", "InvalidSpec"),
-        ("Stalled", "True", "InvalidSpec"),
-    ]
-    assert named in condition["message"]
-    assert len(condition["message"]) <= 1024
-    assert children_of(cluster, name) == {}
-    cluster.wait_for(
-        f"an InvalidSpec event about {name}",
-        lambda: [e for e in cluster.events(name) if e["reason"] == "InvalidSpec" and named in e["message"]],
-    )
-    assert cluster.operator is not None and cluster.operator.poll() is None and answers(cluster.liveness)
+    assert_fails_naming(cluster, name, named)
 
 
 @pytest.mark.parametrize(
