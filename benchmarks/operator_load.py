@@ -198,6 +198,26 @@ def render_seconds(side: Side, renders: int) -> list[float]:
     return [float(seconds) for seconds in json.loads(result.stdout)]
 
 
+def create_figures(
+    creating: float,
+    took: dict[str, float],
+    created: dict[str, float],
+    done: dict[str, float],
+    names: list[str],
+    started: float,
+) -> dict[str, float]:
+    """What both harnesses report of the creates: all of them (s), one's median (ms), the p95 from a
+    create's answer to Pending (s), and :func:`latency_figures`."""
+    return {
+        "create_s": creating,
+        "create_ms": statistics.median(took.values()) * 1000,
+        "p95_returned_s": statistics.quantiles(
+            [done[name] - created[name] - took[name] for name in names], n=100
+        )[94],
+        **latency_figures(created, done, started),
+    }
+
+
 def latency_figures(created: dict[str, float], done: dict[str, float], started: float) -> dict[str, float]:
     """Reconcile latency p50, p95 and max of the jobs in ``created`` (each its create's time to
     its ``done`` time), and the seconds from ``started`` until the last was done."""
@@ -309,12 +329,7 @@ def load_emulator(side: Side, jobs: int, log: Path | None = None) -> dict[str, A
             log.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(cluster.log, log)
     return {
-        "create_s": creating,
-        "create_ms": statistics.median(took.values()) * 1000,
-        "p95_returned_s": statistics.quantiles(
-            [done[name] - created[name] - took[name] for name in names], n=100
-        )[94],
-        **latency_figures(created, done, started),
+        **create_figures(creating, took, created, done, names, started),
         "rss_mb": rss,
         "operator_cpu_s": operator_cpu,
         "client_cpu_s": harness_cpu,
@@ -491,12 +506,7 @@ def load_real(side: Side, jobs: int, log: Path | None = None) -> dict[str, Any]:
                         shutil.copyfile(source, target)
     watches = sum(count for what, count in calls.items() if what.startswith("watch "))
     return {
-        "create_s": creating,
-        "create_ms": statistics.median(took.values()) * 1000,
-        "p95_returned_s": statistics.quantiles(
-            [done[name] - created[name] - took[name] for name in names], n=100
-        )[94],
-        **latency_figures(created, done, started),
+        **create_figures(creating, took, created, done, names, started),
         "rss_mb": rss,
         "operator_cpu_s": operator_cpu,
         "server_cpu_s": server_cpu,
