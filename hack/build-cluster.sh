@@ -9,6 +9,11 @@
 #   kubernetes-<KUBERNETES_VERSION>/bin/{kube-apiserver,kube-controller-manager,kube-scheduler,kubectl}
 #   kube-apiserver-<KUBERNETES_FLOOR_VERSION>/bin/kube-apiserver    the oldest version the chart claims
 #   kwok-<KWOK_VERSION>/bin/kwok
+#   training-operator-<TRAINING_OPERATOR_VERSION>/bin/training-operator   (Kubeflow v1: PyTorchJob)
+#   mpi-operator-<MPI_OPERATOR_VERSION>/bin/mpi-operator                  (MPIJob v2beta1)
+#   trainer-<TRAINER_VERSION>/bin/trainer-controller-manager              (Kubeflow Trainer v2: TrainJob)
+#   jobset-<JOBSET_VERSION>/bin/jobset                                    (JobSet, which TrainJob makes)
+#   kueue-<KUEUE_VERSION>/bin/kueue
 # under BERTJOB_TOOLS_DIR (default ~/.cache/bertjob/tools): outside the checkout, so that a fresh
 # clone on the same machine (CI's) builds nothing. Go's module and build caches (~/go/pkg/mod,
 # ~/.cache/go-build) make a rebuild of another version cheaper too.
@@ -134,4 +139,19 @@ build kwok "$KWOK_VERSION" "sigs.k8s.io/kwok $KWOK_VERSION" "" \
     "-X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}" kwok=sigs.k8s.io/kwok/cmd/kwok || status=1
 # The oldest Kubernetes the chart claims: its API server alone, to install the CRD and the chart on.
 kubernetes kube-apiserver "$KUBERNETES_FLOOR_VERSION" "$KUBERNETES_FLOOR_STAGING_VERSION" kube-apiserver || status=1
+
+# The controllers, each from its own tools module: their go.mod files pin different k8s.io/* and
+# controller-runtime versions, and one module would force one set on all of them.
+controller() {
+    local component=$1 version=$2 module=$3 binary=$4
+    build "$component" "$version" "$module $version" "" "" "$binary" || status=1
+}
+controller training-operator "$TRAINING_OPERATOR_VERSION" github.com/kubeflow/training-operator \
+    training-operator=github.com/kubeflow/training-operator/cmd/training-operator.v1
+controller mpi-operator "$MPI_OPERATOR_VERSION" github.com/kubeflow/mpi-operator \
+    mpi-operator=github.com/kubeflow/mpi-operator/cmd/mpi-operator
+controller trainer "$TRAINER_VERSION" github.com/kubeflow/trainer/v2 \
+    trainer-controller-manager=github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager
+controller jobset "$JOBSET_VERSION" sigs.k8s.io/jobset jobset=sigs.k8s.io/jobset
+controller kueue "$KUEUE_VERSION" sigs.k8s.io/kueue kueue=sigs.k8s.io/kueue/cmd/kueue
 exit $status

@@ -98,7 +98,7 @@ def pytorchjob_pod_env(
     replicas: dict[str, dict[str, Any]] = spec["pytorchReplicaSpecs"]
     container = _pytorch_container(replicas[replica_type])
     env = {var["name"]: str(var["value"]) for var in container.get("env", []) if "value" in var}
-    env["PYTHONUNBUFFERED"] = "0"
+    env["PYTHONUNBUFFERED"] = "1"
 
     policy: dict[str, Any] | None = spec.get("elasticPolicy")
     total = sum(int(replica.get("replicas", 1)) for replica in replicas.values())

@@ -124,6 +124,15 @@ EXIT_DISK_FULL: Final = 200
 EXIT_PEER_LOST: Final = 201
 PERMANENT_EXIT_CODES: Final = (EXIT_FAILURE, EXIT_INVALID_JOB)
 RETRYABLE_EXIT_CODES: Final = (EXIT_PREEMPTED, EXIT_DISK_FULL, EXIT_PEER_LOST)
+# What each code means, for the job's status when a pod ends with it (the operator's message).
+EXIT_MEANINGS: Final[dict[int, str]] = {
+    EXIT_FAILURE: "a failure no retry mends (bad data, a diverged loss, a missing accelerator)",
+    EXIT_INVALID_JOB: "the job file does not pass validation",
+    EXIT_PREEMPTED: "stopped by SIGTERM after a checkpoint",
+    EXIT_DISK_FULL: "a volume is full",
+    EXIT_PEER_LOST: "another rank of the world was lost",
+    128 + signal.SIGKILL: "killed by SIGKILL (often the memory limit)",
+}
 
 # `status.results`: one entry per fine-tuning task, patched by the trainer's rank 0 as each task
 # ends (bertjob_api.crd.TaskResult). Like `status.progress`, the operator never writes it.

@@ -9,6 +9,7 @@ launcher's kind needs no code here.
 from __future__ import annotations
 
 import json
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -16,7 +17,7 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from bertjob.launchers import registry
-from bertjob_api.contract import API_VERSION, KIND, job_path, status_path
+from bertjob_api.contract import API_VERSION, JOB_LABEL, KIND, job_path, status_path
 from bertjob_api.crd import PendingEvent
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -88,6 +89,18 @@ def call(
         raise ApiException(http_resp=response)
     result = json.loads(response.data or b"{}")
     return result if isinstance(result, dict) else {}
+
+
+def job_pods(api: ApiClient, namespace: str, job_name: str) -> list[dict[str, Any]]:
+    """The pods of job ``job_name`` (its label), as the API server lists them: read when its
+    training job fails, to name the pod that failed and its exit code.
+
+    Raises:
+        ApiException: the server refused the list.
+    """
+    selector = urllib.parse.urlencode({"labelSelector": f"{JOB_LABEL}={job_name}"})
+    found = call(api, "GET", f"/api/v1/namespaces/{namespace}/pods?{selector}")
+    return list(found.get("items") or [])
 
 
 def create_children(api: ApiClient, objects: Iterable[dict[str, Any]], *, owner_uid: str) -> None:

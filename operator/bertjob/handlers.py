@@ -35,6 +35,7 @@ from bertjob.children import (
     create_children,
     is_prepare_job,
     is_training_child,
+    job_pods,
     patch_child,
     patch_status,
     post_event,
@@ -233,8 +234,19 @@ def prepare_finished(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     _write(memo.api, job, lambda status: lifecycle.prepared(status, training, reason, message, suspended, at))
 
 
+def _pod_failure(api: ApiClient, job: Mapping[str, Any], logger: Any) -> str | None:
+    """Which pod of ``job`` failed, with its exit code (:func:`lifecycle.pod_failure`); None when
+    the pods cannot be read (the job's status then says what the training job says)."""
+    meta = job["metadata"]
+    try:
+        return lifecycle.pod_failure(job_pods(api, meta["namespace"], meta["name"]))
+    except ApiException as error:
+        logger.warning("could not list the pods of %s/%s: %s", meta["namespace"], meta["name"], error.reason)
+        return None
+
+
 @metrics.observed("mirror")
-def mirror_child(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+def mirror_child(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
     """Copy a training job's conditions into its BertPretrainJob's phase and conditions."""
     launcher = registry.of_kind(body.get("apiVersion"), body.get("kind"))
     conditions = launcher.conditions(_status_of(body), lifecycle.now()) if launcher else []
@@ -245,6 +257,8 @@ def mirror_child(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     # as Kueue holds it until it admits the child.
     suspended = launcher is not None and launcher.suspended(body.get("spec"))
     child, at = _ref(body), lifecycle.now()
+    if lifecycle.child_phase(conditions) == "Failed" and (job.get("status") or {}).get("phase") != "Failed":
+        conditions = lifecycle.with_pod_failure(conditions, _pod_failure(memo.api, job, logger))
 
     def follow(status: JobStatus) -> JobStatus:
         # Until the job's status names this child, a status patch of the create handler may follow.

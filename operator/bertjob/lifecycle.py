@@ -17,14 +17,14 @@ every status write, so that they can never disagree with the phase.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, get_args
 
 import pydantic
 
-from bertjob_api.contract import PROGRESS_FIELD, RESULTS_FIELD
+from bertjob_api.contract import EXIT_MEANINGS, PROGRESS_FIELD, RESULTS_FIELD
 from bertjob_api.crd import ChildRef, Condition, ConditionType, JobStatus, PendingEvent, Phase
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -313,6 +313,41 @@ def _count(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
+def pod_failure(pods: Iterable[Mapping[str, Any]]) -> str | None:
+    """Which of a job's ``pods`` (as the API server lists them) failed first and with what exit
+    code, for the job's Failed condition: ``pod NAME exited with code N: meaning``; None when
+    none of them failed with a non-zero code (the controller failed the job for another reason,
+    such as a deadline, or its failed pods are gone)."""
+    ended = []
+    for pod in pods:
+        status = pod.get("status") or {}
+        if status.get("phase") != "Failed":
+            continue
+        for container in status.get("containerStatuses") or []:
+            terminated = (container.get("state") or {}).get("terminated") or {}
+            code = terminated.get("exitCode")
+            if isinstance(code, int) and code != 0:
+                ended.append((str(terminated.get("finishedAt") or ""), str(pod["metadata"]["name"]), code))
+    if not ended:
+        return None
+    _, name, code = min(ended)
+    meaning = EXIT_MEANINGS.get(code)
+    return f"pod {name} exited with code {code}" + (f": {meaning}" if meaning else "")
+
+
+def with_pod_failure(conditions: Sequence[Condition], failure: str | None) -> list[Condition]:
+    """``conditions`` with ``failure`` (:func:`pod_failure`) added to the message of a True Failed
+    one."""
+    if failure is None:
+        return list(conditions)
+    return [
+        item.model_copy(update={"message": short(f"{item.message.rstrip('.')}: {failure}")})
+        if item.type == "Failed" and item.status == "True"
+        else item
+        for item in conditions
+    ]
+
+
 def child_phase(conditions: Sequence[Condition]) -> Phase | None:
     """The phase a training child's conditions put the job in: an outcome wins over Running
     (Restarting counts as Running), Running over Created; None before Kubeflow has written any."""
@@ -332,15 +367,33 @@ def follow_child(
     status: JobStatus, conditions: Sequence[Condition], suspended: bool, at: datetime
 ) -> JobStatus:
     """``status`` after the training child reported ``conditions``. The phase is the child's,
-    except that a suspended job stays Suspended until it ends; a finished job no longer moves."""
+    except that a suspended job stays Suspended until it ends, a queued one Pending until Kueue
+    admits it, and a running one whose child Kueue suspends (preemption) becomes Suspended; a
+    finished job no longer moves."""
     if status.phase in TERMINAL_PHASES:
         return status
     updated = status
     for item in conditions:
         updated = with_condition(updated, item)
+    # training-operator removes Restarting once Running is True again, rather than turning it
+    # False: when the child no longer reports it, the restart is over. (The other mirrored types
+    # it turns False; Suspended may be the operator's own, from the spec.)
+    reported = {item.type for item in conditions}
+    for gone in [c for c in updated.conditions if c.type == "Restarting" and c.type not in reported]:
+        if gone.status == "True":
+            updated = with_condition(
+                updated,
+                condition(gone.type, gone.reason, "no longer reported by the training job", at, False),
+            )
     phase = child_phase(conditions)
     if phase in TERMINAL_PHASES or (phase is not None and not suspended):
         return moved(updated, phase, at)
+    if suspended and status.phase == "Running" and any(
+        item.type == "Suspended" and item.status == "True" for item in conditions
+    ):
+        # Suspended under a running job without the job's own say: Kueue preempted it (its pods
+        # are gone). Readmitted, the child runs again and so does the job.
+        return moved(updated, "Suspended", at)
     return updated
 
 

@@ -52,7 +52,7 @@ def test_a_single_node_master_gets_the_whole_world() -> None:
 
     assert env == {
         "OMP_NUM_THREADS": "4",
-        "PYTHONUNBUFFERED": "0",
+        "PYTHONUNBUFFERED": "1",
         "MASTER_PORT": "23456",
         "PET_MASTER_PORT": "23456",
         "MASTER_ADDR": "127.0.0.1",

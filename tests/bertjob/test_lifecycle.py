@@ -153,6 +153,9 @@ def test_child_phase(true: tuple[str, ...], phase: Phase | None) -> None:
         ("Suspended", (), True, "Suspended"),
         ("Succeeded", ("Failed",), False, "Succeeded"),
         ("Failed", ("Running",), False, "Failed"),
+        # Kueue holds a queued child (created suspended) and preempts an admitted one.
+        ("Pending", ("Created", "Suspended"), True, "Pending"),
+        ("Running", ("Created", "Suspended"), True, "Suspended"),
     ],
 )
 def test_follow_child(phase: Phase, child: tuple[str, ...], suspended: bool, expected: Phase) -> None:
@@ -166,6 +169,74 @@ def test_follow_child(phase: Phase, child: tuple[str, ...], suspended: bool, exp
     else:
         assert set(conditions(after)) == set(child), "the child's conditions are mirrored"
         assert after.completion_time == (AT if expected in lifecycle.TERMINAL_PHASES else None)
+
+
+def test_a_condition_the_child_dropped_is_no_longer_true() -> None:
+    """training-operator removes Restarting once Running is True again (and keeps it removed when
+    the job fails): the job's copy turns False rather than staying True beside Failed."""
+    restarting = lifecycle.follow_child(
+        JobStatus(phase="Running"), [cond("Created"), cond("Restarting")], False, T0
+    )
+    assert conditions(restarting)["Restarting"] == ("True", "Restarting")
+
+    failed = lifecycle.follow_child(
+        restarting, [cond("Created"), cond("Running", False), cond("Failed")], False, AT
+    )
+
+    assert failed.phase == "Failed"
+    assert conditions(failed)["Restarting"] == ("False", "Restarting")
+    [dropped] = [c for c in failed.conditions if c.type == "Restarting"]
+    assert (dropped.message, dropped.last_transition_time) == ("no longer reported by the training job", AT)
+
+
+def _pod(name: str, phase: str, *codes: tuple[int, str]) -> dict[str, Any]:
+    """A pod as the API server lists it, its containers terminated with (exit code, finishedAt)."""
+    states = [{"state": {"terminated": {"exitCode": code, "finishedAt": at}}} for code, at in codes]
+    return {"metadata": {"name": name}, "status": {"phase": phase, "containerStatuses": states}}
+
+
+@pytest.mark.parametrize(
+    ("pods", "says"),
+    [
+        (
+            [_pod("j-worker-0", "Failed", (1, "2026-01-01T00:00:02Z")), _pod("j-master-0", "Running")],
+            "pod j-worker-0 exited with code 1: a failure no retry mends",
+        ),
+        # The first to fail, not the peers that stopped after it.
+        (
+            [
+                _pod("j-node-0-1", "Failed", (201, "2026-01-01T00:00:09Z")),
+                _pod("j-node-0-0", "Failed", (2, "2026-01-01T00:00:03Z")),
+            ],
+            "pod j-node-0-0 exited with code 2: the job file does not pass validation",
+        ),
+        ([_pod("j-launcher", "Failed", (137, "2026-01-01T00:00:01Z"))], "code 137: killed by SIGKILL"),
+        ([_pod("j-launcher", "Failed", (3, "2026-01-01T00:00:01Z"))], "pod j-launcher exited with code 3"),
+        ([_pod("j-master-0", "Succeeded", (0, "2026-01-01T00:00:01Z"))], None),
+        ([_pod("j-master-0", "Failed")], None),
+        ([], None),
+    ],
+)
+def test_pod_failure_names_the_first_pod_that_failed(pods: list[dict[str, Any]], says: str | None) -> None:
+    found = lifecycle.pod_failure(pods)
+
+    if says is None:
+        assert found is None
+    else:
+        assert found is not None and says in found, found
+        assert found.endswith(says) or ": " in found
+
+
+def test_the_pod_that_failed_goes_into_the_failed_condition_only() -> None:
+    child = [cond("Created"), cond("Failed", message="job j is failing because Worker replica(s) failed.")]
+
+    named = lifecycle.with_pod_failure(child, "pod j-worker-0 exited with code 1")
+
+    assert [c.message for c in named] == [
+        "",
+        "job j is failing because Worker replica(s) failed: pod j-worker-0 exited with code 1",
+    ]
+    assert lifecycle.with_pod_failure(child, None) == child
 
 
 def test_child_conditions_mirror_kubeflows_types_only() -> None:

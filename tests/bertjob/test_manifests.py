@@ -36,6 +36,7 @@ OPERATOR_RULES = {
     ("kubeflow.org", "pytorchjobs"): {"create", "get", "list", "watch", "patch"},
     ("kubeflow.org", "mpijobs"): {"create", "get", "list", "watch", "patch"},
     ("trainer.kubeflow.org", "trainjobs"): {"create", "get", "list", "watch", "patch"},
+    ("", "pods"): {"list"},
 }
 
 

@@ -158,6 +158,11 @@ def _drive_every_path(cluster: Cluster, namespaces: tuple[str, ...]) -> None:
     for namespace in namespaces:
         cluster.report(CHILD_RESOURCES["pytorchjob"], "rbac-pytorchjob", succeeded, namespace)
     _all_reach(cluster, dict.fromkeys(namespaces, "rbac-pytorchjob"), "Succeeded")
+    # A failed training job: the operator lists the job's pods to name the one that failed.
+    failed = {"conditions": [kubeflow_condition("Failed")]}
+    for namespace in namespaces:
+        cluster.report(CHILD_RESOURCES["mpijob"], "rbac-mpijob", failed, namespace)
+    _all_reach(cluster, dict.fromkeys(namespaces, "rbac-mpijob"), "Failed")
 
 
 def test_the_cluster_role_grants_exactly_what_the_operator_calls(cluster: Cluster) -> None:

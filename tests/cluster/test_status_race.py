@@ -12,6 +12,7 @@ operator (failurePolicy: Fail), and it would refuse the image change the race ne
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -172,7 +173,7 @@ def test_two_writers_racing_on_the_status_both_land(
     monkeypatch.setattr(children, "call", held)
 
     _run(
-        lambda: handlers.mirror_child(body=child, memo=memo),
+        lambda: handlers.mirror_child(body=child, memo=memo, logger=logging.getLogger(name)),
         lambda: handlers.change(api, changed, old, changed["spec"]),
     )
 

@@ -157,6 +157,11 @@ when it serves only some namespaces.
 - apiGroups: [trainer.kubeflow.org]
   resources: [trainjobs]
   verbs: [create, get, list, watch, patch]
+# A job's pods (by its label): listed once when its training job fails, to name the pod that
+# failed and its exit code in the job's status. Never watched, never changed.
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list]
 {{- end }}
 
 {{/*

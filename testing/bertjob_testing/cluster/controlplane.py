@@ -125,19 +125,23 @@ class ControlPlane:
         self.ca = authority.cert
         service_accounts = pki.service_account_keys(certs)
         try:
-            self._retrying("etcd", lambda: self._etcd(tools))
-            self._retrying("kube-apiserver", lambda: self._apiserver(tools, authority, service_accounts))
+            self.start_component("etcd", lambda: self._etcd(tools))
+            self.start_component(
+                "kube-apiserver", lambda: self._apiserver(tools, authority, service_accounts)
+            )
             if api_only:
                 return
             components = authority.issue("components", "system:bertjob-test-components", ("system:masters",))
             config = self.workdir / "components.kubeconfig"
             config.write_text(kubeconfig_text(self.server, self.ca, _cert_user(components)))
-            self._retrying(
+            self.start_component(
                 "kube-controller-manager", lambda: self._controller_manager(tools, config, service_accounts)
             )
-            self._retrying("kube-scheduler", lambda: self._scheduler(tools, config))
-            self._retrying("kwok", lambda: self._kwok(tools, config))
-            self._add_nodes()
+            self.start_component("kube-scheduler", lambda: self._scheduler(tools, config))
+            self._apply_kwok_crds()
+            kubelet = authority.issue("kwok", "kwok", hosts=("127.0.0.1", "localhost"), server=True)
+            self.start_component("kwok", lambda: self._kwok(tools, config, kubelet))
+            self.add_nodes()
         except BaseException:
             self.stop()
             raise
@@ -155,8 +159,14 @@ class ControlPlane:
         self.processes.clear()
         self.pids.clear()
 
-    def _retrying(self, name: str, start: Callable[[], Process]) -> Process:
-        """``start()`` again (with new ports) when the component lost a port to another process."""
+    def start_component(self, name: str, start: Callable[[], Process]) -> Process:
+        """Run ``start()`` (which starts a component and waits until it is ready), again with new
+        ports when the component lost a port to another process; the component is then among
+        those :meth:`stop` stops.
+
+        Raises:
+            StartError: as ``start()``; PortTakenError after three tries.
+        """
         for attempt in range(PORT_TRIES):
             try:
                 process = start()
@@ -223,6 +233,10 @@ class ControlPlane:
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--allow-privileged=true",
                 "--endpoint-reconciler-type=none",
+                # `kubectl logs`: the API server dials the node's InternalIP (127.0.0.1) at its
+                # kubelet port, where kwok serves the pod's Logs (its serving certificate is ours).
+                "--kubelet-preferred-address-types=InternalIP",
+                f"--kubelet-certificate-authority={authority.cert}",
                 "--v=1",
             ],
         )
@@ -283,7 +297,17 @@ class ControlPlane:
         process.wait_ready(lambda: answers(f"https://127.0.0.1:{port}/healthz", insecure()), START_TIMEOUT_S)
         return process
 
-    def _kwok(self, tools: Binaries, config: Path) -> Process:
+    def _apply_kwok_crds(self) -> None:
+        """kwok's ``Logs`` and ``ClusterLogs`` CRDs (from its module), which it watches: a ``Logs``
+        object named as a pod makes ``kubectl logs`` serve a file of CRI log lines."""
+        bases = module_dir("sigs.k8s.io/kwok", versions()["KWOK_VERSION"]) / "kustomize" / "crd" / "bases"
+        for kind in ("logs", "clusterlogs"):
+            self.kubectl("apply", "--server-side", "-f", str(bases / f"kwok.x-k8s.io_{kind}.yaml"))
+        self.kubectl("wait", "--for=condition=Established", "crd/logs.kwok.x-k8s.io", "--timeout=60s")
+
+    def _kwok(self, tools: Binaries, config: Path, serving: pki.KeyPair) -> Process:
+        # One port for kwok's server and the nodes' kubelet port: the API server reaches the
+        # kubelet API (logs) there.
         port = free_port()
         stages = self.workdir / "kwok-stages.yaml"
         stages.write_text(_stages())
@@ -297,14 +321,25 @@ class ControlPlane:
                 f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
                 f"--cidr={POD_CIDR}",
                 "--node-ip=127.0.0.1",
+                f"--node-port={port}",
                 f"--server-address=127.0.0.1:{port}",
+                f"--tls-cert-file={serving.cert}",
+                f"--tls-private-key-file={serving.key}",
+                "--enable-crds=Logs,ClusterLogs",
             ],
         )
-        process.wait_ready(lambda: answers(f"http://127.0.0.1:{port}/healthz"), START_TIMEOUT_S)
+        process.wait_ready(lambda: answers(f"https://127.0.0.1:{port}/healthz", insecure()), START_TIMEOUT_S)
         return process
 
-    def _add_nodes(self) -> None:
-        for name, allocatable in NODES.items():
+    def add_nodes(self, names: Sequence[str] = tuple(NODES)) -> None:
+        """Create the fake nodes ``names`` (of :data:`NODES`; all at the start) and wait until kwok
+        has made them Ready; then lift the not-ready taint the API server puts on a new node.
+
+        Raises:
+            StartError: not all Ready in :data:`START_TIMEOUT_S` (kwok's log's last lines).
+        """
+        for name in names:
+            allocatable = NODES[name]
             accelerator = next((key for key in allocatable if "/" in key), "")
             node = {
                 "apiVersion": "v1",
@@ -331,23 +366,24 @@ class ControlPlane:
             ready = [
                 node
                 for node in nodes
-                if any(
+                if node["metadata"]["name"] in names
+                and any(
                     c["type"] == "Ready" and c["status"] == "True"
                     for c in node["status"].get("conditions", [])
                 )
             ]
-            if len(ready) == len(NODES):
+            if len(ready) == len(names):
                 # The API server taints a new node not-ready (TaintNodesByCondition); the node
                 # lifecycle controller, which would lift it, is not run: it would also need kwok's
                 # lease heartbeats to keep the nodes Ready.
                 taint = "node.kubernetes.io/not-ready:NoSchedule-"
-                for name in NODES:
+                for name in names:
                     self.kubectl("taint", "node", name, taint, check=False)
                 self.timings["nodes"] = time.monotonic() - started
                 return
             time.sleep(0.2)
         raise StartError(
-            f"kwok made {len(ready)} of {len(NODES)} nodes Ready:\n{tail(self.workdir / 'kwok.log')}"
+            f"kwok made {len(ready)} of {len(names)} nodes Ready:\n{tail(self.workdir / 'kwok.log')}"
         )
 
     # --- clients ---

@@ -103,6 +103,46 @@ def binaries() -> Binaries:
     )
 
 
+@dataclass(frozen=True)
+class ControllerBinaries:
+    """Paths of the Kubeflow and Kueue controllers' executables."""
+
+    training_operator: Path
+    mpi_operator: Path
+    trainer: Path
+    jobset: Path
+    kueue: Path
+
+
+# Each controller: its name in versions.env, its component directory, its executable.
+CONTROLLERS = {
+    "training_operator": ("TRAINING_OPERATOR", "training-operator", "training-operator"),
+    "mpi_operator": ("MPI_OPERATOR", "mpi-operator", "mpi-operator"),
+    "trainer": ("TRAINER", "trainer", "trainer-controller-manager"),
+    "jobset": ("JOBSET", "jobset", "jobset"),
+    "kueue": ("KUEUE", "kueue", "kueue"),
+}
+
+
+@functools.cache
+def controller_binaries() -> ControllerBinaries:
+    """The controllers' executables, built by :func:`build` where one is missing (each from its
+    own tools module; minutes each the first time on a machine, nothing after).
+
+    Raises:
+        BuildError: as :func:`build`.
+    """
+    pinned = versions()
+    root = tools_dir()
+    paths = {
+        field: root / f"{component}-{pinned[f'{key}_VERSION']}" / "bin" / binary
+        for field, (key, component, binary) in CONTROLLERS.items()
+    }
+    if not all(path.parent.with_name(".complete").is_file() for path in paths.values()):
+        build()
+    return ControllerBinaries(**paths)
+
+
 def build() -> None:
     """Run ``hack/build-cluster.sh``: build every component that is missing (one build at a time
     per machine; a second caller waits for the first).
