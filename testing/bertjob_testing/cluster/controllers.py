@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import base64
 import json
-import subprocess
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,8 +35,8 @@ from typing import Any
 import yaml
 
 from bertjob_testing.cluster import pki
-from bertjob_testing.cluster.controlplane import ControlPlane
-from bertjob_testing.cluster.process import Process, answers, free_port, tail
+from bertjob_testing.cluster.controlplane import ControlPlane, environment_without_proxy
+from bertjob_testing.cluster.process import Process, answers, free_port
 from bertjob_testing.cluster.versions import ControllerBinaries, controller_binaries, module_dir, versions
 
 START_TIMEOUT_S = 120.0
@@ -106,16 +105,19 @@ class Controllers:
                 :data:`START_TIMEOUT_S` (its name, version and log's last lines).
             AssertionError: kubectl failed.
         """
+        started = time.monotonic()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._authority = pki.CertificateAuthority(self._dir("pki"), "bertjob-test-webhook-ca")
         for namespace in ("kubeflow", "mpi-operator", "kubeflow-system", "jobset-system", "kueue-system"):
             self.plane.kubectl("create", "namespace", namespace)
         self._apply_crds()
+        self.timings["crds"] = time.monotonic() - started
         self._run("training-operator", self._training_operator)
         self._run("mpi-operator", self._mpi_operator)
         self._run("jobset", self._jobset)
         self._run("trainer", self._trainer)
         self._run("kueue", self._kueue)
+        self.timings["total"] = time.monotonic() - started
 
     def _run(self, name: str, start: Callable[[], Process]) -> None:
         process = self.plane.start_component(name, start)
@@ -191,7 +193,7 @@ class Controllers:
     def _process(
         self, name: str, version: str, command: list[str], env: dict[str, str] | None = None
     ) -> Process:
-        environment = {**_base_environment(), "KUBECONFIG": str(self.plane.admin), **(env or {})}
+        environment = {**environment_without_proxy(), "KUBECONFIG": str(self.plane.admin), **(env or {})}
         return Process(f"{name} {version}", command, self.plane.workdir / f"{name}.log", env=environment)
 
     # --- the controllers ---
@@ -428,27 +430,4 @@ class Controllers:
         return path
 
 
-def _base_environment() -> dict[str, str]:
-    import os
-
-    return {**os.environ, "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
-
-
-def wait_for(what: str, probe: Callable[[], Any], timeout_s: float = 60.0, logs: Iterable[Path] = ()) -> Any:
-    """Poll ``probe()`` every 0.2 s until it is truthy; its value.
-
-    Raises:
-        AssertionError: not within ``timeout_s``, naming ``what`` and ending with the last lines of
-            ``logs``.
-    """
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.2)
-    tails = "\n".join(f"--- {log.name} ---\n{tail(log)}" for log in logs)
-    raise AssertionError(f"waited {timeout_s:.0f} s for {what}\n{tails}")
-
-
-__all__ = ["Controllers", "subprocess"]
+__all__ = ["ControllerBinaries", "Controllers"]

@@ -57,6 +57,9 @@ CONTROLLERS = (
     "namespace-controller",
     "serviceaccount-controller",
     "pod-garbage-collector-controller",
+    # Binds a claim to a matching PersistentVolume (the examples' claims), without which the
+    # scheduler leaves a pod that mounts one Pending.
+    "persistentvolume-binder-controller",
 )
 # The fake nodes' allocatable: CPU nodes and nodes with NVIDIA GPUs and Habana Gaudis.
 NODES: dict[str, dict[str, str]] = {
