@@ -16,11 +16,13 @@ from typing import Any
 
 import pytest
 
-from bertjob_testing.cluster.operator import RealCluster
+from bertjob_testing.cluster.operator import NAMESPACE, OPERATOR, RealCluster
 from tests.bertjob.e2e import PYTORCHJOBS, named_job
 from tests.controllers import pods
 
 QUEUE = "team-a"
+# Who the operator is to the API server: the chart's ServiceAccount.
+OPERATOR_USER = f"system:serviceaccount:{NAMESPACE}:{OPERATOR}"
 CLUSTER_QUEUE = "gpus"
 GPU_QUOTA = 8
 # Seconds a held job is watched to stay held (Kueue admits within a second when it can here).
@@ -141,6 +143,19 @@ def test_kueue_holds_admits_preempts_and_readmits(cluster: RealCluster, queue: s
         pods.end(cluster, pod, 0)
     assert cluster.status_when("first", "Succeeded")
     second = _admitted(cluster, "second")
+
+    # Kueue alone unsuspended the second: no write of the operator's set its suspend to false.
+    assert cluster.plane is not None
+    writes = cluster.plane.audited_changes("pytorchjobs", cluster.default_namespace, "second")
+    assert {event["user"]["username"] for event in writes} >= {OPERATOR_USER}, "the operator's writes audited"
+    unsuspending = [
+        event
+        for event in writes
+        if event["user"]["username"] == OPERATOR_USER
+        and ((event.get("requestObject") or {}).get("spec") or {}).get("runPolicy", {}).get("suspend")
+        is False
+    ]
+    assert unsuspending == [], "the operator unsuspended a child Kueue holds"
 
     # A higher priority preempts the second: Kueue suspends its child, its pods go.
     cluster.create_job(_job("urgent", "high"))

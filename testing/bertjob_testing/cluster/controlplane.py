@@ -71,6 +71,26 @@ NODES: dict[str, dict[str, str]] = {
     "gaudi-1": {"cpu": "96", "memory": "1Ti", "pods": "110", "habana.ai/gaudi": "8"},
 }
 STATE_FILE = "cluster.json"
+AUDIT_LOG = "audit.log"
+# What the API server's audit log records: the training jobs' changes, with their bodies (who wrote
+# what to a child, which the status alone does not tell: a write that another controller undoes at
+# once leaves no trace there).
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {
+            "level": "Request",
+            "verbs": ["create", "update", "patch"],
+            "resources": [
+                {"group": "kubeflow.org", "resources": ["pytorchjobs", "mpijobs"]},
+                {"group": "trainer.kubeflow.org", "resources": ["trainjobs"]},
+            ],
+        },
+        {"level": "None"},
+    ],
+}
 
 
 def kubeconfig_text(server: str, ca: Path, user: Mapping[str, str]) -> str:
@@ -240,6 +260,8 @@ class ControlPlane:
                 # kubelet port, where kwok serves the pod's Logs (its serving certificate is ours).
                 "--kubelet-preferred-address-types=InternalIP",
                 f"--kubelet-certificate-authority={authority.cert}",
+                f"--audit-policy-file={self._audit_policy()}",
+                f"--audit-log-path={self.workdir / AUDIT_LOG}",
                 "--v=1",
             ],
         )
@@ -251,6 +273,13 @@ class ControlPlane:
         context.load_cert_chain(admin.cert, admin.key)
         process.wait_ready(lambda: answers(f"{server}/readyz", context), START_TIMEOUT_S)
         return process
+
+    def _audit_policy(self) -> Path:
+        """The API server's audit policy: every change of a training job, with its request body
+        (:meth:`audited_changes`); nothing else."""
+        path = self.workdir / "audit-policy.yaml"
+        path.write_text(yaml.safe_dump(AUDIT_POLICY))
+        return path
 
     def _component_flags(self, config: Path, port: int) -> list[str]:
         """What the controller-manager and the scheduler share: the kubeconfig for the API and for
@@ -443,6 +472,24 @@ class ControlPlane:
             }
         }
         self.kubectl("patch", "service", name, "-n", namespace, "--type=merge", "-p", json.dumps(patch))
+
+    def audited_changes(self, resource: str, namespace: str, name: str) -> list[dict[str, Any]]:
+        """The audit events of every change (create, update, patch) of training job ``name`` of
+        ``resource`` (its plural: ``pytorchjobs``) in ``namespace`` that the API server took, in
+        order: who (``user.username``), the verb and the request body (``requestObject``)."""
+        found = []
+        log = self.workdir / AUDIT_LOG
+        for line in log.read_text().splitlines() if log.exists() else []:
+            event = json.loads(line)
+            target = event.get("objectRef") or {}
+            taken = 200 <= (event.get("responseStatus") or {}).get("code", 0) < 300
+            if (target.get("resource"), target.get("namespace"), target.get("name")) == (
+                resource,
+                namespace,
+                name,
+            ) and taken:
+                found.append(event)
+        return found
 
     def events(self, namespace: str | None = None) -> str:
         """The cluster's events, oldest first (for a failed test's report)."""
