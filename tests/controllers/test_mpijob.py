@@ -61,4 +61,4 @@ def test_an_mpijob_runs_mpirun_over_its_workers_and_succeeds(cluster: RealCluste
 
     assert cluster.status_when(name, "Succeeded")
     conditions, verdict, health = judged(cluster, name)
-    assert (verdict, health) == ("Current", "Healthy"), conditions
+    assert (verdict, health, conditions["Ready"][0]) == ("Current", "Healthy", "True"), conditions

@@ -63,7 +63,7 @@ def test_the_pods_carry_what_we_rendered_and_the_job_succeeds(cluster: RealClust
     status = cluster.status_when(name, "Succeeded")
     assert [c["type"] for c in status["conditions"] if c["status"] == "True"][-1:] == ["Ready"] or status
     conditions, verdict, health = judged(cluster, name)
-    assert (verdict, health) == ("Current", "Healthy"), conditions
+    assert (verdict, health, conditions["Ready"][0]) == ("Current", "Healthy", "True"), conditions
 
 
 def _replaced(

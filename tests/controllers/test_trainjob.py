@@ -83,7 +83,7 @@ def test_a_torch_trainjob_runs_its_nodes_and_succeeds(cluster: RealCluster) -> N
 
     assert cluster.status_when(name, "Succeeded")
     conditions, verdict, health = judged(cluster, name)
-    assert (verdict, health) == ("Current", "Healthy"), conditions
+    assert (verdict, health, conditions["Ready"][0]) == ("Current", "Healthy", "True"), conditions
 
 
 def test_an_mpi_trainjob_runs_mpirun_on_its_launcher_and_succeeds(cluster: RealCluster) -> None:
@@ -106,6 +106,8 @@ def test_an_mpi_trainjob_runs_mpirun_on_its_launcher_and_succeeds(cluster: RealC
         pods.end(cluster, pod, 0)
 
     assert cluster.status_when(name, "Succeeded")
+    conditions, verdict, health = judged(cluster, name)
+    assert (verdict, health, conditions["Ready"][0]) == ("Current", "Healthy", "True"), conditions
 
 
 def test_the_runtimes_failure_policy_restarts_on_201_and_fails_on_1(cluster: RealCluster) -> None:
