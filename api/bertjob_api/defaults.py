@@ -138,6 +138,29 @@ def batch_split_problem(phase: Batching, world_size: int) -> str | None:
     return f"{phase.global_batch_size} is not divisible by world size {world_size} x microBatchSize {micro}"
 
 
+def masked_count(length: int, masked_lm_prob: float) -> int:
+    """Tokens masked in a sequence of ``length`` tokens (special tokens included) at rate
+    ``masked_lm_prob`` before the ``maxPredictionsPerSeq`` cap: ``max(1, round(length x rate))``
+    with round half to even, as Google's ``create_pretraining_data.py`` (Python's ``round``) and
+    the trainer's masking (``numpy.round``) count it."""
+    return max(1, round(length * masked_lm_prob))
+
+
+def masking_cap_problem(
+    max_seq_length: int, max_predictions_per_seq: int, masked_lm_prob: float
+) -> str | None:
+    """What is wrong when ``maxPredictionsPerSeq`` caps the masking of a full sequence below
+    ``spec.data.maskedLmProb`` (the rate would silently drop), or None."""
+    wanted = masked_count(max_seq_length, masked_lm_prob)
+    if max_predictions_per_seq >= wanted:
+        return None
+    return (
+        f"{max_predictions_per_seq} caps the masking: spec.data.maskedLmProb {masked_lm_prob} masks "
+        f"{wanted} of maxSeqLength {max_seq_length} tokens, so the rate would silently drop to "
+        f"{max_predictions_per_seq / max_seq_length:.1%}; set maxPredictionsPerSeq to at least {wanted}"
+    )
+
+
 def gradient_accumulation_steps(phase: Batching, world_size: int) -> int:
     """Forward/backward passes per optimizer step on each process:
     ``globalBatchSize / (world size x microBatchSize)``.

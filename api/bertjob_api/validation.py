@@ -17,6 +17,7 @@ from bertjob_api.contract import JOB_FILE, RESERVED_VOLUMES, TRAINJOB_LAUNCHER, 
 from bertjob_api.defaults import (
     ModelDims,
     batch_split_problem,
+    masking_cap_problem,
     resolve_model,
     task_world_size,
     volumes,
@@ -75,6 +76,9 @@ def problems(spec: JobSpec, training: bool = True) -> list[tuple[str, str]]:
         problem = batch_split_problem(phase, world_size)
         if problem is not None:
             found.append((f"{where}.globalBatchSize", problem))
+        capped = masking_cap_problem(phase.max_seq_length, phase.max_predictions_per_seq, data.masked_lm_prob)
+        if capped is not None:
+            found.append((f"{where}.maxPredictionsPerSeq", capped))
         if phase.max_seq_length > dims.max_position_embeddings:
             found.append(
                 (

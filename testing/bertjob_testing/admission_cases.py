@@ -135,6 +135,13 @@ def job_cases() -> list[dict[str, Any]]:
         _job("batch-not-divisible-by-micro-batch", micro, ["spec.phases[0].globalBatchSize"], cel=True),
         # The lead's refusal in bertjob_api.validation (issue 30, item 3).
         _job("mpijob-on-habana-hpu", habana, ["spec.launcher"], cel=True),
+        # 30% of 128 tokens is 38 masked positions, above phase 1's 20 (and 154 above phase 2's 80).
+        _job(
+            "masking-capped-below-its-rate",
+            with_value(good, "spec.data.maskedLmProb", 0.3),
+            ["spec.phases[0].maxPredictionsPerSeq", "spec.phases[1].maxPredictionsPerSeq"],
+            cel=True,
+        ),
         _job("bad-name", with_value(good, "metadata.name", "Bad_Name"), ["metadata.name"], cel=False),
         _job(
             "schema-wrong-type",

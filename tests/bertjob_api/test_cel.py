@@ -49,6 +49,32 @@ CASES: list[tuple[str, dict[str, Any], set[str]]] = [
     ("predictions-of-phase-1", _job(spec__phases__0__maxPredictionsPerSeq=128), {"spec.phases[0]"}),
     ("predictions-not-below-sequence", _job(spec__phases__1__maxPredictionsPerSeq=512), {"spec.phases[1]"}),
     (
+        "masking-cap-of-phase-2",
+        _job(spec__phases__1__maxPredictionsPerSeq=76),
+        {"spec.phases[1].maxPredictionsPerSeq"},
+    ),
+    # 10 x 0.25 = 2.5 rounds to 2 (half to even): 2 predictions are enough, 1 is not.
+    (
+        "masking-cap-at-a-tie",
+        _job(
+            spec__data__maskedLmProb=0.25,
+            spec__phases=[
+                {**valid_job()["spec"]["phases"][0], "maxSeqLength": 10, "maxPredictionsPerSeq": 1}
+            ],
+        ),
+        {"spec.phases[0].maxPredictionsPerSeq"},
+    ),
+    (
+        "masking-cap-met-at-a-tie",
+        _job(
+            spec__data__maskedLmProb=0.25,
+            spec__phases=[
+                {**valid_job()["spec"]["phases"][0], "maxSeqLength": 10, "maxPredictionsPerSeq": 2}
+            ],
+        ),
+        set(),
+    ),
+    (
         "phase-2-shorter",
         _job(spec__phases__1__maxSeqLength=64, spec__phases__1__maxPredictionsPerSeq=10),
         {"spec.phases[1].maxSeqLength"},

@@ -85,3 +85,16 @@ def test_shards_default_to_four_unless_sized_by_megabytes():
     sized = parse_job(with_value(valid_job(), "spec.data.maxShardMB", 64.0)).spec
     assert with_defaults(sized).data.num_shards is None
     assert with_defaults(sized).data.max_shard_mb == 64.0
+
+
+@pytest.mark.parametrize("masked_lm_prob", [0.01, 0.15, 0.25, 0.3, 0.4, 0.5])
+def test_masked_count_is_the_trainers(masked_lm_prob: float) -> None:
+    """The validation's count of masked tokens is the trainer's masking's, ties (2.5 -> 2, 3.5 ->
+    4) included: numpy rounds half to even as Python does."""
+    import numpy as np
+
+    from bertjob_api.defaults import masked_count
+
+    lengths = np.arange(8, 1025)
+    trainer = np.maximum(1, np.round(lengths * masked_lm_prob).astype(np.int64))
+    assert [masked_count(int(n), masked_lm_prob) for n in lengths] == trainer.tolist()

@@ -49,6 +49,17 @@ def test_valid_job_has_no_problems():
             "shorter sequences than phase 1",
         ),
         (
+            {"spec.data.maskedLmProb": 0.3},
+            "spec.phases[0].maxPredictionsPerSeq",
+            "20 caps the masking: spec.data.maskedLmProb 0.3 masks 38 of maxSeqLength 128 tokens, so the "
+            "rate would silently drop to 15.6%; set maxPredictionsPerSeq to at least 38",
+        ),
+        (
+            {"spec.phases.1.maxPredictionsPerSeq": 76},
+            "spec.phases[1].maxPredictionsPerSeq",
+            "masks 77 of maxSeqLength 512 tokens",
+        ),
+        (
             {"spec.model": {"preset": "bert-tiny", "numAttentionHeads": 3}},
             "spec.model.numAttentionHeads",
             "not divisible by 3 heads",

@@ -144,7 +144,26 @@ def _phase_rules(index: int) -> list[Rule]:
             f"{where}: maxPredictionsPerSeq must be smaller than maxSeqLength",
             field_path=".phases",
         ),
+        Rule(
+            present
+            + f"{phase}.maxPredictionsPerSeq >= "
+            + _masked_count(f"double({phase}.maxSeqLength) * self.data.maskedLmProb"),
+            f"{where}.maxPredictionsPerSeq: caps the masking: it must be at least the tokens "
+            "spec.data.maskedLmProb masks of maxSeqLength (rounded), or the rate would silently drop",
+            field_path=".phases",
+        ),
     ]
+
+
+def _masked_count(product: str) -> str:
+    """defaults.masked_count: max(1, round(product)), rounding half to even as Python does (core
+    CEL has no round; ``int`` of a positive double truncates)."""
+    whole, part = f"int({product})", f"({product} - double(int({product})))"
+    rounded = (
+        f"({part} > 0.5 ? {whole} + 1 : ({part} < 0.5 ? {whole} : "
+        f"({whole} % 2 == 0 ? {whole} : {whole} + 1)))"
+    )
+    return f"({rounded} > 1 ? {rounded} : 1)"
 
 
 def _task_world(task: str) -> str:
