@@ -97,7 +97,7 @@ def pytorchjob_pod_env(
     spec = job["spec"]
     replicas: dict[str, dict[str, Any]] = spec["pytorchReplicaSpecs"]
     container = _pytorch_container(replicas[replica_type])
-    env = {var["name"]: str(var["value"]) for var in container.get("env", []) if "value" in var}
+    env = literal_env(container.get("env", []))
     env["PYTHONUNBUFFERED"] = "1"
 
     policy: dict[str, Any] | None = spec.get("elasticPolicy")
@@ -238,7 +238,7 @@ def _runs_the_trainer(job: dict[str, Any]) -> bool:
     return bool(trainer and _container(job)["name"] == TRAINJOB_NODE)
 
 
-def _literal(env: list[dict[str, Any]]) -> dict[str, str]:
+def literal_env(env: list[dict[str, Any]]) -> dict[str, str]:
     # valueFrom variables are the kubelet's to resolve: left out, as in pytorchjob_pod_env.
     return {var["name"]: str(var["value"]) for var in env if "value" in var}
 
@@ -255,7 +255,7 @@ def _patched_env(trainjob: dict[str, Any], job_name: str, container_name: str) -
             pod = job.get("template", {}).get("spec", {}).get("template", {}).get("spec", {})
             for container in pod.get("containers", []):
                 if container.get("name") == container_name:
-                    env.update(_literal(container.get("env", [])))
+                    env.update(literal_env(container.get("env", [])))
     return env
 
 
@@ -264,10 +264,10 @@ def _container_env(trainjob: dict[str, Any], runtime: dict[str, Any], job_name: 
     runtime's, then the TrainJob's patches, then (the trainer's ``node`` container) the trainer's."""
     job = _replicated_job(runtime, job_name)
     container = _container(job)
-    env = _literal(container.get("env", []))
+    env = literal_env(container.get("env", []))
     env.update(_patched_env(trainjob, job_name, container["name"]))
     if _runs_the_trainer(job):
-        env.update(_literal(trainjob["spec"].get("trainer", {}).get("env", [])))
+        env.update(literal_env(trainjob["spec"].get("trainer", {}).get("env", [])))
     return env
 
 

@@ -40,6 +40,13 @@ def _job(**changes: Any) -> dict[str, Any]:
     return stored(document)
 
 
+def _tie(predictions: int) -> dict[str, Any]:
+    """One phase of 10 tokens at maskedLmProb 0.25 (2.5 masked tokens, a rounding tie) with
+    ``predictions`` masked positions."""
+    phase = {**valid_job()["spec"]["phases"][0], "maxSeqLength": 10, "maxPredictionsPerSeq": predictions}
+    return _job(spec__data__maskedLmProb=0.25, spec__phases=[phase])
+
+
 BUILTIN_TASK = {"name": "modules", "type": "classification", "builtin": "python-docs-modules"}
 DEEPSPEED = {"deepspeed": {"zeroStage": 1}}
 
@@ -54,26 +61,8 @@ CASES: list[tuple[str, dict[str, Any], set[str]]] = [
         {"spec.phases[1].maxPredictionsPerSeq"},
     ),
     # 10 x 0.25 = 2.5 rounds to 2 (half to even): 2 predictions are enough, 1 is not.
-    (
-        "masking-cap-at-a-tie",
-        _job(
-            spec__data__maskedLmProb=0.25,
-            spec__phases=[
-                {**valid_job()["spec"]["phases"][0], "maxSeqLength": 10, "maxPredictionsPerSeq": 1}
-            ],
-        ),
-        {"spec.phases[0].maxPredictionsPerSeq"},
-    ),
-    (
-        "masking-cap-met-at-a-tie",
-        _job(
-            spec__data__maskedLmProb=0.25,
-            spec__phases=[
-                {**valid_job()["spec"]["phases"][0], "maxSeqLength": 10, "maxPredictionsPerSeq": 2}
-            ],
-        ),
-        set(),
-    ),
+    ("masking-cap-at-a-tie", _tie(predictions=1), {"spec.phases[0].maxPredictionsPerSeq"}),
+    ("masking-cap-met-at-a-tie", _tie(predictions=2), set()),
     (
         "phase-2-shorter",
         _job(spec__phases__1__maxSeqLength=64, spec__phases__1__maxPredictionsPerSeq=10),

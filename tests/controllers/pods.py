@@ -6,21 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubernetes.client import CoreV1Api
-
 from bertjob_api.contract import JOB_LABEL
-from bertjob_testing.cluster.controlplane import EXIT_CODE_ANNOTATION
-from bertjob_testing.cluster.operator import RealCluster, get_json, resource_path
+from bertjob_testing.cluster.operator import RealCluster
+from tests.kubeflow_env import literal_env
 
 
 def pods(cluster: RealCluster, selector: str) -> list[dict[str, Any]]:
-    """The live pods of the test's namespace that ``selector`` picks, by name (deleted ones and
-    ones being deleted left out)."""
-    found = get_json(
-        cluster.api, resource_path("v1/pods", cluster.default_namespace), [("labelSelector", selector)]
-    )
-    live = [pod for pod in found["items"] if not pod["metadata"].get("deletionTimestamp")]
-    return sorted(live, key=lambda pod: str(pod["metadata"]["name"]))
+    """The live pods of the test's namespace that ``selector`` picks, by name."""
+    return cluster.live_pods(selector)
 
 
 def of_job(name: str, **labels: str) -> str:
@@ -45,11 +38,7 @@ def running(cluster: RealCluster, selector: str, count: int, what: str = "") -> 
 
 def end(cluster: RealCluster, pod: dict[str, Any], exit_code: int) -> None:
     """End running ``pod``: every container exits ``exit_code`` (kwok's stage; Succeeded for 0)."""
-    CoreV1Api(cluster.api).patch_namespaced_pod(
-        pod["metadata"]["name"],
-        cluster.default_namespace,
-        {"metadata": {"annotations": {EXIT_CODE_ANNOTATION: str(exit_code)}}},
-    )
+    cluster.end_pod(pod["metadata"]["name"], exit_code)
 
 
 def container(pod: dict[str, Any], name: str) -> dict[str, Any]:
@@ -84,10 +73,10 @@ def field(pod: dict[str, Any], path: str) -> str:
 def env(pod: dict[str, Any], container_name: str) -> dict[str, str]:
     """Container ``container_name``'s environment as the process sees it: literal values and
     ``fieldRef`` ones resolved (:func:`field`); ``valueFrom`` of other kinds left out."""
-    found = {}
-    for variable in container(pod, container_name).get("env", []):
-        if "value" in variable:
-            found[variable["name"]] = str(variable["value"])
-        elif "fieldRef" in (variable.get("valueFrom") or {}):
-            found[variable["name"]] = field(pod, variable["valueFrom"]["fieldRef"]["fieldPath"])
-    return found
+    variables = container(pod, container_name).get("env", [])
+    resolved = {
+        v["name"]: field(pod, v["valueFrom"]["fieldRef"]["fieldPath"])
+        for v in variables
+        if "fieldRef" in (v.get("valueFrom") or {})
+    }
+    return literal_env(variables) | resolved

@@ -12,7 +12,7 @@ from bertjob_testing.cluster.operator import RealCluster
 from tests.bertjob.e2e import PYTORCHJOBS, named_job
 from tests.cluster.test_kstatus_e2e import judged
 from tests.controllers import pods
-from tests.kubeflow_env import pytorchjob_pod_env
+from tests.kubeflow_env import literal_env, pytorchjob_pod_env
 
 REPLICA_TYPE = "training.kubeflow.org/replica-type"
 REPLICA_INDEX = "training.kubeflow.org/replica-index"
@@ -48,7 +48,7 @@ def test_the_pods_carry_what_we_rendered_and_the_job_succeeds(cluster: RealClust
         assert from_fields[NAME_ENV] == f"metadata.labels['{JOB_LABEL}']"
         assert from_fields[NAMESPACE_ENV] == "metadata.namespace"
         # The environment training-operator gave the pod is the one our pod tests assume.
-        literal = {v["name"]: v["value"] for v in trainer["env"] if "value" in v}
+        literal = literal_env(trainer["env"])
         assert literal == pytorchjob_pod_env(child, replica, index, master_addr=f"{name}-master-0")
         [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == JOB_CONFIG_VOLUME]
         assert volume["configMap"]["name"] == configmap

@@ -17,6 +17,7 @@ from tests.controllers import pods
 from tests.kubeflow_env import (
     TRAINJOB_LAUNCHER,
     TRAINJOB_NODE,
+    literal_env,
     trainjob_mpi_launcher_command,
     trainjob_mpi_launcher_env,
     trainjob_node_command,
@@ -32,10 +33,6 @@ def _runtime(cluster: RealCluster, name: str) -> dict[str, Any]:
     found = cluster.plane.get("clustertrainingruntime", name)
     assert found is not None, f"the chart's ClusterTrainingRuntime {name}"
     return dict(found)
-
-
-def _literal(container: dict[str, Any]) -> dict[str, str]:
-    return {v["name"]: v["value"] for v in container.get("env", []) if "value" in v}
 
 
 def _job(name: str, policy: str = "torch", **fields: Any) -> dict[str, Any]:
@@ -99,7 +96,9 @@ def test_an_mpi_trainjob_runs_mpirun_on_its_launcher_and_succeeds(cluster: RealC
     assert container["command"] + container.get("args", []) == trainjob_mpi_launcher_command(
         trainjob, runtime
     )
-    assert _literal(container) == trainjob_mpi_launcher_env(trainjob, runtime, "/etc/mpi/hostfile")
+    assert literal_env(container.get("env", [])) == trainjob_mpi_launcher_env(
+        trainjob, runtime, "/etc/mpi/hostfile"
+    )
     assert cluster.status_when(name, "Running")
 
     for pod in pods.pods(cluster, pods.of_job(name)):

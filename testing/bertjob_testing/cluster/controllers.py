@@ -237,26 +237,12 @@ class Controllers:
         )
         process.wait_ready(
             lambda: (
-                self._mount_secret("kubeflow", secret, TRAINING_OPERATOR_CERTS)
+                self.plane.mount_secret("kubeflow", secret, TRAINING_OPERATOR_CERTS)
                 and answers(f"http://127.0.0.1:{probe}/readyz")
             ),
             START_TIMEOUT_S,
         )
         return process
-
-    def _mount_secret(self, namespace: str, name: str, directory: Path) -> bool:
-        """Write Secret ``namespace/name``'s keys as files of ``directory`` once it has a
-        ``tls.crt``, as the kubelet mounts a Secret volume; whether it has one yet."""
-        found = self.plane.get("secret", name, "-n", namespace)
-        data = (found or {}).get("data") or {}
-        if "tls.crt" not in data:
-            return False
-        directory.mkdir(parents=True, exist_ok=True)
-        for key, value in data.items():
-            temporary = directory / f".{key}.tmp"
-            temporary.write_bytes(base64.b64decode(value))
-            temporary.rename(directory / key)
-        return True
 
     def _mpi_operator(self) -> Process:
         version = versions()["MPI_OPERATOR_VERSION"]
@@ -391,7 +377,8 @@ class Controllers:
         )
         process.wait_ready(
             lambda: (
-                self._mount_secret(namespace, secret, certs) and answers(f"http://127.0.0.1:{probe}/readyz")
+                self.plane.mount_secret(namespace, secret, certs)
+                and answers(f"http://127.0.0.1:{probe}/readyz")
             ),
             START_TIMEOUT_S,
         )

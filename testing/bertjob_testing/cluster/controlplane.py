@@ -16,6 +16,7 @@ server must dial (a webhook) is made ``type: ExternalName`` to ``localhost``
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -458,6 +459,21 @@ class ControlPlane:
         """A token of service account ``namespace/name`` from the API server (``TokenRequest``,
         ``kubectl create token``)."""
         return self.kubectl("create", "token", name, "-n", namespace, f"--duration={seconds}s").stdout.strip()
+
+    def mount_secret(self, namespace: str, name: str, directory: Path) -> bool:
+        """Write Secret ``namespace/name``'s keys as files of ``directory`` (each to a temporary
+        name, then renamed), as the kubelet mounts a Secret volume, once it has a ``tls.crt``;
+        whether it had one."""
+        found = self.get("secret", name, "-n", namespace)
+        data = (found or {}).get("data") or {}
+        if "tls.crt" not in data:
+            return False
+        directory.mkdir(parents=True, exist_ok=True)
+        for key, value in data.items():
+            temporary = directory / f".{key}.tmp"
+            temporary.write_bytes(base64.b64decode(value))
+            temporary.rename(directory / key)
+        return True
 
     def route_service_to_localhost(self, namespace: str, name: str) -> None:
         """Make Service ``namespace/name`` ``type: ExternalName`` to ``localhost``, so that the API

@@ -16,7 +16,6 @@ same calls, with :meth:`RealCluster.stored` reading the server instead of the em
 
 from __future__ import annotations
 
-import base64
 import json
 import shutil
 import socket
@@ -129,30 +128,40 @@ class RealCluster(Cluster):
             if (event.get("involvedObject") or {}).get("kind") == KIND
         ]
 
+    def live_pods(self, selector: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        """The pods that ``selector`` (a label selector) picks, by name, those being deleted left
+        out."""
+        path = resource_path("v1/pods", namespace or self.default_namespace)
+        found = get_json(self.api, path, [("labelSelector", selector)])["items"]
+        live = [pod for pod in found if not pod["metadata"].get("deletionTimestamp")]
+        return sorted(live, key=lambda pod: str(pod["metadata"]["name"]))
+
+    def end_pod(self, name: str, exit_code: int, namespace: str | None = None) -> None:
+        """End running pod ``name``: every container exits ``exit_code`` (kwok's stage: Succeeded
+        for 0, else Failed)."""
+        CoreV1Api(self.api).patch_namespaced_pod(
+            name,
+            namespace or self.default_namespace,
+            {"metadata": {"annotations": {EXIT_CODE_ANNOTATION: str(exit_code)}}},
+        )
+
     def end_pods(self, selector: str, exit_code: int, namespace: str | None = None) -> list[str]:
         """End the pods that ``selector`` (a label selector) picks, once there is at least one and
-        all run, with every container exiting ``exit_code`` (kwok's stage: Succeeded for 0, else
-        Failed); the pods' names.
+        all run, with every container exiting ``exit_code`` (:meth:`end_pod`); the pods' names.
 
         Raises:
             WaitTimeoutError: no pod ran.
         """
-        where = namespace or self.default_namespace
-        pods = resource_path("v1/pods", where)
 
         def running() -> list[str] | None:
-            found = get_json(self.api, pods, [("labelSelector", selector)])["items"]
-            live = [pod for pod in found if not pod["metadata"].get("deletionTimestamp")]
+            live = self.live_pods(selector, namespace)
             if live and all(pod.get("status", {}).get("phase") == "Running" for pod in live):
                 return [str(pod["metadata"]["name"]) for pod in live]
             return None
 
         names = self.wait_for(f"pods {selector} running", running)
-        core = CoreV1Api(self.api)
         for name in names:
-            core.patch_namespaced_pod(
-                name, where, {"metadata": {"annotations": {EXIT_CODE_ANNOTATION: str(exit_code)}}}
-            )
+            self.end_pod(name, exit_code, namespace)
         return names
 
     def stored(self, group_version_plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
@@ -232,10 +241,7 @@ def install(plane: ControlPlane, workdir: Path, *values: str) -> RealCluster:
     plane.kubectl("wait", "--for=condition=Established", "crd/bertpretrainjobs.bertjob.dev", "--timeout=60s")
     port = free_port()
     certs = workdir / "webhook-certs"
-    certs.mkdir(parents=True, exist_ok=True)
-    secret = json.loads(plane.kubectl("get", "secret", WEBHOOK_SECRET, "-n", NAMESPACE, "-o", "json").stdout)
-    for name in ("tls.crt", "tls.key"):
-        (certs / name).write_bytes(base64.b64decode(secret["data"][name]))
+    assert plane.mount_secret(NAMESPACE, WEBHOOK_SECRET, certs), f"the chart's Secret {WEBHOOK_SECRET}"
     plane.route_service_to_localhost(NAMESPACE, WEBHOOK_SERVICE)
     route_webhook_port(plane, port)
     deployment = json.loads(
