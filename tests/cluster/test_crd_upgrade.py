@@ -106,7 +106,7 @@ def _replace_crd(cluster: RealCluster, crd: dict[str, Any], probe: dict[str, Any
     plane = cluster.plane
     assert plane is not None
     plane.kubectl("replace", "-f", "-", input=json.dumps(crd))
-    plane.kubectl("wait", "--for=condition=Established", f"crd/{CRD}", "--timeout=60s")
+    plane.wait_established()
     cluster.wait_for(
         f"the {'old' if old else 'current'} CRD served",
         lambda: _serves(plane, home(cluster), probe, strict_ok=old),

@@ -57,7 +57,7 @@ def floor_with_crd(floor_api_server: ControlPlane) -> ControlPlane:
     version = json.loads(plane.kubectl("version", "-o", "json").stdout)["serverVersion"]["gitVersion"]
     assert version == FLOOR
     plane.kubectl("apply", "--server-side", "-f", str(REPO / "manifests" / "crd.yaml"))
-    plane.kubectl("wait", "--for=condition=Established", "crd/bertpretrainjobs.bertjob.dev", "--timeout=60s")
+    plane.wait_established()
     return plane
 
 

@@ -148,7 +148,7 @@ class Controllers:
         ]
         arguments = [f"--filename={path}" for path in files if path.name != "kustomization.yaml"]
         self.plane.kubectl("apply", "--server-side", "--force-conflicts", *arguments)
-        self.plane.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        self.plane.wait_established()
 
     def _register_webhooks(self, module: Path, webhooks: Webhooks, port: int, ca_bundle: bool) -> None:
         """Register the webhook configurations of ``webhooks.component`` (kustomized as upstream
@@ -403,7 +403,7 @@ class Controllers:
             "-",
             input=json.dumps({"apiVersion": "v1", "kind": "List", "items": documents}),
         )
-        self.plane.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        self.plane.wait_established()
 
     def _empty_secret(self, namespace: str, name: str) -> None:
         """The Secret a certificate rotator fills (upstream's manifests create it empty; the

@@ -336,7 +336,7 @@ class ControlPlane:
         bases = module_dir("sigs.k8s.io/kwok", versions()["KWOK_VERSION"]) / "kustomize" / "crd" / "bases"
         for kind in ("logs", "clusterlogs"):
             self.kubectl("apply", "--server-side", "-f", str(bases / f"kwok.x-k8s.io_{kind}.yaml"))
-        self.kubectl("wait", "--for=condition=Established", "crd/logs.kwok.x-k8s.io", "--timeout=60s")
+        self.wait_established()
 
     def _kwok(self, tools: Binaries, config: Path, serving: pki.KeyPair) -> Process:
         # One port for kwok's server and the nodes' kubelet port: the API server reaches the
@@ -459,6 +459,31 @@ class ControlPlane:
         """A token of service account ``namespace/name`` from the API server (``TokenRequest``,
         ``kubectl create token``)."""
         return self.kubectl("create", "token", name, "-n", namespace, f"--duration={seconds}s").stdout.strip()
+
+    def wait_established(self, timeout_s: float = 60.0) -> None:
+        """Wait until every CRD the server holds is Established. (``kubectl wait
+        --for=condition=Established`` fails at once, rather than waiting, on a CRD so new that it
+        has no conditions yet.)
+
+        Raises:
+            AssertionError: some were not in ``timeout_s`` seconds, naming them.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            listed = self.get("crd") or {"items": []}
+            pending = [
+                crd["metadata"]["name"]
+                for crd in listed["items"]
+                if not any(
+                    c.get("type") == "Established" and c.get("status") == "True"
+                    for c in (crd.get("status") or {}).get("conditions") or []
+                )
+            ]
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"CRDs not Established after {timeout_s:.0f} s: {', '.join(pending)}")
+            time.sleep(0.2)
 
     def mount_secret(self, namespace: str, name: str, directory: Path) -> bool:
         """Write Secret ``namespace/name``'s keys as files of ``directory`` (each to a temporary

@@ -216,7 +216,7 @@ def apply_upstream_crds(plane: ControlPlane) -> None:
     does) and wait until the server serves them."""
     for filename in UPSTREAM_CRDS:
         plane.kubectl("apply", "--server-side", "-f", str(upstream_crd(filename)))
-    plane.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+    plane.wait_established()
 
 
 def install(plane: ControlPlane, workdir: Path, *values: str) -> RealCluster:
@@ -238,7 +238,7 @@ def install(plane: ControlPlane, workdir: Path, *values: str) -> RealCluster:
         "--set=webhook.enabled=true",
         *(f"--set={value}" for value in values),
     )
-    plane.kubectl("wait", "--for=condition=Established", "crd/bertpretrainjobs.bertjob.dev", "--timeout=60s")
+    plane.wait_established()
     port = free_port()
     certs = workdir / "webhook-certs"
     assert plane.mount_secret(NAMESPACE, WEBHOOK_SECRET, certs), f"the chart's Secret {WEBHOOK_SECRET}"
