@@ -26,6 +26,7 @@ from bertjob_api.defaults import (
 from bertjob_api.files import format_size
 from bertjob_api.jobfile import MAX_BYTES, dump
 from bertjob_api.spec import BertPretrainJob, JobSpec, MpiSpec, SpecError, to_document
+from bertjob_api.spec.cel import MLM_NVIDIA_EXPORT
 
 # Volumes the base pod template mounts itself (kustomize/base): a job volume may not take their names.
 TOLERATION_OPERATORS = ("Exists", "Equal")
@@ -63,6 +64,8 @@ def problems(spec: JobSpec, training: bool = True) -> list[tuple[str, str]]:
                 "set file to its vocab.txt",
             )
         )
+    if spec.objective == "mlm" and spec.export.nvidia:
+        found.append(("spec.export.nvidia", MLM_NVIDIA_EXPORT))
     if training and spec.evaluation.every_steps is not None and data.heldout_fraction == 0:
         found.append(
             (

@@ -142,6 +142,13 @@ def job_cases() -> list[dict[str, Any]]:
             ["spec.phases[0].maxPredictionsPerSeq", "spec.phases[1].maxPredictionsPerSeq"],
             cel=True,
         ),
+        # NVIDIA's fine-tuning scripts need the NSP head that objective mlm never trains.
+        _job(
+            "mlm-with-nvidia-export",
+            with_value(with_value(good, "spec.objective", "mlm"), "spec.export", {"nvidia": True}),
+            ["spec.export.nvidia"],
+            cel=True,
+        ),
         _job("bad-name", with_value(good, "metadata.name", "Bad_Name"), ["metadata.name"], cel=False),
         _job(
             "schema-wrong-type",

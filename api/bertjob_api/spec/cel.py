@@ -195,6 +195,14 @@ _ELASTIC_HOROVOD = (
 )
 
 
+# The refusal of objective mlm with export.nvidia, in bertjob_api.validation's words too: NVIDIA's
+# fine-tuning scripts load a BertForPreTraining, NSP head included.
+MLM_NVIDIA_EXPORT = (
+    "NVIDIA's format holds the NSP head (cls.seq_relationship) and pooler that objective mlm does "
+    "not train; use the Hugging Face export (a BertForMaskedLM), or objective mlm-nsp"
+)
+
+
 def _job_rules() -> list[Rule]:
     mpijob = "self.launcher == 'mpijob'"
     launcher_words = f"({mpijob} ? 'launcher mpijob' : 'launcher trainjob with trainJob.mlPolicy mpi')"
@@ -292,6 +300,11 @@ def _job_rules() -> list[Rule]:
             "spec.evaluation.everySteps: evaluation needs held-out shards: set "
             "spec.data.heldoutFraction above 0",
             field_path=".evaluation.everySteps",
+        ),
+        Rule(
+            "!(self.objective == 'mlm' && has(self.export) && self.export.nvidia)",
+            "spec.export.nvidia: " + MLM_NVIDIA_EXPORT,
+            field_path=".export.nvidia",
         ),
         Rule(
             "!(has(self.model) && has(self.model.initFrom)) || "

@@ -38,6 +38,7 @@ from bertjob_api.spec.phases import (
 LauncherName = Literal["pytorchjob", "mpijob", "trainjob"]
 Accelerator = Literal["nvidia-gpu", "habana-hpu", "xeon-cpu"]
 Precision = Literal["bf16", "fp16", "fp32"]
+Objective = Literal["mlm-nsp", "mlm"]
 ModelPreset = Literal["bert-tiny", "bert-mini", "bert-small", "bert-medium", "bert-base", "bert-large"]
 
 
@@ -103,6 +104,12 @@ class JobSpec(_Spec):
     topology: Topology = Field(default_factory=Topology, description="Nodes and processes per node.")
     model: ModelSpec = Field(default_factory=ModelSpec, description="Model size.")
     data: DataSpec = Field(description="Corpus, vocabulary and shards.")
+    objective: Objective = Field(
+        "mlm-nsp",
+        description="mlm-nsp: masked LM and next sentence prediction on sentence pairs (Devlin et al., "
+        "NVIDIA's recipe); mlm: masked LM alone on single segments of whole sentences (RoBERTa, "
+        "Cramming, MosaicBERT): no pairs, no NSP head or pooler, a BertForMaskedLM export.",
+    )
     phases: list[PhaseSpec] = Field(
         min_length=1, max_length=MAX_PHASES, description="Phase 1, then optionally phase 2."
     )

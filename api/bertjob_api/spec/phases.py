@@ -62,10 +62,12 @@ class OptimizerSpec(_Spec):
     beta2: float = Field(0.999, ge=0, lt=1, description="Second-moment decay.")
     eps: float = Field(1e-6, gt=0, description="Added to the second-moment root.")
     max_grad_norm: float = Field(1.0, gt=0, description="Global gradient-norm clipping before the update.")
-    schedule: Literal["poly", "linear"] = Field(
+    schedule: Literal["poly", "linear", "one-cycle"] = Field(
         "poly",
-        description="Learning rate after warm-up: poly (NVIDIA's PolyWarmUpScheduler, (1 - step / "
-        "steps) ** polyPower) or linear (to 0 from the end of warm-up, Hugging Face's default).",
+        description="Learning rate: poly (NVIDIA's PolyWarmUpScheduler: linear warm-up, then (1 - "
+        "step / steps) ** polyPower), linear (linear warm-up, then linear to 0, Hugging Face's "
+        "default) or one-cycle (Smith and Topin 2019, torch's OneCycleLR: a half-cosine from 0 up to "
+        "the peak over the warm-up, then a half-cosine down to 0 at the phase's end).",
     )
     poly_power: float = Field(0.5, gt=0, description="Exponent of the poly schedule's decay.")
     lr_scaling: Literal["none", "linear", "sqrt"] = Field(
