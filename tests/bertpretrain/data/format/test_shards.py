@@ -11,12 +11,14 @@ import pytest
 
 from bertpretrain.data.format.shards import (
     DYNAMIC_DTYPES,
+    NEXT_SENTENCE_LABELS,
     SHARD_DTYPES,
     read_attrs,
     read_datasets,
     read_shard,
     shard_shapes,
     storage_dtypes,
+    without_next_sentence_labels,
 )
 from bertpretrain.data.prepare.shard_writer import ShardWriter, write_shard
 
@@ -147,3 +149,23 @@ def test_narrow_shards_read_back_in_the_schemas_dtypes(tmp_path: Path) -> None:
         for name, dtype in SHARD_DTYPES.items():
             assert read[name].dtype == dtype and np.array_equal(read[name], block[name]), name
     assert read_datasets(path, ["input_ids"])["input_ids"].dtype == np.uint16  # no schema: as stored
+
+
+def test_shards_of_objective_mlm_read_without_next_sentence_labels(tmp_path: Path) -> None:
+    written = arrays(5)
+    mlm = without_next_sentence_labels(SHARD_DTYPES)
+    assert set(mlm) == set(SHARD_DTYPES) - {NEXT_SENTENCE_LABELS}
+    assert set(without_next_sentence_labels(DYNAMIC_DTYPES)) == set(DYNAMIC_DTYPES) - {NEXT_SENTENCE_LABELS}
+    write_shard(tmp_path / "mlm.hdf5", {name: written[name] for name in mlm})
+    read = read_shard(tmp_path / "mlm.hdf5", next_sentence_prediction=False)
+    assert set(read) == set(mlm)
+    assert all(
+        np.array_equal(read[name], written[name]) and read[name].dtype == dtype for name, dtype in mlm.items()
+    )
+    # Next sentence prediction needs the labels; without it, those of an mlm-nsp shard are left out.
+    with pytest.raises(
+        ValueError, match=r"mlm\.hdf5: dataset next_sentence_labels should be int8, found missing"
+    ):
+        read_shard(tmp_path / "mlm.hdf5")
+    write_shard(tmp_path / "nsp.hdf5", written)
+    assert set(read_shard(tmp_path / "nsp.hdf5", next_sentence_prediction=False)) == set(mlm)

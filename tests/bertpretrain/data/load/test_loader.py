@@ -360,3 +360,90 @@ def test_heldout_masks_are_the_same_every_time(dynamic_dir: Path, vocab_size: in
     assert all(torch.equal(a[name], b[name]) for a, b in zip(first, again, strict=True) for name in a)
     with pytest.raises(ShardError, match="no masking was given"):
         next(heldout_batches(shards, vocab_size, 8))
+
+
+# Objective mlm: shards without next_sentence_labels.
+
+
+def drop_labels(directory: Path, pattern: str = "*.hdf5") -> Path:
+    """``directory``'s shards as the objective mlm makes them: without next_sentence_labels."""
+    for path in directory.glob(pattern):
+        with h5py.File(path, "a") as file:
+            del file["next_sentence_labels"]
+    return directory
+
+
+@pytest.mark.parametrize("kind", ["static", "dynamic", "packed"])
+def test_shards_without_next_sentence_labels_give_ignored_labels(
+    request: pytest.FixtureRequest, vocab_size: int, kind: str
+) -> None:
+    directory = request.getfixturevalue({"static": "shard_dir", "dynamic": "dynamic_dir",
+                                         "packed": "packed_shard_dir"}[kind])  # fmt: skip
+    options: dict[str, Any] = {"masking": DYNAMIC} if kind == "dynamic" else {}
+    with_labels = take(directory, 5, vocab_size, micro_batch_size=6, **options)
+    drop_labels(directory)
+    shards = find_shards(directory, SEQ, PRED, next_sentence_prediction=False)
+    assert not any(shard.next_sentence_labels for shard in shards)
+    batches = take(directory, 5, vocab_size, micro_batch_size=6, next_sentence_prediction=False, **options)
+    for batch, original in zip(batches, with_labels, strict=True):
+        labels = batch["next_sentence_labels"]
+        assert labels.dtype == torch.int64 and labels.shape == ((6, 3) if kind == "packed" else (6,))
+        assert torch.all(labels == -100)
+        # Everything else as the same shards with their labels give it.
+        assert batch.keys() == original.keys()
+        assert all(
+            torch.equal(batch[name], original[name]) for name in batch if name != "next_sentence_labels"
+        )
+
+
+def test_labels_of_mlm_nsp_shards_are_ignored_without_next_sentence_prediction(
+    make_shards, shard_dir: Path, vocab_size: int
+) -> None:
+    (batch,) = take(shard_dir, 1, vocab_size, next_sentence_prediction=False)
+    assert batch["next_sentence_labels"].shape == (8,) and torch.all(batch["next_sentence_labels"] == -100)
+    (original,) = take(shard_dir, 1, vocab_size)
+    assert torch.equal(batch["input_ids"], original["input_ids"])
+    assert set(original["next_sentence_labels"].tolist()) == {0, 1}
+    directory = make_shards("held", num_shards=2, sequences_per_shard=5, prefix="heldout")
+    drop_labels(directory, "heldout_0001.hdf5")  # one of each: both are read alike
+    shards = find_shards(directory, SEQ, PRED, "heldout_*.hdf5", next_sentence_prediction=False)
+    assert [shard.next_sentence_labels for shard in shards] == [True, False]
+    heldout = list(heldout_batches(shards, vocab_size, 4, next_sentence_prediction=False))
+    assert [len(batch["input_ids"]) for batch in heldout] == [4, 1, 4, 1]
+    assert all(torch.all(batch["next_sentence_labels"] == -100) for batch in heldout)
+    assert all(batch["next_sentence_labels"].shape == batch["input_ids"].shape[:1] for batch in heldout)
+
+
+def test_shards_without_next_sentence_labels_are_refused_for_next_sentence_prediction(
+    make_spec, shard_dir: Path, vocab_size: int
+) -> None:
+    drop_labels(shard_dir, "shard_0001.hdf5")
+    refusal = (
+        rf"{re.escape(str(shard_dir / 'shard_0001.hdf5'))}: no dataset next_sentence_labels, which the "
+        r"objective mlm-nsp needs \(.*made for the objective mlm.*set spec\.objective mlm to train on it\)"
+    )
+    with pytest.raises(ShardError, match=refusal):
+        find_shards(shard_dir, SEQ, PRED)
+    with pytest.raises(ShardError, match=refusal):
+        build_loader(shard_dir, SEQ, PRED, vocab_size, 8)
+    phases = make_spec(
+        [{"maxSeqLength": SEQ, "maxPredictionsPerSeq": PRED, "globalBatchSize": 8, "learningRate": 1e-3,
+          "steps": 1}]
+    ).phases  # fmt: skip
+    with pytest.raises(ShardError, match=refusal):
+        verify_phases(phases, [shard_dir], vocab_size)
+    verify_phases(phases, [shard_dir], vocab_size, next_sentence_prediction=False)
+    # Shards found for mlm, then given to a stream that needs the labels.
+    shards = find_shards(shard_dir, SEQ, PRED, next_sentence_prediction=False)
+    with pytest.raises(ShardError, match=refusal):
+        PretrainingBatches(shards, vocab_size, 8)
+    with pytest.raises(ShardError, match=refusal):
+        next(heldout_batches(shards, vocab_size, 8))
+    # A shard that lacks another dataset too is damaged, whatever the objective.
+    with h5py.File(shard_dir / "shard_0001.hdf5", "a") as file:
+        del file["segment_ids"]
+    for next_sentence_prediction in (True, False):
+        with pytest.raises(
+            ShardError, match=r"shard_0001\.hdf5: missing dataset\(s\) next_sentence_labels, segment_ids"
+        ):
+            find_shards(shard_dir, SEQ, PRED, next_sentence_prediction=next_sentence_prediction)

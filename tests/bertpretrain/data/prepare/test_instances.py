@@ -33,7 +33,7 @@ from bertpretrain.data.prepare.corpus.pydocs import BUILTIN_PYTHON_DOCS
 from bertpretrain.data.prepare.corpus.sources import read_source
 from bertpretrain.data.prepare.corpus.splitting import sentences
 from bertpretrain.data.prepare.documents import DocumentEncoder, TokenizedDocuments
-from bertpretrain.data.prepare.instances import InstanceParams, Pairs, assemble, create_pairs
+from bertpretrain.data.prepare.instances import InstanceParams, Pairs, assemble, create_pairs, create_segments
 from bertpretrain.data.prepare.vocab import train_vocab
 from tests.bertpretrain import google_reference
 
@@ -547,3 +547,175 @@ def test_assemble_rejects_a_pair_that_does_not_fit() -> None:
     assert assemble(one, documents.tokens, 9, special)["input_ids"].shape == (1, 9)
     with pytest.raises(ValueError, match="does not fit"):
         assemble(one, documents.tokens, 8, special)
+
+
+# --- single segments (objective mlm) -----------------------------------------------------------
+
+
+def segments_by_pass(pairs: Pairs, documents: TokenizedDocuments) -> list[list[tuple[int, int]]]:
+    """Each document's segments as ``(start, end)``, in corpus order (a document holds the same
+    segments, one per pass, ``dupe_factor`` times over)."""
+    starts = documents.sentence_starts[documents.document_starts]
+    owner = np.searchsorted(starts, pairs.a_start, side="right") - 1
+    made: list[list[tuple[int, int]]] = [[] for _ in range(documents.num_documents)]
+    spans = zip(pairs.a_start.tolist(), pairs.a_end.tolist(), strict=True)
+    for document, span in zip(owner.tolist(), spans, strict=True):
+        made[document].append(span)
+    return [sorted(spans) for spans in made]
+
+
+def test_segments_are_cls_a_sep_within_one_document(corpus: Corpus) -> None:
+    params = InstanceParams(max_seq_length=128, max_predictions_per_seq=20, dupe_factor=2,
+                            next_sentence_prediction=False)  # fmt: skip
+    pairs = create_segments(corpus.documents, params, np.random.default_rng(4))
+    assert len(pairs) > 5000
+    # An empty B at A's end, never a random next: the rest of the pipeline sees one segment.
+    np.testing.assert_array_equal(pairs.b_start, pairs.a_end)
+    np.testing.assert_array_equal(pairs.b_end, pairs.a_end)
+    assert not pairs.is_random_next.any()
+    lengths = pairs.a_end - pairs.a_start
+    assert (lengths >= 1).all() and (pairs.lengths <= params.max_seq_length).all()
+    np.testing.assert_array_equal(pairs.lengths, lengths + 2)
+    np.testing.assert_array_equal(corpus.document_of(pairs.a_start), corpus.document_of(pairs.a_end - 1))
+    # Whole sentences, unless truncated, and then exactly max_seq_length - 2 long.
+    aligned = corpus.is_sentence_start(pairs.a_start) & corpus.is_sentence_start(pairs.a_end)
+    assert (~aligned).any() and (lengths[~aligned] == params.max_seq_length - 2).all()
+    assert aligned.mean() > 0.1  # the untruncated case is well represented
+    # Most segments fill the row (the short_seq_prob share and documents' last chunks do not).
+    assert np.mean(lengths == params.max_seq_length - 2) > 0.5
+
+    arrays = assemble(pairs, corpus.documents.tokens, params.max_seq_length, corpus.special)
+    ids, special = arrays["input_ids"], corpus.special
+    assert not arrays["segment_ids"].any()
+    real = np.arange(params.max_seq_length) < pairs.lengths[:, None]
+    np.testing.assert_array_equal(arrays["input_mask"], real)
+    assert (ids[:, 0] == special.cls).all()
+    # Exactly one [SEP], the last token.
+    sep_row, sep_column = np.nonzero(ids == special.sep)
+    np.testing.assert_array_equal(sep_row, np.arange(len(pairs)))
+    np.testing.assert_array_equal(sep_column, pairs.lengths - 1)
+    for row in range(0, len(pairs), 97):
+        np.testing.assert_array_equal(
+            ids[row, 1 : lengths[row] + 1], corpus.documents.tokens[pairs.a_start[row] : pairs.a_end[row]]
+        )
+
+
+def test_segments_tile_each_document_in_corpus_order_when_nothing_is_truncated() -> None:
+    # Chunks of sentences that sum to exactly the target (max_seq_length - 2 = 10), then a
+    # shorter remainder: no chunk overshoots, so nothing is truncated.
+    rng = np.random.default_rng(8)
+
+    def sentences(total: int) -> list[int]:
+        """Sentence lengths that add up to ``total``."""
+        cuts = rng.choice(np.arange(1, total), int(rng.integers(0, total)), replace=False)
+        return np.diff(np.sort(np.concatenate([[0, total], cuts]))).tolist()
+
+    sizes, expected = [], []
+    for _ in range(300):
+        chunks = [sentences(10) for _ in range(rng.integers(0, 4))] + [sentences(int(rng.integers(1, 10)))]
+        sizes.append([n for chunk in chunks for n in chunk])
+        expected.append([sum(chunk) for chunk in chunks])
+    documents = make_documents(sizes)
+    params = InstanceParams(max_seq_length=12, max_predictions_per_seq=2, short_seq_prob=0.0, dupe_factor=3,
+                            next_sentence_prediction=False)  # fmt: skip
+    pairs = create_segments(documents, params, np.random.default_rng(1))
+    starts = documents.sentence_starts[documents.document_starts]
+    for document, spans in enumerate(segments_by_pass(pairs, documents)):
+        lengths = np.array(expected[document])
+        ends = starts[document] + np.cumsum(lengths)
+        chunk_spans = list(zip((ends - lengths).tolist(), ends.tolist(), strict=True))
+        # Each pass: the chunks in order, covering every token of the document once.
+        assert spans == sorted(chunk_spans * params.dupe_factor), document
+    covered = np.zeros(len(documents.tokens), np.int64)
+    for start, end in zip(pairs.a_start.tolist(), pairs.a_end.tolist(), strict=True):
+        covered[start:end] += 1
+    assert (covered == params.dupe_factor).all()
+    # Shuffled: not in the order they were made.
+    assert (np.diff(pairs.a_start) < 0).mean() > 0.4
+
+
+def test_long_segments_are_truncated_at_random_ends() -> None:
+    # A 50-token sentence alone (the chunk of one long sentence), and a 6 + 6 chunk whose last
+    # sentence overshoots the target of 10: both lose their excess, each token from the front or
+    # the back at random.
+    params = InstanceParams(max_seq_length=12, max_predictions_per_seq=2, short_seq_prob=0.0, dupe_factor=4,
+                            next_sentence_prediction=False)  # fmt: skip
+    documents = make_documents([[50]] * 1000 + [[6, 6]] * 1000)
+    pairs = create_segments(documents, params, np.random.default_rng(6))
+    assert len(pairs) == 2000 * params.dupe_factor
+    assert (pairs.a_end - pairs.a_start == 10).all()
+    first = documents.sentence_starts[documents.document_starts[:-1]]
+    owner = np.searchsorted(first, pairs.a_start, side="right") - 1
+    front = pairs.a_start - first[owner]
+    for long, trimmed in ((owner < 1000, 40), (owner >= 1000, 2)):
+        assert (front[long] >= 0).all() and (front[long] <= trimmed).all()
+        # Binomial(trimmed, 1/2): mean trimmed / 2, variance trimmed / 4.
+        assert front[long].mean() == pytest.approx(trimmed / 2, abs=0.1 * trimmed / 2 + 0.05)
+        assert front[long].var() == pytest.approx(trimmed / 4, rel=0.15)
+
+
+def segment_targets(short_seq_prob: float, count: int, seed: int) -> tuple[np.ndarray, int]:
+    """Each document's target, as its segments show it, and max_num_tokens (max_seq_length - 2):
+    with one-token sentences, every segment but a document's last is exactly the target long."""
+    params = InstanceParams(max_seq_length=22, max_predictions_per_seq=3, short_seq_prob=short_seq_prob,
+                            dupe_factor=1, next_sentence_prediction=False)  # fmt: skip
+    documents = make_documents([[1] * 200] * count)
+    pairs = create_segments(documents, params, np.random.default_rng(seed))
+    owner = pairs.a_start // 200
+    shows = pairs.a_end % 200 != 0  # not the document's last segment
+    targets: dict[int, set[int]] = {}
+    for document, length in zip(owner[shows].tolist(), (pairs.lengths[shows] - 2).tolist(), strict=True):
+        targets.setdefault(document, set()).add(length)
+    assert len(targets) == count and all(len(seen) == 1 for seen in targets.values())
+    return np.array([seen.pop() for seen in targets.values()]), params.max_seq_length - 2
+
+
+def test_segments_draw_a_short_target_once_per_document_with_short_seq_prob() -> None:
+    target, max_num_tokens = segment_targets(0.1, 4000, 12)
+    short = target[target < max_num_tokens]
+    # Uniform in [2, max_seq_length - 2]: max_num_tokens itself does not show as short.
+    expected = 0.1 * (max_num_tokens - 2) / (max_num_tokens - 1)
+    assert len(short) / len(target) == pytest.approx(expected, abs=0.02)
+    assert short.min() == 2 and short.max() == max_num_tokens - 1
+    assert short.mean() == pytest.approx((2 + max_num_tokens - 1) / 2, abs=1.0)
+    # Every document short: each target in [2, max_num_tokens] as often, max_num_tokens included.
+    target, _ = segment_targets(1.0, 2000, 13)
+    counts = np.bincount(target, minlength=max_num_tokens + 1)[2:]
+    assert len(counts) == max_num_tokens - 1 and target.max() == max_num_tokens
+    assert counts / len(target) == pytest.approx(np.full(len(counts), 1 / len(counts)), abs=0.02)
+
+
+def test_same_seed_same_segments() -> None:
+    documents = make_documents([[3, 9, 4, 12, 1, 7]] * 200)
+    params = InstanceParams(max_seq_length=16, max_predictions_per_seq=2, dupe_factor=2,
+                            next_sentence_prediction=False)  # fmt: skip
+    first, again, other = (create_segments(documents, params, np.random.default_rng(s)) for s in (1, 1, 2))
+    np.testing.assert_array_equal(first.a_start, again.a_start)
+    np.testing.assert_array_equal(first.a_end, again.a_end)
+    assert not np.array_equal(first.a_start, other.a_start)
+
+
+def test_max_seq_length_must_leave_room_for_a_segment() -> None:
+    documents = make_documents([[3, 4, 5]] * 10)
+    params = InstanceParams(max_seq_length=3, max_predictions_per_seq=1, next_sentence_prediction=False)
+    with pytest.raises(ValueError, match="too short for a segment"):
+        create_segments(documents, params, np.random.default_rng(0))
+    pairs = create_segments(documents, replace(params, max_seq_length=4), np.random.default_rng(0))
+    assert len(pairs) > 0 and (pairs.lengths == 4).all()
+
+
+def test_an_empty_b_assembles_to_cls_a_sep() -> None:
+    documents = make_documents([[3, 3]])
+    special = SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4)
+    # A = tokens 0..2 alone, and beside it the pair with B = tokens 3..5, unchanged.
+    starts, ends = np.array([0, 0]), np.array([3, 3])
+    pairs = Pairs(starts, ends, ends, np.array([3, 6]), np.array([False, True]))
+    np.testing.assert_array_equal(pairs.lengths, [5, 9])
+    arrays = assemble(pairs, documents.tokens, 10, special)
+    np.testing.assert_array_equal(arrays["input_ids"], [[2, 5, 6, 7, 3, 0, 0, 0, 0, 0],
+                                                        [2, 5, 6, 7, 3, 8, 9, 10, 3, 0]])  # fmt: skip
+    np.testing.assert_array_equal(arrays["input_mask"], [[1] * 5 + [0] * 5, [1] * 9 + [0]])
+    np.testing.assert_array_equal(arrays["segment_ids"], [[0] * 10, [0] * 5 + [1] * 4 + [0]])
+    assert assemble(pairs[:1], documents.tokens, 5, special)["input_ids"].shape == (1, 5)
+    with pytest.raises(ValueError, match="does not fit"):
+        assemble(pairs[:1], documents.tokens, 4, special)

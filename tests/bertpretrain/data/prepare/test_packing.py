@@ -578,3 +578,18 @@ def test_padding_fraction() -> None:
 def test_attention_mask_wants_rows() -> None:
     with pytest.raises(ValueError, match="input_mask must be 2-D"):
         attention_mask(np.ones(8, np.int8))
+
+
+@pytest.mark.parametrize("labels", ["absent", "present"])
+def test_instances_of_objective_mlm_pack_without_next_sentence_labels(labels: str) -> None:
+    # Without next sentence prediction the labels are not needed, and not packed even when given;
+    # everything else is packed as with them, for the same draws.
+    instances = make_instances(np.arange(6, 33), 32, 5)
+    with_labels = pack_instances(instances, 3, "spfhp", np.random.default_rng(3))
+    if labels == "absent":
+        del instances["next_sentence_labels"]
+    packed = pack_instances(instances, 3, "spfhp", np.random.default_rng(3), next_sentence_prediction=False)
+    assert set(packed) == set(PACKED_DTYPES) - {"next_sentence_labels"}
+    for name, array in packed.items():
+        np.testing.assert_array_equal(array, with_labels[name], err_msg=name)
+        assert array.dtype == PACKED_DTYPES[name], name

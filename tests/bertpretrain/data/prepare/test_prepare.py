@@ -17,6 +17,15 @@ from bertjob_api.spec import JobSpec, SourceSpec, parse_spec
 from bertpretrain.data.format.packed import PACKED_DTYPES, attention_mask
 from bertpretrain.data.format.prepared import PreparedData
 from bertpretrain.data.format.shards import DYNAMIC_DTYPES, SHARD_DTYPES, read_shard
+from bertpretrain.data.format.vocab import SpecialIds, load_tokenizer
+from bertpretrain.data.load.loader import (
+    DynamicMasking,
+    ShardError,
+    build_loader,
+    find_shards,
+    heldout_batches,
+)
+from bertpretrain.data.prepare import cache
 from bertpretrain.data.prepare.corpus import sources, splitting
 from bertpretrain.data.prepare.corpus.pydocs import BUILTIN_PYTHON_DOCS
 from bertpretrain.data.prepare.corpus.sources import read_source
@@ -237,6 +246,78 @@ def test_packing_leaves_little_padding_and_keeps_sequences_apart(
         mask = attention_mask(input_mask)
         assert not (mask & (input_mask[:, :, None] != input_mask[:, None, :])).any()
         assert not mask[input_mask == 0].any()
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic", "spfhp"])
+def test_objective_mlm_makes_single_segments_without_next_sentence_labels(
+    tmp_path: Path, text_corpus: list[dict[str, Any]], vocab_file: str, mode: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    layout: dict[str, Any] = (
+        {"masking": "dynamic"} if mode == "dynamic" else {"packing": mode} if mode != "static" else {}
+    )
+    spec = make_spec(tmp_path, text_corpus, vocab={"file": vocab_file}, heldoutFraction=0.2, **layout)
+    data = prepare(spec.model_copy(update={"objective": "mlm"}))
+    directory = data.phase_dirs[0]
+    made = metadata(directory)
+    assert made["parameters"]["next_sentence_prediction"] is False
+    assert made["random_next"] == 0 and made["instances"] > 100
+    assert "random next" not in capsys.readouterr().out
+    schema = {"static": SHARD_DTYPES, "dynamic": DYNAMIC_DTYPES, "spfhp": PACKED_DTYPES}[mode]
+    special = SpecialIds.of(load_tokenizer(data.vocab_dir), data.vocab_dir)
+    paths = sorted(directory.glob("*.hdf5"))
+    assert [p.name for p in paths] == ["heldout_00000.hdf5", "shard_00000.hdf5", "shard_00001.hdf5",
+                                       "shard_00002.hdf5"]  # fmt: skip
+    for path in paths:
+        with h5py.File(path) as file:
+            assert set(file) == set(schema) - {"next_sentence_labels"}, path.name
+            arrays = {name: file[name][()] for name in file}
+        assert not arrays["segment_ids"].any()  # one segment, A
+        if mode == "spfhp":
+            continue
+        ids, lengths = arrays["input_ids"].astype(np.int64), arrays["input_mask"].sum(axis=1)
+        if mode == "static":  # the tokens before masking (a random replacement may be any id)
+            rows, slots = np.nonzero(arrays["masked_lm_positions"])
+            ids[rows, arrays["masked_lm_positions"][rows, slots]] = arrays["masked_lm_ids"][rows, slots]
+        assert (ids[:, 0] == special.cls).all()
+        sep_rows, sep_columns = np.nonzero(ids == special.sep)
+        np.testing.assert_array_equal(sep_rows, np.arange(len(ids)))
+        np.testing.assert_array_equal(sep_columns, lengths - 1)
+    # The loader reads them for objective mlm, next sentence labels -100, and refuses them for mlm-nsp.
+    vocab_size = data.vocab_size
+    masking = DynamicMasking.from_vocab(data.vocab_dir, 0.15, False) if mode == "dynamic" else None
+    batch = next(iter(build_loader(directory, 128, 20, vocab_size, 4, masking=masking,
+                                   next_sentence_prediction=False)))  # fmt: skip
+    assert batch["next_sentence_labels"].shape == ((4, 3) if mode == "spfhp" else (4,))
+    assert (batch["next_sentence_labels"] == -100).all()
+    heldout = find_shards(directory, 128, 20, "heldout_*.hdf5", next_sentence_prediction=False)
+    evaluated = list(heldout_batches(heldout, vocab_size, 4, masking=masking, max_predictions_per_seq=20,
+                                     next_sentence_prediction=False))  # fmt: skip
+    assert evaluated and all((b["next_sentence_labels"] == -100).all() for b in evaluated)
+    with pytest.raises(ShardError, match="which the objective mlm-nsp needs"):
+        build_loader(directory, 128, 20, vocab_size, 4, masking=masking)
+
+
+def test_objective_is_part_of_the_datasets_key(
+    tmp_path: Path, text_corpus: list[dict[str, Any]], vocab_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = make_spec(tmp_path, text_corpus, vocab={"file": vocab_file})
+    mlm = spec.model_copy(update={"objective": "mlm"})
+    documents_key: dict[str, Any] = {"corpus": "any"}
+    keys = [cache.dataset_key(s, s.phases[0], documents_key, 1000) for s in (spec, mlm)]
+    assert [key["next_sentence_prediction"] for key in keys] == [True, False]
+    assert {name: value for name, value in keys[0].items() if name != "next_sentence_prediction"} == {
+        name: value for name, value in keys[1].items() if name != "next_sentence_prediction"
+    }
+    # The shards of one objective are remade for the other, saying why.
+    directory = prepare(spec).phase_dirs[0]
+    with h5py.File(directory / "shard_00000.hdf5") as file:
+        assert "next_sentence_labels" in file
+    capsys.readouterr()
+    assert prepare(mlm).phase_dirs[0] == directory
+    assert "next_sentence_prediction changed (True -> False)" in capsys.readouterr().out
+    with h5py.File(directory / "shard_00000.hdf5") as file:
+        assert "next_sentence_labels" not in file
 
 
 def test_missing_source_is_named(tmp_path: Path) -> None:

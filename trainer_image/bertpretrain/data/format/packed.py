@@ -22,6 +22,11 @@ dataset                      dtype  shape     content
 ``next_sentence_weights``    int8   [R, S]    1 for a sequence, 0 for a padding slot
 ===========================  =====  ========  ================================================
 
+Shards made for the objective ``mlm`` hold single segments ``[CLS] A [SEP]`` (``segment_ids`` 0)
+and no ``next_sentence_labels``, as unpacked ones (``bertpretrain.data.format.shards``);
+``next_sentence_positions`` and ``next_sentence_weights`` stay, to tell where each sequence starts
+and which slots hold one.
+
 ``input_mask`` holds sequence numbers rather than 0/1, as in Graphcore's packed BERT: one array
 gives both what is padding and which tokens may attend to which (``attention_mask``), so a
 packed row needs no [L, L] mask on disk. ``masked_lm_*`` are S*P wide because each of the S

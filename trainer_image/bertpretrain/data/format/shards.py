@@ -16,6 +16,12 @@ dataset                  dtype   shape   content
 ``next_sentence_labels`` int8    [N]     1 when B is a random next (Google's convention)
 =======================  ======  ======  ==============================================
 
+Shards made for the objective ``mlm`` (masked LM alone, on single segments ``[CLS] A [SEP]``:
+``segment_ids`` all 0) have no sentence pairs, hence no ``next_sentence_labels`` dataset
+(:data:`NEXT_SENTENCE_LABELS`): a reader that trains next sentence prediction finds it missing
+instead of training on labels that mean nothing. NVIDIA's loader needs it, so only the shards of
+``mlm-nsp`` are NVIDIA's format.
+
 The dtypes above are those of the arrays in memory (what :func:`read_shard` and
 :func:`read_datasets` with a schema return). On disk, from :data:`SHARD_FORMAT` 3 on, the data
 stage stores each dataset in the smallest unsigned integer type that holds its values (see
@@ -78,6 +84,15 @@ def shard_shapes(
 
 DYNAMIC_DTYPES = {name: SHARD_DTYPES[name] for name in (*SEQUENCE_DATASETS, "next_sentence_labels")}
 """Dynamic masking: the same datasets without ``masked_lm_*``; ``input_ids`` are unmasked."""
+
+NEXT_SENTENCE_LABELS = "next_sentence_labels"
+"""The dataset that shards made for the objective ``mlm`` lack (in every schema, packed too)."""
+
+
+def without_next_sentence_labels(dtypes: Mapping[str, type[np.integer]]) -> dict[str, type[np.integer]]:
+    """A schema (:data:`SHARD_DTYPES`, :data:`DYNAMIC_DTYPES`, ``packed.PACKED_DTYPES``) as shards
+    made for the objective ``mlm`` hold it: without :data:`NEXT_SENTENCE_LABELS`."""
+    return {name: dtype for name, dtype in dtypes.items() if name != NEXT_SENTENCE_LABELS}
 
 
 def _smallest_unsigned(most: int) -> type[np.integer]:
@@ -166,17 +181,26 @@ def _as_schema(array: np.ndarray, schema: Iterable[str], name: str) -> np.ndarra
     return array.astype(schema[name])
 
 
-def read_shard(path: Path) -> dict[str, np.ndarray]:
+def read_shard(path: Path, next_sentence_prediction: bool = True) -> dict[str, np.ndarray]:
     """All six datasets of a shard as NumPy arrays in :data:`SHARD_DTYPES`, keyed by dataset name
     (whole file in memory; datasets stored narrower are converted).
+
+    With ``next_sentence_prediction`` false (the objective ``mlm``), the five others only: a shard
+    made for ``mlm`` has no ``next_sentence_labels``, and those of a shard made for ``mlm-nsp``
+    are left out.
 
     Raises:
         OSError: see :func:`read_datasets`.
         ValueError: a dataset of the schema is missing, or has another dtype.
     """
+    schema = SHARD_DTYPES if next_sentence_prediction else without_next_sentence_labels(SHARD_DTYPES)
     arrays = read_datasets(path)
-    arrays = {name: _as_schema(array, SHARD_DTYPES, name) for name, array in arrays.items()}
-    for name, dtype in SHARD_DTYPES.items():
+    arrays = {
+        name: _as_schema(array, schema, name)
+        for name, array in arrays.items()
+        if next_sentence_prediction or name != NEXT_SENTENCE_LABELS
+    }
+    for name, dtype in schema.items():
         if name not in arrays or arrays[name].dtype != dtype:
             found = arrays[name].dtype if name in arrays else "missing"
             raise ValueError(f"{path}: dataset {name} should be {np.dtype(dtype)}, found {found}")

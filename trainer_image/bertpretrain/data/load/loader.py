@@ -8,6 +8,11 @@ Shards made with dynamic masking lack the two ``masked_lm_*`` datasets: the load
 rows each time it reads them (RoBERTa's dynamic masking, Liu et al. 2019), with draws seeded by
 ``(seed, epoch, shard, rank)``, so every epoch sees new masks and a resumed run the same ones.
 
+Shards made for the objective ``mlm`` (single segments) have no ``next_sentence_labels``: a loader
+made with ``next_sentence_prediction`` false (the job's objective ``mlm``) yields -100 there
+(nothing to predict), also for shards that hold labels; one made with it true (``mlm-nsp``, the
+default) refuses shards without them.
+
 Packed shards (``bertpretrain.data.prepare.packing``, Graphcore's schema) hold several instances per row;
 their batches carry ``position_ids`` and ``next_sentence_positions`` as well, and the model
 attends within each instance only. There, "sequences" in this module means rows.
@@ -41,10 +46,12 @@ from bertpretrain.data.format.masking import mask_tokens
 from bertpretrain.data.format.packed import PACKED_DTYPES, packed_shapes
 from bertpretrain.data.format.shards import (
     DYNAMIC_DTYPES,
+    NEXT_SENTENCE_LABELS,
     PREDICTION_DATASETS,
     SHARD_DTYPES,
     read_datasets,
     shard_shapes,
+    without_next_sentence_labels,
 )
 from bertpretrain.data.format.vocab import SpecialIds, continuation_table, load_tokenizer
 
@@ -70,16 +77,40 @@ class Shard:
     """One HDF5 file, its rows (instances, or packs of them) and its schema.
 
     ``kind``: static (NVIDIA's schema), dynamic (unmasked, masked by the loader) or packed.
+    ``next_sentence_labels``: whether the file holds them (shards made for the objective ``mlm``
+    do not).
     """
 
     path: Path
     num_sequences: int
     kind: ShardKind = "static"
+    next_sentence_labels: bool = True
 
     @property
     def dynamic(self) -> bool:
         """Whether the loader must draw this shard's masks."""
         return self.kind == "dynamic"
+
+    @property
+    def schema(self) -> dict[str, type[np.integer]]:
+        """The datasets the file holds, and their dtypes in memory."""
+        schema = _SCHEMAS[self.kind]
+        return schema if self.next_sentence_labels else without_next_sentence_labels(schema)
+
+
+def _without_labels_error(path: Path) -> ShardError:
+    return ShardError(
+        f"{path}: no dataset {NEXT_SENTENCE_LABELS}, which the objective mlm-nsp needs (the shard was "
+        "made for the objective mlm, masked LM alone: set spec.objective mlm to train on it)"
+    )
+
+
+def _refuse_without_labels(shards: Sequence[Shard], next_sentence_prediction: bool) -> None:
+    """Raise :func:`_without_labels_error` for the first shard without labels when they are needed."""
+    if next_sentence_prediction:
+        for shard in shards:
+            if not shard.next_sentence_labels:
+                raise _without_labels_error(shard.path)
 
 
 @dataclass(frozen=True)
@@ -103,26 +134,38 @@ class DynamicMasking:
 
 
 def find_shards(
-    shard_dir: Path, max_seq_length: int, max_predictions_per_seq: int, pattern: str = TRAIN_PATTERN
+    shard_dir: Path,
+    max_seq_length: int,
+    max_predictions_per_seq: int,
+    pattern: str = TRAIN_PATTERN,
+    *,
+    next_sentence_prediction: bool = True,
 ) -> list[Shard]:
     """The files of ``shard_dir`` matching ``pattern``, sorted by name, each checked against the phase.
 
     Only the datasets' shapes are read here; the values are checked when a shard is loaded.
+    ``next_sentence_prediction`` (true for the objective ``mlm-nsp``) requires
+    ``next_sentence_labels`` in every shard; when false (``mlm``), shards may lack them.
 
     Raises:
         ShardError: the directory is missing or holds no such file, or a shard cannot be opened,
-            lacks a dataset, or has a sequence length (L) or predictions per sequence (P) other
-            than the phase's.
+            lacks a dataset (``next_sentence_labels`` only when ``next_sentence_prediction``; the
+            message then says that the shard was made for the objective mlm), or has a sequence
+            length (L) or predictions per sequence (P) other than the phase's.
     """
     if not shard_dir.is_dir():
         raise ShardError(f"{shard_dir}: shard directory does not exist")
     paths = sorted(shard_dir.glob(pattern))
     if not paths:
         raise ShardError(f"{shard_dir}: no {pattern} files")
-    return [_inspect(path, max_seq_length, max_predictions_per_seq) for path in paths]
+    return [
+        _inspect(path, max_seq_length, max_predictions_per_seq, next_sentence_prediction) for path in paths
+    ]
 
 
-def _inspect(path: Path, max_seq_length: int, max_predictions_per_seq: int) -> Shard:
+def _inspect(
+    path: Path, max_seq_length: int, max_predictions_per_seq: int, next_sentence_prediction: bool
+) -> Shard:
     try:
         with h5py.File(path, "r") as file:
             shapes = {name: file[name].shape for name in file if isinstance(file[name], h5py.Dataset)}
@@ -136,8 +179,12 @@ def _inspect(path: Path, max_seq_length: int, max_predictions_per_seq: int) -> S
     schema = _SCHEMAS[kind]
     shapes = {name: shape for name, shape in shapes.items() if name in schema}
     missing = sorted(set(schema) - set(shapes))
-    if missing:
+    # A shard that lacks its labels alone was made for the objective mlm: valid without next
+    # sentence prediction, and refused as such (not as a damaged file) with it.
+    if missing and missing != [NEXT_SENTENCE_LABELS]:
         raise ShardError(f"{path}: missing dataset(s) {', '.join(missing)}")
+    if missing and next_sentence_prediction:
+        raise _without_labels_error(path)
     rows = shapes["input_ids"][0]
     expected: Mapping[str, tuple[int, ...]]
     if kind == "packed":
@@ -156,11 +203,12 @@ def _inspect(path: Path, max_seq_length: int, max_predictions_per_seq: int) -> S
             else:
                 what = f"max_seq_length is {max_seq_length}"
             raise ShardError(f"{path}: dataset {name} has width {shape[1]}, but the phase's {what}")
-    return Shard(path, rows, kind)
+    return Shard(path, rows, kind, next_sentence_labels=not missing)
 
 
 def load_shard(shard: Shard, vocab_size: int) -> Arrays:
-    """All datasets of one shard as numpy arrays, checked to be valid token ids and positions.
+    """All datasets of one shard (:attr:`Shard.schema`) as numpy arrays, checked to be valid token
+    ids and positions.
 
     Raises:
         ShardError: the file cannot be read (damaged: its checksums, where it has them, or its
@@ -168,7 +216,7 @@ def load_shard(shard: Shard, vocab_size: int) -> Arrays:
             ``[0, vocab_size)`` or masked positions outside the sequence.
     """
     try:
-        arrays = read_datasets(shard.path, _SCHEMAS[shard.kind])
+        arrays = read_datasets(shard.path, shard.schema)
     except (OSError, KeyError) as error:
         raise ShardError(error.args[0]) from None
     for name in ("input_ids", "masked_lm_ids"):
@@ -197,15 +245,26 @@ def verify_shards(shards: Sequence[Shard], vocab_size: int, rank: int = 0, world
         load_shard(shard, vocab_size)
 
 
-def phase_shards(shard_dir: Path, max_seq_length: int, max_predictions_per_seq: int) -> list[Shard]:
+def phase_shards(
+    shard_dir: Path,
+    max_seq_length: int,
+    max_predictions_per_seq: int,
+    *,
+    next_sentence_prediction: bool = True,
+) -> list[Shard]:
     """A phase's training shards, then its held-out shards if it has any (see :func:`find_shards`).
 
     Raises:
         ShardError: see :func:`find_shards`.
     """
-    shards = find_shards(shard_dir, max_seq_length, max_predictions_per_seq)
+    shards = find_shards(
+        shard_dir, max_seq_length, max_predictions_per_seq, next_sentence_prediction=next_sentence_prediction
+    )
     if any(shard_dir.glob(HELDOUT_PATTERN)):
-        shards += find_shards(shard_dir, max_seq_length, max_predictions_per_seq, HELDOUT_PATTERN)
+        shards += find_shards(
+            shard_dir, max_seq_length, max_predictions_per_seq, HELDOUT_PATTERN,
+            next_sentence_prediction=next_sentence_prediction,
+        )  # fmt: skip
     return shards
 
 
@@ -216,8 +275,12 @@ def verify_phases(
     rank: int = 0,
     world_size: int = 1,
     gather: Callable[[object], list[object]] | None = None,
+    *,
+    next_sentence_prediction: bool = True,
 ) -> None:
     """Check every shard of every phase (``directories[k]`` holds ``phases[k]``'s) before step 1.
+
+    ``next_sentence_prediction``: as for :func:`find_shards` (true for the objective ``mlm-nsp``).
 
     Every rank runs this: each reads its share of all the phases' shards (:func:`verify_shards`),
     then ``gather`` (an all-gather over the ranks, ``DataParallel.gather_object``) tells each rank
@@ -233,7 +296,12 @@ def verify_phases(
         shards = [
             shard
             for phase, directory in zip(phases, directories, strict=True)
-            for shard in phase_shards(directory, phase.max_seq_length, phase.max_predictions_per_seq)
+            for shard in phase_shards(
+                directory,
+                phase.max_seq_length,
+                phase.max_predictions_per_seq,
+                next_sentence_prediction=next_sentence_prediction,
+            )
         ]
         verify_shards(shards, vocab_size, rank, world_size)
     except ShardError as found:
@@ -244,15 +312,33 @@ def verify_phases(
         raise ShardError(first)
 
 
+def _load(shard: Shard, vocab_size: int, next_sentence_prediction: bool) -> Arrays:
+    """:func:`load_shard`, without ``next_sentence_labels`` when next sentence prediction is off:
+    then every shard gives the same datasets, whether it holds labels or not, and
+    :func:`to_batch` makes them -100."""
+    arrays = load_shard(shard, vocab_size)
+    if not next_sentence_prediction:
+        arrays.pop(NEXT_SENTENCE_LABELS, None)
+    return arrays
+
+
 def to_batch(arrays: Arrays) -> Batch:
     """Model inputs from shard rows: every tensor int64, labels -100 where there is nothing to
-    predict; the keys and shapes are :class:`bertpretrain.common.batch.Batch`'s."""
+    predict; the keys and shapes are :class:`bertpretrain.common.batch.Batch`'s.
+
+    Rows without ``next_sentence_labels`` (objective ``mlm``) get ``next_sentence_labels`` all
+    -100: int64 [B], or [B, S] for packed rows.
+    """
     positions = arrays["masked_lm_positions"].astype(np.int64)
     labels = np.where(positions == 0, IGNORE_INDEX, arrays["masked_lm_ids"]).astype(np.int64)
-    next_sentence_labels = arrays["next_sentence_labels"].astype(np.int64)
     packed = "next_sentence_positions" in arrays
-    if packed:
-        next_sentence_labels[arrays["next_sentence_weights"] == 0] = IGNORE_INDEX
+    if NEXT_SENTENCE_LABELS not in arrays:
+        shape = arrays["next_sentence_positions"].shape if packed else arrays["input_ids"].shape[:1]
+        next_sentence_labels = np.full(shape, IGNORE_INDEX, np.int64)
+    else:
+        next_sentence_labels = arrays[NEXT_SENTENCE_LABELS].astype(np.int64)
+        if packed:
+            next_sentence_labels[arrays["next_sentence_weights"] == 0] = IGNORE_INDEX
     # The HDF5 datasets keep NVIDIA's names (segment_ids, input_mask, masked_lm_ids).
     batch = Batch(
         input_ids=torch.from_numpy(arrays["input_ids"].astype(np.int64)),
@@ -299,9 +385,15 @@ class PretrainingBatches(IterableDataset[Batch]):
     """The endless stream of one rank's batches of ``micro_batch_size`` instances (see the module).
 
     ``masking`` is required when a shard is dynamic; ``max_predictions_per_seq`` is then the P of
-    the masks drawn. ``skip_batches`` starts the stream after that many batches, where a resumed run left off,
-    without reading the shards that are skipped whole. With DataLoader workers, worker ``w`` of
-    ``n`` yields batches ``w, w + n, ...``, which the DataLoader interleaves back into order.
+    the masks drawn. ``skip_batches`` starts the stream after that many batches, where a resumed
+    run left off, without reading the shards that are skipped whole. With DataLoader workers,
+    worker ``w`` of ``n`` yields batches ``w, w + n, ...``, which the DataLoader interleaves back
+    into order. ``next_sentence_prediction`` false (objective ``mlm``) yields
+    ``next_sentence_labels`` -100 whatever the shards hold; true requires them in every shard.
+
+    Raises:
+        ShardError: dynamic shards without ``masking``; with ``next_sentence_prediction``, a shard
+            without ``next_sentence_labels``; too few rows for ``world_size``.
     """
 
     def __init__(
@@ -315,9 +407,13 @@ class PretrainingBatches(IterableDataset[Batch]):
         skip_batches: int = 0,
         masking: DynamicMasking | None = None,
         max_predictions_per_seq: int = 0,
+        *,
+        next_sentence_prediction: bool = True,
     ):
         if masking is None and any(shard.dynamic for shard in shards):
             raise ShardError(f"{shards[0].path.parent}: unmasked (dynamic) shards, but no masking was given")
+        _refuse_without_labels(shards, next_sentence_prediction)
+        self.next_sentence_prediction = next_sentence_prediction
         self.shards = shards
         self.masking = masking
         self.max_predictions_per_seq = max_predictions_per_seq
@@ -374,7 +470,8 @@ class PretrainingBatches(IterableDataset[Batch]):
             for shard_index in self._shard_order(epoch)[first:]:
                 shard = self.shards[shard_index]
                 rows = self._rows(epoch, shard_index)
-                arrays = {name: values[rows] for name, values in load_shard(shard, self.vocab_size).items()}
+                loaded = _load(shard, self.vocab_size, self.next_sentence_prediction)
+                arrays = {name: values[rows] for name, values in loaded.items()}
                 if shard.dynamic:
                     assert self.masking is not None
                     # Every row of this rank is masked, also those skipped, so a resumed run draws
@@ -406,19 +503,26 @@ def heldout_batches(
     masking: DynamicMasking | None = None,
     max_predictions_per_seq: int = 0,
     max_sequences: int | None = None,
+    *,
+    next_sentence_prediction: bool = True,
 ) -> Iterator[Batch]:
     """One pass over held-out shards in file and row order, rank ``r`` taking rows r, r + world
     size, ...; the last batch may be short. Dynamic shards get masks drawn from ``seed`` alone,
     so every evaluation sees the same masks. ``max_sequences`` caps the rows of all ranks together.
+    ``next_sentence_prediction`` false (objective ``mlm``) yields ``next_sentence_labels`` -100
+    whatever the shards hold.
 
     Raises:
-        ShardError: see :func:`load_shard`; dynamic shards without ``masking``.
+        ShardError: see :func:`load_shard`; dynamic shards without ``masking``; with
+            ``next_sentence_prediction``, a shard without ``next_sentence_labels`` (before any batch).
     """
+    _refuse_without_labels(shards, next_sentence_prediction)
     budget = None if max_sequences is None else -(-max_sequences // world_size)
     for index, shard in enumerate(shards):
         if budget is not None and budget <= 0:
             return
-        arrays = {name: values[rank::world_size] for name, values in load_shard(shard, vocab_size).items()}
+        loaded = _load(shard, vocab_size, next_sentence_prediction)
+        arrays = {name: values[rank::world_size] for name, values in loaded.items()}
         if shard.dynamic:
             if masking is None:
                 raise ShardError(f"{shard.path}: unmasked (dynamic) shard, but no masking was given")
@@ -444,15 +548,21 @@ def build_loader(
     num_workers: int = 0,
     pin_memory: bool = False,
     masking: DynamicMasking | None = None,
+    *,
+    next_sentence_prediction: bool = True,
 ) -> DataLoader[Batch]:
     """An endless DataLoader of one rank's batches (dicts of int64 tensors, see :func:`to_batch`).
 
-    ``masking`` is needed for shards made with dynamic masking.
+    ``masking`` is needed for shards made with dynamic masking. ``next_sentence_prediction``: true
+    for the objective ``mlm-nsp`` (every shard must hold ``next_sentence_labels``), false for
+    ``mlm`` (``next_sentence_labels`` are -100, int64 [B], [B, S] packed, whatever the shards hold).
 
     Raises:
         ShardError: see :func:`find_shards`; later, while iterating, see :func:`load_shard`.
     """
-    shards = find_shards(shard_dir, max_seq_length, max_predictions_per_seq)
+    shards = find_shards(
+        shard_dir, max_seq_length, max_predictions_per_seq, next_sentence_prediction=next_sentence_prediction
+    )
     dataset = PretrainingBatches(
         shards,
         vocab_size,
@@ -463,6 +573,7 @@ def build_loader(
         skip_batches,
         masking,
         max_predictions_per_seq,
+        next_sentence_prediction=next_sentence_prediction,
     )
     # A generator of its own: otherwise starting the iterator draws from the global RNG, and a
     # resumed run's dropout would no longer follow the RNG state restored from the checkpoint.

@@ -111,6 +111,7 @@ def _instance_params(spec: JobSpec, phase: PhaseSpec) -> InstanceParams:
         masked_lm_prob=data.masked_lm_prob,
         short_seq_prob=data.short_seq_prob,
         dupe_factor=data.dupe_factor,
+        next_sentence_prediction=spec.objective == "mlm-nsp",
     )
 
 

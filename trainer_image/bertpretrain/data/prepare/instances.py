@@ -1,6 +1,8 @@
-"""Next-sentence-prediction pairs, as Google's BERT script makes them, on arrays of token ids.
+"""Pretraining instances on arrays of token ids: Google's next-sentence-prediction pairs for the
+objective ``mlm-nsp``, single segments of whole sentences for ``mlm``.
 
-The algorithm is google-research/bert ``create_pretraining_data.py`` (Devlin et al. 2019):
+``mlm-nsp`` (:func:`create_pairs`) is google-research/bert ``create_pretraining_data.py``
+(Devlin et al. 2019):
 
 * ``dupe_factor`` passes over the documents; in each, every document is cut into instances.
 * A document's target length is ``max_seq_length - 3`` ([CLS], [SEP], [SEP]), or, with
@@ -16,7 +18,24 @@ The algorithm is google-research/bert ``create_pretraining_data.py`` (Devlin et 
   random end, until both fit in ``max_seq_length - 3``.
 * Instances are shuffled.
 
-How we differ, and why (documented in ``docs/design.md``):
+``mlm`` (:func:`create_segments`, masked LM without next sentence prediction) makes one segment
+``[CLS] A [SEP]`` per instance, as RoBERTa's DOC-SENTENCES inputs (Liu et al. 2019, section 4.2:
+full sentences, contiguous, never across a document boundary, no NSP; Cramming, Geiping and
+Goldstein 2022, and MosaicBERT, Portes et al. 2023, also train MLM alone on single segments). The
+chunks are Google's, so that the two objectives see the same text in the same units:
+
+* the same passes, and the same target per document and pass: ``max_seq_length - 2`` ([CLS],
+  [SEP]), or with probability ``short_seq_prob`` a uniform draw from ``[2, max_seq_length - 2]``;
+* whole sentences gathered into a chunk until it reaches the target or the document ends; the
+  chunk is A, and the next chunk starts with the next sentence;
+* a chunk longer than ``max_seq_length - 2`` (one long sentence, or the last sentence
+  overshooting) loses its excess as ``truncate_seq_pair`` trims one side: each token from the
+  front or the back at random. RoBERTa instead ends a chunk before the sentence that would not
+  fit; reaching the target and trimming, as Google does, fills the rows (less padding) and keeps
+  the two objectives' instances alike.
+* Instances are shuffled.
+
+How we differ from Google, and why (documented in ``docs/design.md``):
 
 * Draws come from numpy's and Python's generators seeded per shard, not from Google's single
   ``random.Random``: same distributions, different values. Truncation draws how many tokens
@@ -50,13 +69,18 @@ _ROWS_PER_BLOCK = 8192
 
 @dataclass(frozen=True)
 class InstanceParams:
-    """How instances are made; names and defaults as in Google's script."""
+    """How instances are made; names and defaults as in Google's script.
+
+    ``next_sentence_prediction``: sentence pairs for the objective ``mlm-nsp`` (:func:`create_pairs`)
+    when true, single segments for ``mlm`` (:func:`create_segments`) when false.
+    """
 
     max_seq_length: int = 128
     max_predictions_per_seq: int = 20
     masked_lm_prob: float = 0.15
     short_seq_prob: float = 0.1
     dupe_factor: int = 10
+    next_sentence_prediction: bool = True
 
 
 @dataclass(frozen=True)
@@ -65,7 +89,8 @@ class Pairs:
 
     Segment A is ``tokens[a_start:a_end]`` and B ``tokens[b_start:b_end]`` (int32 [N] each, int64 for a
     shard of 2^31 tokens or more; after truncation); ``is_random_next`` bool [N] is true when B
-    does not follow A in the corpus.
+    does not follow A in the corpus. An empty B (``b_start == b_end == a_end``, ``is_random_next``
+    false) makes a single segment ``[CLS] A [SEP]``, as :func:`create_segments` makes them.
     """
 
     a_start: np.ndarray
@@ -84,8 +109,9 @@ class Pairs:
 
     @property
     def lengths(self) -> np.ndarray:
-        """int64 [N]: tokens of each instance, [CLS] and both [SEP] included."""
-        return (self.a_end - self.a_start) + (self.b_end - self.b_start) + 3
+        """int [N], the spans' dtype: tokens of each instance, [CLS] and both [SEP] included (one
+        [SEP] where B is empty)."""
+        return (self.a_end - self.a_start) + (self.b_end - self.b_start) + 3 - (self.b_end == self.b_start)
 
 
 def create_pairs(documents: TokenizedDocuments, params: InstanceParams, rng: np.random.Generator) -> Pairs:
@@ -178,6 +204,72 @@ def _document_pairs(
         i += 1
 
 
+def create_segments(documents: TokenizedDocuments, params: InstanceParams, rng: np.random.Generator) -> Pairs:
+    """All single segments of ``dupe_factor`` passes over ``documents`` (objective ``mlm``),
+    shuffled, truncated, as :class:`Pairs` with an empty B (see the module docstring).
+
+    Each document must hold a sentence and each sentence a token (as ``DocumentEncoder`` makes
+    them). ``rng`` drives every draw, so the same generator state gives the same segments.
+
+    Returns:
+        Pairs of N segments: ``a_start``/``a_end`` int32 [N] (int64 for 2^31 tokens or more), each
+        span within one document and at most ``max_seq_length - 2`` long; ``b_start == b_end ==
+        a_end``; ``is_random_next`` bool [N], all false.
+
+    Raises:
+        ValueError: ``max_seq_length`` leaves no room for a segment of two tokens.
+    """
+    max_num_tokens = params.max_seq_length - 2
+    if max_num_tokens < 2:
+        raise ValueError(f"max_seq_length {params.max_seq_length} is too short for a segment")
+    wide = len(documents.tokens) >= 2**31
+    spans = array.array("q" if wide else "i")
+    uniform = random.Random(int(rng.integers(2**63))).random
+    sentence_starts = documents.sentence_starts.tolist()
+    document_starts = documents.document_starts.tolist()
+    for _ in range(params.dupe_factor):
+        for document in range(documents.num_documents):
+            _document_segments(
+                document,
+                document_starts,
+                sentence_starts,
+                max_num_tokens,
+                params.short_seq_prob,
+                uniform,
+                spans.extend,
+            )
+    table = np.frombuffer(spans, dtype=np.int64 if wide else np.int32).reshape(-1, 2)
+    # An empty B: _truncate then trims A alone, as truncate_seq_pair trims the longer side.
+    a_start, a_end, _, _ = _truncate(table[:, 0], table[:, 1], table[:, 1], table[:, 1], max_num_tokens, rng)
+    del table, spans
+    order = rng.permutation(len(a_start))
+    a_start, a_end = a_start[order], a_end[order]
+    return Pairs(a_start, a_end, a_end, a_end, np.zeros(len(a_start), bool))
+
+
+def _document_segments(
+    document: int,
+    document_starts: list[int],
+    sentence_starts: list[int],
+    max_num_tokens: int,
+    short_seq_prob: float,
+    uniform: Callable[[], float],
+    emit: Callable[[tuple[int, int]], None],
+) -> None:
+    """Emit one document's chunks of whole sentences, untruncated, as ``(start, end)`` token
+    indices: :func:`_document_pairs`' chunks and target, each chunk a segment of its own."""
+    first, end = document_starts[document], document_starts[document + 1]
+    target = max_num_tokens
+    if uniform() < short_seq_prob:
+        target = 2 + int(uniform() * (max_num_tokens - 1))
+    chunk_start = first
+    while chunk_start < end:
+        # The chunk's last sentence: the first at which it reaches the target, or the document's last.
+        last = bisect_left(sentence_starts, sentence_starts[chunk_start] + target, chunk_start + 1, end) - 1
+        emit((sentence_starts[chunk_start], sentence_starts[last + 1]))
+        chunk_start = last + 1
+
+
 def _truncate(
     a_start: np.ndarray,
     a_end: np.ndarray,
@@ -209,11 +301,13 @@ def _truncate(
 def assemble(
     pairs: Pairs, tokens: np.ndarray, max_seq_length: int, special: SpecialIds
 ) -> dict[str, np.ndarray]:
-    """The unmasked instances ``[CLS] A [SEP] B [SEP]``, zero-padded, in NVIDIA's dtypes.
+    """The unmasked instances ``[CLS] A [SEP] B [SEP]``, or ``[CLS] A [SEP]`` where B is empty,
+    zero-padded, in NVIDIA's dtypes.
 
     Returns ``input_ids`` int32 [N, L], ``input_mask`` int8 [N, L] (1 for tokens, 0 padding),
-    ``segment_ids`` int8 [N, L] (1 for ``B [SEP]``) and ``next_sentence_labels`` int8 [N] (1 for a
-    random next sentence), with L = ``max_seq_length``.
+    ``segment_ids`` int8 [N, L] (1 for ``B [SEP]``, so all 0 for a single segment) and
+    ``next_sentence_labels`` int8 [N] (1 for a random next sentence; 0 for a single segment,
+    whose shards leave it out), with L = ``max_seq_length``.
 
     Raises:
         ValueError: a pair does not fit in ``max_seq_length``.

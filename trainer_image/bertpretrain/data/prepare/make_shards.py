@@ -1,5 +1,9 @@
 """Pass 2 of the data stage: the pieces dealt to a phase's shards in a seeded order, and each shard
-made by a worker from its units alone: sentence pairs, masks, optional packing, one HDF5 file."""
+made by a worker from its units alone: sentence pairs (single segments for the objective ``mlm``),
+masks, optional packing, one HDF5 file.
+
+Shards made for ``mlm`` have no ``next_sentence_labels`` dataset, packed or not
+(``bertpretrain.data.format.shards``), so that nothing can train next sentence prediction on them."""
 
 from __future__ import annotations
 
@@ -17,14 +21,22 @@ from bertpretrain.data.format import vocab
 from bertpretrain.data.format.masking import mask_tokens
 from bertpretrain.data.format.shards import (
     DYNAMIC_DTYPES,
+    NEXT_SENTENCE_LABELS,
     SHARD_DTYPES,
     read_attrs,
     shard_shapes,
     storage_dtypes,
+    without_next_sentence_labels,
 )
 from bertpretrain.data.prepare import documents
 from bertpretrain.data.prepare.cache import METADATA_FILE, start_directory, write_json
-from bertpretrain.data.prepare.instances import InstanceParams, Pairs, assemble, create_pairs
+from bertpretrain.data.prepare.instances import (
+    InstanceParams,
+    Pairs,
+    assemble,
+    create_pairs,
+    create_segments,
+)
 from bertpretrain.data.prepare.messages import report
 from bertpretrain.data.prepare.packing import pack_instances, padding_fraction
 from bertpretrain.data.prepare.pieces import Piece
@@ -179,8 +191,11 @@ def make_dataset(
         else f", padding {metadata['padding']:.1%}"
     )
     heldout = f" (+{metadata['heldout']['instances']} held out)" if results["heldout"] else ""
+    random_next = (
+        f" ({metadata['random_next']} random next)" if parameters["next_sentence_prediction"] else ""
+    )
     report(
-        f"{directory}: {metadata['instances']} instances{heldout} ({metadata['random_next']} random next) "
+        f"{directory}: {metadata['instances']} instances{heldout}{random_next} "
         f"in {len(results['train'])} shards{packed}, {metadata['seconds']:.1f} s "
         f"({metadata['instances'] / max(metadata['seconds'], 1e-9):.0f} instances/s)"
     )
@@ -237,7 +252,7 @@ def _make_shard(task: ShardTask) -> dict[str, Any]:
     rng = np.random.default_rng(
         [parameters["seed"], params.max_seq_length, params.max_predictions_per_seq, split_index, task.index]
     )
-    pairs = create_pairs(docs, params, rng)
+    pairs = (create_pairs if params.next_sentence_prediction else create_segments)(docs, params, rng)
     counts = {
         "documents": docs.num_documents,
         "text_bytes": int(docs.text_bytes.sum()),
@@ -249,18 +264,23 @@ def _make_shard(task: ShardTask) -> dict[str, Any]:
     if parameters["packing"] != "none":
         # Packing looks at the whole shard's lengths at once, so a packed shard is held whole.
         arrays = _instances(pairs, docs.tokens, params, parameters, rng)
-        arrays = pack_instances(arrays, parameters["max_sequences_per_pack"], parameters["packing"], rng)
+        arrays = pack_instances(
+            arrays, parameters["max_sequences_per_pack"], parameters["packing"], rng,
+            next_sentence_prediction=params.next_sentence_prediction,
+        )  # fmt: skip
         rows = len(arrays["input_ids"])
         masked = int((arrays["masked_lm_positions"] > 0).sum())
         write_shard(task.path, arrays, _with_rows(counts, masked, rows, pairs))
         return _with_rows(counts, masked, rows, pairs)
     static = parameters["masking"] == "static"
     schema = SHARD_DTYPES if static else DYNAMIC_DTYPES
+    if not params.next_sentence_prediction:
+        schema = without_next_sentence_labels(schema)
     dtypes = storage_dtypes(schema, parameters["vocab_size"], params.max_seq_length)
     widths = {
         name: shard_shapes(0, params.max_seq_length, params.max_predictions_per_seq)[name][1]
         for name in dtypes
-        if name != "next_sentence_labels"
+        if name != NEXT_SENTENCE_LABELS
     }
     masked = 0
     # Instances are made, masked and written a block at a time: memory holds a block, not the shard.
@@ -279,8 +299,11 @@ def _instances(
     pairs: Pairs, tokens: np.ndarray, params: InstanceParams, parameters: dict[str, Any],
     rng: np.random.Generator,
 ) -> dict[str, np.ndarray]:  # fmt: skip
-    """The pairs as instances in NVIDIA's arrays, masked when masking is static."""
+    """The pairs as instances in NVIDIA's arrays, masked when masking is static; without
+    ``next_sentence_labels`` for the objective ``mlm``."""
     arrays = assemble(pairs, tokens, params.max_seq_length, _shard_context["special"])
+    if not params.next_sentence_prediction:
+        del arrays[NEXT_SENTENCE_LABELS]
     if parameters["masking"] == "static":
         arrays.update(
             mask_tokens(

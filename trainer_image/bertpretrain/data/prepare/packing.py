@@ -47,7 +47,7 @@ from typing import Literal, get_args
 import numpy as np
 
 from bertpretrain.data.format.packed import PACKED_DTYPES, packed_shapes
-from bertpretrain.data.format.shards import SHARD_DTYPES
+from bertpretrain.data.format.shards import NEXT_SENTENCE_LABELS, SHARD_DTYPES
 
 Algorithm = Literal["spfhp", "nnlshp"]
 
@@ -106,6 +106,7 @@ def pack_instances(
     max_sequences_per_pack: int,
     algorithm: Algorithm,
     rng: np.random.Generator,
+    next_sentence_prediction: bool = True,
 ) -> dict[str, np.ndarray]:
     """Pack a shard's worth of instances into rows.
 
@@ -116,10 +117,13 @@ def pack_instances(
             prediction each), ``next_sentence_labels`` [N]. L and P are read from the shapes.
         max_sequences_per_pack: S, at most 127 (``input_mask`` is int8).
         algorithm, rng: as for ``plan_packs``.
+        next_sentence_prediction: false for instances of the objective ``mlm``: their
+            ``next_sentence_labels`` are neither needed nor packed.
 
     Returns:
         The packed schema (:mod:`bertpretrain.data.format.packed`): the nine datasets of
-        ``PACKED_DTYPES``, shaped as ``packed_shapes`` says, for R rows (R = N when no two instances
+        ``PACKED_DTYPES`` (eight, without ``next_sentence_labels``, when ``next_sentence_prediction``
+        is false), shaped as ``packed_shapes`` says, for R rows (R = N when no two instances
         fit in one row; 0 when N = 0). Row r holds the instances of
         ``plan_packs(lengths, L, S, algorithm, rng)[r]``, in that order, for the same ``rng`` state.
 
@@ -129,7 +133,7 @@ def pack_instances(
             sequence, L is over 32768 (``position_ids`` are int16), or ``max_sequences_per_pack``
             is outside 1..127.
     """
-    lengths, counts = _check_instances(arrays)
+    lengths, counts = _check_instances(arrays, next_sentence_prediction)
     n, max_seq_length = arrays["input_ids"].shape
     width = arrays["masked_lm_positions"].shape[1]
     if not 1 <= max_sequences_per_pack <= np.iinfo(np.int8).max:
@@ -141,7 +145,11 @@ def pack_instances(
     order, sizes = _plan(lengths, max_seq_length, max_sequences_per_pack, algorithm, rng)
     rows = len(sizes)
     shapes = packed_shapes(rows, max_seq_length, max_sequences_per_pack, width)
-    packed = {name: np.zeros(shapes[name], dtype) for name, dtype in PACKED_DTYPES.items()}
+    packed = {
+        name: np.zeros(shapes[name], dtype)
+        for name, dtype in PACKED_DTYPES.items()
+        if next_sentence_prediction or name != NEXT_SENTENCE_LABELS
+    }
 
     # Entry m of the plan is instance order[m], the k[m]-th of row row_of[m], from column start[m].
     row_of = np.repeat(np.arange(rows), sizes)
@@ -173,7 +181,8 @@ def pack_instances(
     packed["masked_lm_ids"][target] = arrays["masked_lm_ids"][order][source]
 
     packed["next_sentence_positions"][row_of, k] = start
-    packed["next_sentence_labels"][row_of, k] = arrays["next_sentence_labels"][order]
+    if next_sentence_prediction:
+        packed["next_sentence_labels"][row_of, k] = arrays["next_sentence_labels"][order]
     packed["next_sentence_weights"][row_of, k] = 1
     return packed
 
@@ -430,9 +439,15 @@ def _deal(
     return order[moved], new_sizes
 
 
-def _check_instances(arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Each instance's length and number of predictions (int64 [N]), after checking the schema."""
-    missing = [name for name in INSTANCE_DATASETS if name not in arrays]
+def _check_instances(
+    arrays: dict[str, np.ndarray], next_sentence_prediction: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each instance's length and number of predictions (int64 [N]), after checking the schema
+    (without ``next_sentence_labels`` when ``next_sentence_prediction`` is false)."""
+    required = [
+        name for name in INSTANCE_DATASETS if next_sentence_prediction or name != NEXT_SENTENCE_LABELS
+    ]
+    missing = [name for name in required if name not in arrays]
     if missing:
         raise ValueError(f"arrays lacks datasets {missing}")
     ids, positions = arrays["input_ids"], arrays["masked_lm_positions"]
@@ -450,6 +465,8 @@ def _check_instances(arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndar
         "masked_lm_ids": (n, width),
         "next_sentence_labels": (n,),
     }
+    if not next_sentence_prediction:
+        del expected[NEXT_SENTENCE_LABELS]
     for name, shape in expected.items():
         if arrays[name].shape != shape:
             found = arrays[name].shape
