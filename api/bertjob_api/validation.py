@@ -18,6 +18,7 @@ from bertjob_api.defaults import (
     ModelDims,
     batch_split_problem,
     masking_cap_problem,
+    micro_batch_size,
     resolve_model,
     task_world_size,
     volumes,
@@ -25,8 +26,8 @@ from bertjob_api.defaults import (
 )
 from bertjob_api.files import format_size
 from bertjob_api.jobfile import MAX_BYTES, dump
-from bertjob_api.spec import BertPretrainJob, JobSpec, MpiSpec, SpecError, to_document
-from bertjob_api.spec.cel import MLM_NVIDIA_EXPORT
+from bertjob_api.spec import BertPretrainJob, JobSpec, MpiSpec, PhaseSpec, SpecError, to_document
+from bertjob_api.spec.cel import MLM_NVIDIA_EXPORT, RAMP_ENGINE, RAMP_LR_SCALING, RAMP_NO_ACCUMULATION
 
 # Volumes the base pod template mounts itself (kustomize/base): a job volume may not take their names.
 TOLERATION_OPERATORS = ("Exists", "Equal")
@@ -82,6 +83,7 @@ def problems(spec: JobSpec, training: bool = True) -> list[tuple[str, str]]:
         capped = masking_cap_problem(phase.max_seq_length, phase.max_predictions_per_seq, data.masked_lm_prob)
         if capped is not None:
             found.append((f"{where}.maxPredictionsPerSeq", capped))
+        found += [(f"{where}.{field}", message) for field, message in _ramp_problems(spec, phase, world_size)]
         if phase.max_seq_length > dims.max_position_embeddings:
             found.append(
                 (
@@ -93,6 +95,28 @@ def problems(spec: JobSpec, training: bool = True) -> list[tuple[str, str]]:
     if len(spec.phases) == 2 and spec.phases[1].max_seq_length < spec.phases[0].max_seq_length:
         found.append(("spec.phases[1].maxSeqLength", "phase 2 must not use shorter sequences than phase 1"))
     return found + _distributed_problems(spec) + _finetune_problems(spec, dims)
+
+
+def _ramp_problems(spec: JobSpec, phase: PhaseSpec, world_size: int) -> list[tuple[str, str]]:
+    """What a phase's batch ramp cannot run with, as (field under the phase, message) pairs: an
+    engine that fixes the accumulation for the phase (Horovod under mpirun, DeepSpeed), lrScaling,
+    and a phase without gradient accumulation."""
+    if phase.batch_ramp_proportion is None:
+        return []
+    found = []
+    mpi = spec.launcher == "mpijob" or (spec.launcher == "trainjob" and spec.train_job.ml_policy == "mpi")
+    for refused, message in (
+        (mpi or spec.distributed.deepspeed is not None, RAMP_ENGINE),
+        (spec.optimizer.lr_scaling != "none", RAMP_LR_SCALING),
+        (
+            phase.global_batch_size < 2 * world_size * micro_batch_size(phase, world_size),
+            RAMP_NO_ACCUMULATION,
+        ),
+    ):
+        if refused:
+            field, _, text = message.partition(": ")
+            found.append((field, text))
+    return found
 
 
 # [CLS] question [SEP] context [SEP]

@@ -123,6 +123,9 @@ def job_cases() -> list[dict[str, Any]]:
     micro = with_value(good, "spec.phases.0.microBatchSize", 5)
     habana = with_value(with_value(good, "spec.launcher", "mpijob"), "spec.accelerator", "habana-hpu")
     no_spec = {key: value for key, value in good.items() if key != "spec"}
+    micro_ramp = with_value(
+        with_value(good, "spec.phases.0.microBatchSize", 16), "spec.phases.0.batchRampProportion", 0.1
+    )
     return [
         _job("valid-job", good, [], cel=True),
         # World size 3, default micro-batch 64 // 3 = 21: 64 % 63 and 32 % 30 leave remainders.
@@ -149,6 +152,22 @@ def job_cases() -> list[dict[str, Any]]:
             ["spec.export.nvidia"],
             cel=True,
         ),
+        # A ramp grows the accumulation: refused without any, and under Horovod.
+        _job(
+            "batch-ramp-without-accumulation",
+            with_value(good, "spec.phases.1.batchRampProportion", 0.25),
+            ["spec.phases[1].batchRampProportion"],
+            cel=True,
+        ),
+        _job(
+            "batch-ramp-under-horovod",
+            with_value(
+                with_value(micro_ramp, "spec.launcher", "trainjob"), "spec.trainJob", {"mlPolicy": "mpi"}
+            ),
+            ["spec.phases[0].batchRampProportion"],
+            cel=True,
+        ),
+        _job("batch-ramp-under-ddp", micro_ramp, [], cel=True),
         _job("bad-name", with_value(good, "metadata.name", "Bad_Name"), ["metadata.name"], cel=False),
         _job(
             "schema-wrong-type",

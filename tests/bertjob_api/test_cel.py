@@ -63,6 +63,37 @@ CASES: list[tuple[str, dict[str, Any], set[str]]] = [
     # 10 x 0.25 = 2.5 rounds to 2 (half to even): 2 predictions are enough, 1 is not.
     ("masking-cap-at-a-tie", _tie(predictions=1), {"spec.phases[0].maxPredictionsPerSeq"}),
     ("masking-cap-met-at-a-tie", _tie(predictions=2), set()),
+    # The batch ramp: needs accumulation (64 = 2 x 32 has it, 64 = 1 x 64 not), DDP, no lrScaling.
+    (
+        "batch-ramp-without-accumulation",
+        _job(spec__phases__0__batchRampProportion=0.5, spec__phases__0__microBatchSize=64),
+        {"spec.phases[0].batchRampProportion"},
+    ),
+    (
+        "batch-ramp-with-the-least-accumulation",
+        _job(spec__phases__0__batchRampProportion=0.5, spec__phases__0__microBatchSize=32),
+        set(),
+    ),
+    (
+        "batch-ramp-with-lr-scaling",
+        _job(
+            spec__phases__0__batchRampProportion=0.5,
+            spec__phases__0__microBatchSize=8,
+            spec__phases__1__batchRampProportion=0.5,
+            spec__phases__1__microBatchSize=8,
+            spec__optimizer={"lrScaling": "linear", "referenceGlobalBatchSize": 64},
+        ),
+        {"spec.phases[0].batchRampProportion", "spec.phases[1].batchRampProportion"},
+    ),
+    (
+        "batch-ramp-under-deepspeed",
+        _job(
+            spec__phases__1__batchRampProportion=0.5,
+            spec__phases__1__microBatchSize=8,
+            spec__distributed=DEEPSPEED,
+        ),
+        {"spec.phases[1].batchRampProportion"},
+    ),
     (
         "phase-2-shorter",
         _job(spec__phases__1__maxSeqLength=64, spec__phases__1__maxPredictionsPerSeq=10),

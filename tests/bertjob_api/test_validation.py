@@ -30,6 +30,13 @@ def test_valid_job_has_no_problems():
     assert _problems(valid_job()) == {}
 
 
+def test_a_ramp_with_accumulation_under_ddp_is_accepted():
+    ramped = with_value(
+        with_value(valid_job(), "spec.phases.0.batchRampProportion", 0.2), "spec.phases.0.microBatchSize", 32
+    )
+    assert _problems(ramped) == {}
+
+
 @pytest.mark.parametrize(
     ("changes", "path", "message"),
     [
@@ -58,6 +65,34 @@ def test_valid_job_has_no_problems():
             {"spec.phases.1.maxPredictionsPerSeq": 76},
             "spec.phases[1].maxPredictionsPerSeq",
             "masks 77 of maxSeqLength 512 tokens",
+        ),
+        (
+            {"spec.objective": "mlm", "spec.export": {"nvidia": True}},
+            "spec.export.nvidia",
+            "NVIDIA's format holds the NSP head",
+        ),
+        (
+            {"spec.phases.0.batchRampProportion": 0.2},
+            "spec.phases[0].batchRampProportion",
+            "the ramp grows the gradient accumulation from 1, and this phase has none",
+        ),
+        (
+            {
+                "spec.phases.0.batchRampProportion": 0.2,
+                "spec.phases.0.microBatchSize": 8,
+                "spec.launcher": "mpijob",
+            },
+            "spec.phases[0].batchRampProportion",
+            "Horovod's backward_passes_per_step and DeepSpeed's config fix it",
+        ),
+        (
+            {
+                "spec.phases.1.batchRampProportion": 0.5,
+                "spec.phases.1.microBatchSize": 8,
+                "spec.optimizer": {"lrScaling": "sqrt", "referenceGlobalBatchSize": 256},
+            },
+            "spec.phases[1].batchRampProportion",
+            "set lrScaling none with a ramp",
         ),
         (
             {"spec.model": {"preset": "bert-tiny", "numAttentionHeads": 3}},

@@ -119,7 +119,16 @@ def prepare_data(plan: Plan, parallel: DataParallel) -> PreparedData:
     assert isinstance(result, PreparedData)
     gather = parallel.gather_object
     phases, rank = plan.spec.phases, world.rank
-    verify_phases(phases, result.phase_dirs, result.vocab_size, rank, world.world_size, gather)
+    nsp = plan.spec.objective == "mlm-nsp"
+    verify_phases(
+        phases,
+        result.phase_dirs,
+        result.vocab_size,
+        rank,
+        world.world_size,
+        gather,
+        next_sentence_prediction=nsp,
+    )
     return result
 
 

@@ -128,10 +128,29 @@ def _splits(item: str, world: str) -> str:
     )
 
 
+# The refusals of a batch ramp, in bertjob_api.validation's words too.
+RAMP_ENGINE = (
+    "batchRampProportion: the ramp changes the gradient accumulation step by step, which DDP does; "
+    "Horovod's backward_passes_per_step and DeepSpeed's config fix it for the phase: use torchrun "
+    "(launcher pytorchjob, or trainjob with mlPolicy torch) without spec.distributed.deepspeed"
+)
+RAMP_LR_SCALING = (
+    "batchRampProportion: spec.optimizer.lrScaling scales the rate by globalBatchSize, which the ramp "
+    "reaches only at its end; set lrScaling none with a ramp"
+)
+RAMP_NO_ACCUMULATION = (
+    "batchRampProportion: the ramp grows the gradient accumulation from 1, and this phase has none "
+    "(globalBatchSize is world size x microBatchSize); lower microBatchSize"
+)
+
+
 def _phase_rules(index: int) -> list[Rule]:
     phase, where = f"self.phases[{index}]", f"spec.phases[{index}]"
     # The schema's minItems (1) makes phase 1 always there.
     present = f"size(self.phases) <= {index} || " if index else ""
+    ramp = f"has({phase}.batchRampProportion)"
+    if index:
+        ramp = f"size(self.phases) > {index} && {ramp}"
     return [
         Rule(
             present + _splits(phase, _WORLD_SIZE),
@@ -150,6 +169,19 @@ def _phase_rules(index: int) -> list[Rule]:
             + _masked_count(f"double({phase}.maxSeqLength) * self.data.maskedLmProb"),
             f"{where}.maxPredictionsPerSeq: caps the masking: it must be at least the tokens "
             "spec.data.maskedLmProb masks of maxSeqLength (rounded), or the rate would silently drop",
+            field_path=".phases",
+        ),
+        Rule(f"!({ramp} && ({_DEEPSPEED} || {_UNDER_MPI}))", f"{where}.{RAMP_ENGINE}", field_path=".phases"),
+        Rule(
+            f"!({ramp} && has(self.optimizer) && self.optimizer.lrScaling != 'none')",
+            f"{where}.{RAMP_LR_SCALING}",
+            field_path=".phases",
+        ),
+        Rule(
+            # Divisions, not 2 x world x micro-batch, which could overflow: for positive integers
+            # floor(floor(a / b) / c) is floor(a / (b c)).
+            f"!({ramp}) || {phase}.globalBatchSize / {_WORLD_SIZE} / {_micro_batch(phase, _WORLD_SIZE)} >= 2",
+            f"{where}.{RAMP_NO_ACCUMULATION}",
             field_path=".phases",
         ),
     ]

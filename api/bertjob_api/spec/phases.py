@@ -31,6 +31,16 @@ class PhaseSpec(_Spec):
         0.01, ge=0, lt=1, description="Share of the phase's steps spent in linear warm-up."
     )
     steps: Int64 = Field(ge=1, description="Optimizer steps in this phase.")
+    batch_ramp_proportion: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="Share of the phase's steps over which the global batch grows (Cramming's batch "
+        "ramp): the gradient accumulation steps rise linearly from 1 at the first step to their full "
+        "count at this share of the steps, so the first steps see world size x microBatchSize "
+        "sequences. Needs gradient accumulation, DDP (not Horovod or DeepSpeed, which fix the "
+        "accumulation for the phase) and lrScaling none. Default: no ramp.",
+    )
 
     @model_validator(mode="after")
     def _predictions_fit(self) -> PhaseSpec:

@@ -137,6 +137,39 @@ def test_resume_continues_as_if_never_stopped(
     assert progress(capsys.readouterr().out) == []
 
 
+def test_a_batch_ramp_accumulates_as_its_formula_and_resumes_mid_ramp(
+    make_spec,
+    make_phase,
+    shard_dir: Path,
+    vocab_size: int,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    """Global batch 16 as 4 micro-batches of 4, ramped over 60% of 10 steps: steps 1-10 accumulate
+    1, 1, 2, 2, 3, 4, 4, 4, 4, 4 micro-batches (ramp_accumulation_steps), 29 in all. A run stopped
+    after step 5's checkpoint (9 micro-batches in) ends with the uninterrupted run's weights."""
+    phase = make_phase(steps=10, microBatchSize=4, batchRampProportion=0.6)
+    logged = {"everySteps": 1}
+    uninterrupted = make_spec(
+        [phase], checkpoint={"path": str(tmp_path / "a"), "everySteps": 5}, logging=logged
+    )
+    interrupted = make_spec(
+        [phase], checkpoint={"path": str(tmp_path / "b"), "everySteps": 5}, logging=logged
+    )
+    expected = read_checkpoint(train_phase(uninterrupted, 0, shard_dir, vocab_size))
+    assert "4 accumulation steps, ramped from 1 over the first 60% of the steps" in capsys.readouterr().out
+    train = [record["data"] for record in log_records(uninterrupted) if record["type"] == "LOG"]
+    assert [record["sequences"] for record in train] == [4 * n for n in (1, 1, 2, 2, 3, 4, 4, 4, 4, 4)]
+    assert expected["data_position"]["sequences"] == 29 * 4
+
+    final = train_phase(interrupted, 0, shard_dir, vocab_size)
+    assert read_checkpoint(final.parent / "step_000005.pt")["data_position"]["sequences"] == 9 * 4
+    final.unlink()
+    assert train_phase(interrupted, 0, shard_dir, vocab_size) == final
+    resumed = read_checkpoint(final)
+    assert all(torch.equal(resumed["model"][name], tensor) for name, tensor in expected["model"].items())
+
+
 @pytest.mark.filterwarnings("ignore:.*autocast on a CPU without:UserWarning")
 @pytest.mark.parametrize(("optimizer", "precision"), [("adamw", "bf16"), ("lamb", "fp16")])
 def test_other_optimizer_and_precisions(
@@ -210,6 +243,39 @@ def test_packed_shards_train(
     train = [record["data"] for record in log_records(spec) if record["type"] == "LOG"]
     # Sequences are counted one by one, not by rows: more than 8 per step.
     assert sum(record["sequences"] for record in train) > 20 * 8
+
+
+MLM_LINE = re.compile(
+    r"^phase 1/1 step (\d+)/20 loss (\d+\.\d{3}) mlm_acc (0\.\d{3}|1\.000) lr \d\.\d\de[+-]\d\d "
+    r"seq/s \d+\.\d eta \d+:\d\d:\d\d$"
+)
+MLM_EVAL_LINE = re.compile(
+    r"^phase 1/1 step (\d+)/20 held-out: mlm_acc (\d\.\d{4}) loss \d+\.\d{3}, "
+    r"([\d,]+) sequences in \d+\.\d s$"
+)
+
+
+def test_objective_mlm_trains_without_nsp(
+    make_spec, make_phase, make_shards, shard_dir: Path, vocab_size: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On shards with NSP labels (ignored) as on shards without: no NSP figures in the lines or
+    the log, a model without pooler or NSP head in the checkpoint, the loss falling."""
+    make_shards("phase1", num_shards=1, sequences_per_shard=10, prefix="heldout")
+    spec = make_spec([make_phase(learningRate=2e-2)], objective="mlm", evaluation={"everySteps": 10})
+    final = train_phase(spec, 0, shard_dir, vocab_size)
+    output = capsys.readouterr().out
+    lines = [line for line in output.splitlines() if re.match(r"phase 1/1 step ", line)]
+    trained = [MLM_LINE.match(line) for line in lines if "held-out" not in line]
+    evaluated = [MLM_EVAL_LINE.match(line) for line in lines if "held-out" in line]
+    assert all(trained) and all(evaluated) and len(trained) == 4 and len(evaluated) == 2, lines
+    losses = [float(match[2]) for match in trained if match]
+    assert losses[-1] < losses[0] - 0.3, losses
+    assert [match[3] for match in evaluated if match] == ["10", "10"]
+    records = [record["data"] for record in log_records(spec) if record["type"] == "LOG"]
+    assert records and not any(key.startswith("nsp") for record in records for key in record)
+    assert sum(record["sequences"] for record in records if record.get("split") != "eval") == 20 * 16
+    weights = read_checkpoint(final)["model"]
+    assert not [name for name in weights if name.startswith(("bert.pooler.", "cls.seq_relationship."))]
 
 
 def test_sigterm_saves_and_stops(

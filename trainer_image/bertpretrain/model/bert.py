@@ -1,4 +1,5 @@
-"""BERT for pretraining: masked language modelling (MLM) and next sentence prediction (NSP).
+"""BERT for pretraining: masked language modelling (MLM) and next sentence prediction (NSP), or MLM
+alone.
 
 Devlin et al. 2019, "BERT: Pre-training of Deep Bidirectional Transformers for Language
 Understanding". The modules and their attribute names mirror Hugging Face's
@@ -14,6 +15,11 @@ Cross-contamination", arXiv:2107.02027; the data schema is in :mod:`bertpretrain
 things keep a packed sequence from seeing its neighbours, so that its outputs are those it has
 alone: a block-diagonal attention mask, position ids that restart at each sequence, and the pooler
 and NSP classifier run at each sequence's own ``[CLS]``.
+
+Without NSP (the job's ``objective: mlm``, as RoBERTa, Liu et al. 2019, trains) the model has no
+pooler and no NSP classifier, parameter for parameter transformers' ``BertForMaskedLM``: nothing
+is built that the loss would leave without gradients (which DDP refuses), and the export is a
+``BertForMaskedLM``.
 
 The config is :class:`bertpretrain.model.config.BertConfig`. Read top to bottom: embeddings, one
 encoder layer, the encoder, the attention masks, pooler, heads, the whole model, the loss.
@@ -222,21 +228,21 @@ class BertPooler(nn.Module):
 
 
 class BertModel(nn.Module):
-    """The encoder with its pooler.
+    """The encoder with its pooler (``add_pooling_layer``, as transformers' argument, or none).
 
     ``(input_ids, token_type_ids, attention_mask, position_ids=None, next_sentence_positions=None)
     -> (hidden [B, L, H], pooled)``, with the arguments of :meth:`BertForPreTraining.forward`;
-    ``pooled`` is ``[B, H]``, or ``[B, S, H]`` for packed rows.
+    ``pooled`` is ``[B, H]``, or ``[B, S, H]`` for packed rows, or None without a pooler.
 
     Raises:
         ValueError: packed rows (``next_sentence_positions`` given) without ``position_ids``.
     """
 
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
         super().__init__()
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
-        self.pooler = BertPooler(config)
+        self.pooler = BertPooler(config) if add_pooling_layer else None
 
     def forward(
         self,
@@ -245,7 +251,7 @@ class BertModel(nn.Module):
         attention_mask: torch.Tensor,
         position_ids: torch.Tensor | None = None,
         next_sentence_positions: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         packed = next_sentence_positions is not None
         if packed and position_ids is None:
             # 0..L-1 would give every sequence after the first the positions of its place in the
@@ -253,6 +259,8 @@ class BertModel(nn.Module):
             raise ValueError("packed rows (next_sentence_positions given) need position_ids")
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         hidden = self.encoder(x, sdpa_mask(attention_mask, packed))
+        if self.pooler is None:
+            return hidden, None
         return hidden, self.pooler(hidden, next_sentence_positions)
 
 
@@ -289,22 +297,30 @@ class BertLMPredictionHead(nn.Module):
 
 
 class BertPreTrainingHeads(nn.Module):
-    """The MLM head and the NSP classifier (``[..., H] -> [..., 2]``, class 1 = random next)."""
+    """The MLM head and the NSP classifier (``[..., H] -> [..., 2]``, class 1 = random next), or the
+    MLM head alone (``next_sentence_prediction`` False: transformers' ``BertOnlyMLMHead``)."""
 
-    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
+    def __init__(
+        self, config: BertConfig, word_embeddings: nn.Embedding, next_sentence_prediction: bool = True
+    ):
         super().__init__()
         self.predictions = BertLMPredictionHead(config, word_embeddings)
-        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2) if next_sentence_prediction else None
 
 
 class BertForPreTraining(nn.Module):
-    """BERT with its two pretraining heads, parameter for parameter Hugging Face's model."""
+    """BERT with its two pretraining heads, parameter for parameter Hugging Face's model; with
+    ``next_sentence_prediction`` False, the MLM head alone on an encoder without a pooler,
+    parameter for parameter transformers' ``BertForMaskedLM``."""
 
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, next_sentence_prediction: bool = True):
         super().__init__()
         self.config = config
-        self.bert = BertModel(config)
-        self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings)
+        self.next_sentence_prediction = next_sentence_prediction
+        self.bert = BertModel(config, add_pooling_layer=next_sentence_prediction)
+        self.cls = BertPreTrainingHeads(
+            config, self.bert.embeddings.word_embeddings, next_sentence_prediction
+        )
         self.apply(self._init_weights)
 
     def set_activation_checkpointing(self, enabled: bool) -> None:
@@ -341,7 +357,7 @@ class BertForPreTraining(nn.Module):
         masked_lm_positions: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         next_sentence_positions: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """MLM and NSP logits, of unpacked rows or of packed rows (``next_sentence_positions``).
 
         Args:
@@ -359,8 +375,8 @@ class BertForPreTraining(nn.Module):
         Returns:
             ``mlm_logits``: ``[B, P, V]`` at ``masked_lm_positions`` if given, else ``[B, L, V]``;
             ``nsp_logits``: ``[B, 2]`` from position 0, or ``[B, S, 2]`` from each
-            ``next_sentence_positions`` entry for packed rows. In the parameters' dtype, or
-            autocast's.
+            ``next_sentence_positions`` entry for packed rows; None without NSP. In the
+            parameters' dtype, or autocast's.
 
         Raises:
             ValueError: ``next_sentence_positions`` given without ``position_ids``.
@@ -370,16 +386,21 @@ class BertForPreTraining(nn.Module):
         )
         if masked_lm_positions is not None:
             hidden = gather_positions(hidden, masked_lm_positions)
-        return self.cls.predictions(hidden), self.cls.seq_relationship(pooled)
+        mlm_logits = self.cls.predictions(hidden)
+        if self.cls.seq_relationship is None or pooled is None:
+            return mlm_logits, None
+        return mlm_logits, self.cls.seq_relationship(pooled)
 
 
 def pretraining_loss(
     mlm_logits: torch.Tensor,
     masked_lm_labels: torch.Tensor,
-    nsp_logits: torch.Tensor,
+    nsp_logits: torch.Tensor | None,
     next_sentence_labels: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """BERT's pretraining loss: mean MLM cross-entropy plus mean NSP cross-entropy (Devlin et al.).
+    """BERT's pretraining loss: mean MLM cross-entropy plus mean NSP cross-entropy (Devlin et al.),
+    or the MLM term alone for a model without NSP (``nsp_logits`` None: ``nsp_loss`` is a constant
+    0, with no gradient).
 
     Each mean is over the batch's predictions, not per row, so that a packed row with more
     sequences weighs more, as the same sequences would unpacked.
@@ -388,7 +409,7 @@ def pretraining_loss(
         mlm_logits: ``[B, P, V]`` (or ``[B, L, V]``) float.
         masked_lm_labels: ``[B, P]`` (or ``[B, L]``) int64 token ids, ``-100`` (``IGNORE_INDEX``)
             where nothing is predicted.
-        nsp_logits: ``[B, 2]`` float, or ``[B, S, 2]`` for packed rows.
+        nsp_logits: ``[B, 2]`` float, or ``[B, S, 2]`` for packed rows; None without NSP.
         next_sentence_labels: ``[B]`` int64, 1 = random next sentence; ``[B, S]`` for packed rows,
             ``-100`` on empty slots.
 
@@ -400,6 +421,8 @@ def pretraining_loss(
     mlm_loss = F.cross_entropy(
         mlm_logits.reshape(-1, vocab_size).float(), masked_lm_labels.reshape(-1), ignore_index=IGNORE_INDEX
     )
+    if nsp_logits is None:
+        return mlm_loss, mlm_loss, torch.zeros((), device=mlm_loss.device)
     nsp_loss = F.cross_entropy(
         nsp_logits.reshape(-1, 2).float(), next_sentence_labels.reshape(-1), ignore_index=IGNORE_INDEX
     )

@@ -90,10 +90,11 @@ class BertConfig(ModelDims):
         """The fields as plain Python values (for checkpoints)."""
         return dataclasses.asdict(self)
 
-    def to_hf_dict(self) -> dict[str, Any]:
-        """A ``config.json`` that ``transformers.BertConfig`` reads as this same model."""
+    def to_hf_dict(self, architecture: str = "BertForPreTraining") -> dict[str, Any]:
+        """A ``config.json`` that ``transformers.BertConfig`` reads as this same model, saying that
+        its weights are ``architecture``'s (``BertForPreTraining`` or ``BertForMaskedLM``)."""
         return {
-            "architectures": ["BertForPreTraining"],
+            "architectures": [architecture],
             "model_type": "bert",
             **self.to_dict(),
             "hidden_act": "gelu",

@@ -2,7 +2,8 @@
 check of the export, and import of a Hugging Face BERT's config and weights for continued
 pretraining.
 
-The directory is what ``transformers.BertForPreTraining.from_pretrained`` and
+The directory is what ``transformers.BertForPreTraining.from_pretrained`` (``BertForMaskedLM`` for
+a model trained without NSP, whose weights have no pooler or NSP head) and
 ``AutoTokenizer.from_pretrained`` read: ``config.json``, ``model.safetensors``, ``vocab.txt``,
 ``tokenizer.json`` (when the vocabulary directory has one), ``tokenizer_config.json`` and
 ``special_tokens_map.json``. As ``save_pretrained`` does, the weights omit the MLM decoder's
@@ -65,13 +66,14 @@ def save_hf(
     """Write a model's weights and config and the vocabulary of ``vocab_dir`` to ``out_dir``.
 
     ``weights`` is a ``BertForPreTraining`` state dict (the tied MLM decoder's entries are left
-    out), its tensors on the CPU; they are written as they are (fp32 for every precision the
-    trainer runs). ``lowercase`` is the tokenizer's ``do_lower_case``. The files are written and
-    synced in a staging directory beside ``out_dir`` (``.<name>.partial-<random>``), which then
-    replaces it; the parent directory is synced after the rename. Directories and files get the
-    modes the umask gives (0755 and 0644 under the usual 022). Exports to one ``out_dir`` take
-    turns on the lock ``.<name>.lock`` beside it, and each removes the staging directories that
-    killed exports left.
+    out), its tensors on the CPU; without the NSP head (``objective: mlm``) the config names the
+    architecture ``BertForMaskedLM``, whose weights they then are; they are written as they are
+    (fp32 for every precision the trainer runs). ``lowercase`` is the tokenizer's ``do_lower_case``.
+    The files are written and synced in a staging directory beside ``out_dir``
+    (``.<name>.partial-<random>``), which then replaces it; the parent directory is synced after the
+    rename. Directories and files get the modes the umask gives (0755 and 0644 under the usual 022).
+    Exports to one ``out_dir`` take turns on the lock ``.<name>.lock`` beside it, and each removes
+    the staging directories that killed exports left.
 
     Returns:
         ``out_dir``.
@@ -86,7 +88,7 @@ def save_hf(
         raise FileNotFoundError(f"{vocab_dir}: no vocab.txt to export with the model")
     untied = {name: tensor.contiguous() for name, tensor in weights.items() if name not in _TIES}
     contents = {
-        CONFIG_FILE: _json(config.to_hf_dict()),
+        CONFIG_FILE: _json(config.to_hf_dict(architecture(weights))),
         SAFETENSORS_FILE: save(untied, metadata={"format": "pt"}),
         VOCAB_FILE: vocab.read_bytes(),
         "tokenizer_config.json": _json(_tokenizer_config(config, lowercase)),
@@ -95,6 +97,12 @@ def save_hf(
     if (vocab_dir / TOKENIZER_FILE).is_file():
         contents[TOKENIZER_FILE] = (vocab_dir / TOKENIZER_FILE).read_bytes()
     return write_directory(out_dir, contents)
+
+
+def architecture(weights: Container[str]) -> str:
+    """The transformers class whose parameters ``weights`` (a state dict's names) are:
+    ``BertForPreTraining`` with the NSP classifier, ``BertForMaskedLM`` without it."""
+    return "BertForPreTraining" if "cls.seq_relationship.weight" in weights else "BertForMaskedLM"
 
 
 def write_directory(out_dir: Path, contents: Mapping[str, bytes]) -> Path:

@@ -303,6 +303,8 @@ class Engine:
         self.scheduler.step()
         # torch's default sets the gradients to None; Horovod's optimizer takes no argument.
         self.optimizer.zero_grad()
+        # Each step counts its own micro-batches: a batch ramp changes their number step by step.
+        self._micro_batches = 0
         return lr, (
             self.scaler.is_enabled() and self.scaler.get_scale() < scale
         ) or self.parallel.step_skipped()

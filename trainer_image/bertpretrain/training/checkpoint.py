@@ -214,11 +214,19 @@ def newest_resumable(directory: Path) -> Resumable | None:
     return None
 
 
+# What a model trained with NSP has and one trained on masked LM alone has not (BertForPreTraining
+# against BertForMaskedLM).
+_NSP_PARTS = ("bert.pooler.", "cls.seq_relationship.")
+
+
 def load_model_weights(
-    path: Path, model: BertForPreTraining, state: dict[str, Any] | None = None
+    path: Path, model: BertForPreTraining, state: dict[str, Any] | None = None, nsp_optional: bool = False
 ) -> dict[str, Any]:
     """Load a checkpoint's weights into ``model``; returns the whole checkpoint. ``state``: its
-    contents, when already read.
+    contents, when already read. With ``nsp_optional``, the pooler and NSP classifier may be in one
+    and not the other: a masked-LM-only checkpoint leaves ``model``'s at their initialisation, and
+    an NSP checkpoint's are ignored by a model without them (starting a job from another
+    objective's weights, or fine-tuning after ``objective: mlm``).
 
     Raises:
         CheckpointError: naming the file, when it cannot be read or its model has another shape.
@@ -228,9 +236,22 @@ def load_model_weights(
     if differences:
         raise CheckpointError(f"{path}: checkpoint is of another model: {', '.join(differences)}")
     try:
-        model.load_state_dict(state["model"])
+        if not nsp_optional:
+            model.load_state_dict(state["model"])
+            return state
+        ours = model.state_dict().keys()
+        weights = {
+            name: tensor
+            for name, tensor in state["model"].items()
+            if name in ours or not name.startswith(_NSP_PARTS)
+        }
+        result = model.load_state_dict(weights, strict=False)
     except RuntimeError as error:
         raise CheckpointError(f"{path}: weights do not fit the model: {error}") from None
+    misfits = [name for name in result.missing_keys if not name.startswith(_NSP_PARTS)]
+    misfits += result.unexpected_keys
+    if misfits:
+        raise CheckpointError(f"{path}: weights do not fit the model: {', '.join(misfits)}")
     return state
 
 
@@ -288,8 +309,9 @@ def load_initial_weights(source: Path, model: BertForPreTraining) -> Initialised
             )
     state = _load(source)
     if isinstance(state, dict) and {"model", "config"} <= state.keys():
-        load_model_weights(source, model, state)
-        return Initialised(f"{source} (training checkpoint)", [])
+        load_model_weights(source, model, state, nsp_optional=True)
+        kept = [name for name, _ in model.named_parameters() if name not in state["model"]]
+        return Initialised(f"{source} (training checkpoint)", kept)
     weights = state.get("model") if isinstance(state, dict) and "model" in state else state
     config_file = source.parent / NVIDIA_CONFIG_FILE
     if is_nvidia_state_dict(weights):

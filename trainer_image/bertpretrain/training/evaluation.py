@@ -33,19 +33,15 @@ class Evaluation:
 
     @property
     def loss(self) -> float:
-        """MLM plus NSP loss, as the training loss is defined."""
-        return self.mlm_loss + self.nsp_loss
+        """MLM plus NSP loss, as the training loss is defined (MLM alone without NSP)."""
+        return self.mlm_loss + (self.nsp_loss if self.accuracy.has_nsp else 0.0)
 
     def values(self) -> dict[str, float]:
-        """The figures by name, for the training log."""
-        return {
-            "loss": self.loss,
-            "mlm_loss": self.mlm_loss,
-            "nsp_loss": self.nsp_loss,
-            "mlm_accuracy": self.accuracy.mlm,
-            "nsp_accuracy": self.accuracy.nsp,
-            "sequences": float(self.accuracy.sequences),
-        }
+        """The figures by name, for the training log (no NSP figures without NSP)."""
+        values = {"loss": self.loss, "mlm_loss": self.mlm_loss, "mlm_accuracy": self.accuracy.mlm}
+        if self.accuracy.has_nsp:
+            values |= {"nsp_loss": self.nsp_loss, "nsp_accuracy": self.accuracy.nsp}
+        return values | {"sequences": float(self.accuracy.sequences)}
 
 
 @dataclass(frozen=True)
@@ -53,7 +49,7 @@ class _Sums:
     """What an evaluation adds up, over batches and then over ranks: each loss weighted by its
     number of predictions (a batch without masked positions has a NaN mean loss that weighs
     nothing), and the accuracy counts as :func:`bertpretrain.training.accuracy.prediction_counts`
-    gives them. They travel as one fp32 ``[6]`` tensor in field order (:meth:`of_batch`,
+    gives them. They travel as one fp32 ``[7]`` tensor in field order (:meth:`of_batch`,
     :meth:`from_tensor`), so that the ranks add them up in one all-reduce."""
 
     mlm_loss: float  # MLM loss x masked positions
@@ -62,12 +58,13 @@ class _Sums:
     mlm_total: float
     nsp_correct: float
     nsp_total: float
+    sequences: float
 
-    SIZE: ClassVar[int] = 6  # fields, the length of of_batch()
+    SIZE: ClassVar[int] = 7  # fields, the length of of_batch()
 
     @staticmethod
     def of_batch(stats: StepStatistics) -> torch.Tensor:
-        """One batch's sums as fp32 ``[6]``, in field order, on the statistics' device."""
+        """One batch's sums as fp32 ``[7]``, in field order, on the statistics' device."""
         totals = torch.stack([stats.mlm_total, stats.nsp_total])
         losses = torch.stack([stats.mlm_loss, stats.nsp_loss])
         weighted = torch.where(totals > 0, losses * totals, 0.0)
@@ -75,12 +72,12 @@ class _Sums:
 
     @classmethod
     def from_tensor(cls, values: torch.Tensor) -> _Sums:
-        """From fp32 ``[6]`` as :meth:`of_batch` makes it (or a sum of such)."""
+        """From fp32 ``[7]`` as :meth:`of_batch` makes it (or a sum of such)."""
         return cls(*values.cpu().tolist())
 
     def accuracy(self) -> Accuracy:
         """Masked-LM and NSP accuracy from the counts."""
-        counts = [self.mlm_correct, self.mlm_total, self.nsp_correct, self.nsp_total]
+        counts = [self.mlm_correct, self.mlm_total, self.nsp_correct, self.nsp_total, self.sequences]
         return Accuracy.from_counts(torch.tensor(counts, dtype=torch.float32))
 
     @staticmethod

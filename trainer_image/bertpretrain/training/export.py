@@ -14,7 +14,7 @@ from pathlib import Path
 
 from bertjob_api.plan import NVIDIA_EXPORT_DIR, Plan
 from bertpretrain.model.config import BertConfig
-from bertpretrain.model.huggingface import save_hf
+from bertpretrain.model.huggingface import architecture, save_hf
 from bertpretrain.model.nvidia import save_nvidia
 from bertpretrain.training.checkpoint import latest, read_checkpoint
 
@@ -80,9 +80,14 @@ def export_nvidia(checkpoint: Path, vocab_dir: Path, out_dir: Path) -> Path:
         bertpretrain.model.config.CheckpointError: the checkpoint cannot be read.
         FileNotFoundError: ``vocab_dir`` has no ``vocab.txt``.
         ValueError: the model cannot be written in NVIDIA's format (see
-            :func:`bertpretrain.model.nvidia.config_to_nvidia`).
+            :func:`bertpretrain.model.nvidia.config_to_nvidia`), or has no NSP head (``objective:
+            mlm``), which NVIDIA's fine-tuning scripts load.
         bertjob_api.files.DiskFullError: the export does not fit; nothing of it is left.
     """
     state = read_checkpoint(checkpoint)
+    if architecture(state["model"]) != "BertForPreTraining":
+        raise ValueError(
+            f"{checkpoint}: NVIDIA's format needs the NSP head, which objective mlm does not train"
+        )
     step = int(state.get("step", 0))
     return save_nvidia(state["model"], BertConfig(**state["config"]), vocab_dir, out_dir, step)

@@ -9,7 +9,8 @@ computed; if the evaluation due at that step was not recorded as made, it makes 
 
 A :class:`Phase` is built from the plan (:class:`bertjob_api.plan.Plan`, which holds the batch
 split for the world that runs), the phase's index, the prepared data and the process group. Each
-optimizer step: ``accumulation_steps`` forward/backward passes, one optimizer step, the
+optimizer step: ``accumulation_steps`` forward/backward passes (fewer during a batch ramp,
+``batchRampProportion``), one optimizer step, the
 statistics (:class:`bertpretrain.training.accuracy.StepStatistics`) summed over ranks in one
 all-reduce; then, as due, a progress line, a checkpoint, an evaluation on the
 held-out shards; and a stop if a rank got SIGTERM (:mod:`bertpretrain.training.preemption`).
@@ -72,7 +73,7 @@ from bertpretrain.training.logs import TrainingLog
 from bertpretrain.training.optimizer import build_optimizer
 from bertpretrain.training.preemption import Preempted, StopSignals
 from bertpretrain.training.progress import StatusReporter
-from bertpretrain.training.schedule import build_schedule
+from bertpretrain.training.schedule import build_schedule, ramp_accumulation_steps, ramped_micro_batches
 
 # With fp16, this many skipped steps in a row (the loss scale halved each time) means divergence.
 MAX_CONSECUTIVE_SKIPS = 30
@@ -190,6 +191,22 @@ class _Run:
         assert isinstance(self.loader.dataset, PretrainingBatches)
         return self.loader.dataset
 
+    def accumulation(self, step: int) -> int:
+        """Micro-batches each rank accumulates in optimizer step ``step`` (1-based): the phase's
+        gradient accumulation steps, or fewer during its batch ramp."""
+        planned, ramp = self.phase.phase_plan, self.phase.phase_spec.batch_ramp_proportion
+        if ramp is None:
+            return planned.accumulation_steps
+        return ramp_accumulation_steps(step, planned.steps, planned.accumulation_steps, ramp)
+
+    def micro_batches(self, step: int) -> int:
+        """Micro-batches each rank has consumed after ``step`` optimizer steps (where the data
+        stands in a checkpoint of that step)."""
+        planned, ramp = self.phase.phase_plan, self.phase.phase_spec.batch_ramp_proportion
+        if ramp is None:
+            return step * planned.accumulation_steps
+        return ramped_micro_batches(step, planned.steps, planned.accumulation_steps, ramp)
+
 
 def _seed(*parts: int) -> int:
     return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
@@ -199,7 +216,8 @@ def _build(of: Phase, engine: Engine, log: TrainingLog) -> _Run:
     spec, index, phase, written = of.spec, of.index, of.phase_plan, of.phase_spec
     vocab_size, shard_dir = of.data.vocab_size, of.shard_dir
     torch.manual_seed(_seed(spec.seed, index))
-    model = BertForPreTraining(BertConfig.from_dims(of.plan.model, vocab_size))
+    nsp = spec.objective == "mlm-nsp"
+    model = BertForPreTraining(BertConfig.from_dims(of.plan.model, vocab_size), next_sentence_prediction=nsp)
     if spec.activation_checkpointing:
         model.set_activation_checkpointing(True)
     resume = _resumable(of, engine)
@@ -243,9 +261,16 @@ def _build(of: Phase, engine: Engine, log: TrainingLog) -> _Run:
         num_workers=1 if engine.device.type == "cuda" else 0,
         pin_memory=engine.device.type == "cuda",
         masking=masking,
+        next_sentence_prediction=nsp,
     )
     heldout = (
-        find_shards(shard_dir, phase.max_seq_length, phase.max_predictions_per_seq, HELDOUT_PATTERN)
+        find_shards(
+            shard_dir,
+            phase.max_seq_length,
+            phase.max_predictions_per_seq,
+            HELDOUT_PATTERN,
+            next_sentence_prediction=nsp,
+        )
         if any(shard_dir.glob(HELDOUT_PATTERN))
         else []
     )
@@ -279,7 +304,7 @@ def _initialise(
     if resume is not None:
         return str(resume)
     if init_from is not None:
-        load_model_weights(init_from, model)
+        load_model_weights(init_from, model)  # the previous phase's: the same objective
         return str(init_from)
     if spec.model.init_from is None:
         return "random initialisation"
@@ -312,6 +337,7 @@ def _announce(run: _Run, origin: str) -> None:
         "world_size": engine.world_size,
         "max_seq_length": phase.max_seq_length,
         "learning_rate": phase.learning_rate,
+        "objective": spec.objective,
         "optimizer": spec.optimizer.name,
         "schedule": spec.optimizer.schedule,
         "precision": spec.precision,
@@ -323,14 +349,18 @@ def _announce(run: _Run, origin: str) -> None:
     }
     if spec.optimizer.lr_scaling != "none":
         description |= run.phase.plan.learning_rate(run.phase.index)
+    ramp = run.phase.phase_spec.batch_ramp_proportion
+    if ramp is not None:
+        description["batch_ramp_proportion"] = ramp
     run.log.parameters(description)
     if not engine.is_main:
         return
     rows = "rows of packed sequences" if spec.data.packing != "none" else "sequences"
+    ramped = f", ramped from 1 over the first {ramp:.0%} of the steps" if ramp is not None else ""
     print(
         f"{run.phase.name}: {spec.model.preset} ({description['parameters']:,} parameters), "
         f"{phase.steps} steps x {phase.global_batch_size} {rows} of {phase.max_seq_length} tokens "
-        f"(micro-batch {phase.micro_batch_size} x {phase.accumulation_steps} accumulation steps x "
+        f"(micro-batch {phase.micro_batch_size} x {phase.accumulation_steps} accumulation steps{ramped} x "
         f"world size {engine.world_size}), {engine.device} {spec.precision} {spec.optimizer.name}; "
         f"from {origin} at step {run.start_step}",
         flush=True,
@@ -347,11 +377,14 @@ def _train(run: _Run, stop: StopSignals) -> None:
     progress = _Progress(run)
     for step in range(run.start_step + 1, phase.steps + 1):
         stats = torch.zeros(StepStatistics.SIZE, device=engine.device)
-        for _ in range(phase.accumulation_steps):
-            stats += engine.forward_backward(next(batches), phase.accumulation_steps)
+        accumulation = run.accumulation(step)
+        for _ in range(accumulation):
+            stats += engine.forward_backward(next(batches), accumulation)
         lr, skipped = engine.optimizer_step()
         # The step's one all-reduce, of every statistic at once.
-        progress.record(step, StepStatistics.from_tensor(engine.sum_over_ranks(stats).cpu()), lr, skipped)
+        progress.record(
+            step, StepStatistics.from_tensor(engine.sum_over_ranks(stats).cpu()), lr, skipped, accumulation
+        )
         stopping = engine.any_rank(stop.received is not None)
         last = step == phase.steps
         if stopping or last or step % spec.checkpoint.every_steps == 0:
@@ -417,7 +450,7 @@ def _save(run: _Run, step: int) -> Path:
                 scheduler=run.engine.scheduler,
                 scaler=run.engine.scaler,
                 keep=run.phase.spec.checkpoint.keep,
-                data_position=run.batches.position(step * run.phase.phase_plan.accumulation_steps).to_dict(),
+                data_position=run.batches.position(run.micro_batches(step)).to_dict(),
                 rng=rng,  # type: ignore[arg-type]
                 learning_rate=run.phase.plan.learning_rate(run.phase.index),
             )
@@ -438,15 +471,20 @@ def _evaluate(run: _Run, step: int) -> Evaluation:
             masking=run.masking,
             max_predictions_per_seq=phase.max_predictions_per_seq,
             max_sequences=run.phase.spec.evaluation.max_sequences,
+            next_sentence_prediction=run.model.next_sentence_prediction,
         ),
     )
     run.log.log(run.phase.index + 1, step, "eval", result.values())
     if engine.is_main:
         record_evaluation(run.phase.root, run.phase.index, step, result.values())
+        accuracy = f"mlm_acc {result.accuracy.mlm:.4f}"
+        losses = f"loss {result.loss:.3f}"
+        if result.accuracy.has_nsp:
+            accuracy += f" nsp_acc {result.accuracy.nsp:.4f}"
+            losses += f" (mlm {result.mlm_loss:.3f} nsp {result.nsp_loss:.3f})"
         print(
-            f"{run.phase.name} step {step}/{phase.steps} held-out: mlm_acc {result.accuracy.mlm:.4f} "
-            f"nsp_acc {result.accuracy.nsp:.4f} loss {result.loss:.3f} (mlm {result.mlm_loss:.3f} "
-            f"nsp {result.nsp_loss:.3f}), {result.accuracy.sequences:,} sequences in {result.seconds:.1f} s",
+            f"{run.phase.name} step {step}/{phase.steps} held-out: {accuracy} {losses}, "
+            f"{result.accuracy.sequences:,} sequences in {result.seconds:.1f} s",
             flush=True,
         )
     return result
@@ -474,11 +512,13 @@ class _Progress:
     def _reset(self) -> None:
         self.sums = torch.zeros(StepStatistics.SIZE)
         self.steps = 0
+        self.micro_batches = 0  # of the finite steps since the last line, over all ranks
         self.skipped = 0
         self.start = time.perf_counter()
 
-    def record(self, step: int, stats: StepStatistics, lr: float, skipped: bool) -> None:
-        """Take the statistics of one optimizer step, summed over micro-batches and ranks.
+    def record(self, step: int, stats: StepStatistics, lr: float, skipped: bool, accumulation: int) -> None:
+        """Take the statistics of one optimizer step, summed over its ``accumulation`` micro-batches
+        per rank and over ranks.
 
         Raises:
             DivergenceError: a non-finite loss that the fp16 gradient scaler did not skip, or
@@ -486,14 +526,15 @@ class _Progress:
         """
         finite = stats.finite()
         self.consecutive_skips = self.consecutive_skips + 1 if skipped else 0
+        micro_batches = accumulation * self.run.engine.world_size
         if (not finite and not skipped) or self.consecutive_skips >= MAX_CONSECUTIVE_SKIPS:
-            self._diverged(step, stats, skipped)
+            self._diverged(step, stats, skipped, micro_batches)
         if skipped:
             self.skipped += 1
         if finite:
             self.sums += stats.to_tensor()
             self.steps += 1
-            micro_batches = self.run.phase.phase_plan.accumulation_steps * self.run.engine.world_size
+            self.micro_batches += micro_batches
             self.step_loss = stats.mean_losses(micro_batches).loss
         phase = self.run.phase
         if step % phase.spec.logging.every_steps == 0 or step == phase.phase_plan.steps:
@@ -505,9 +546,9 @@ class _Progress:
         seconds = time.perf_counter() - self.began
         self.run.log.summary(seconds, self.trained_sequences, self.last_loss)
 
-    def _diverged(self, step: int, stats: StepStatistics, skipped: bool) -> None:
+    def _diverged(self, step: int, stats: StepStatistics, skipped: bool, micro_batches: int) -> None:
         run = self.run
-        losses = stats.mean_losses(run.phase.phase_plan.accumulation_steps * run.engine.world_size)
+        losses = stats.mean_losses(micro_batches)
         newest = latest(run.phase.checkpoint_dir)
         kept = (
             f"the last good checkpoint is {newest}" if newest else "no checkpoint of this phase was written"
@@ -523,14 +564,17 @@ class _Progress:
         run, phase = self.run, self.run.phase.phase_plan
         elapsed = time.perf_counter() - self.start
         # NaN when every step since the last line was skipped.
-        micro_batches = self.steps * run.phase.phase_plan.accumulation_steps * run.engine.world_size
+        micro_batches = self.micro_batches
         total = StepStatistics.from_tensor(self.sums)
         loss, mlm, nsp = total.mean_losses(micro_batches)
         accuracy = total.accuracy()
         steps_done = self.steps + self.skipped
         rate = accuracy.sequences / elapsed
-        values = {"loss": loss, "mlm_loss": mlm, "nsp_loss": nsp, "mlm_accuracy": accuracy.mlm}
-        values |= {"nsp_accuracy": accuracy.nsp, "learning_rate": lr, "sequences_per_second": rate}
+        has_nsp = self.run.model.next_sentence_prediction
+        values = {"loss": loss, "mlm_loss": mlm, "mlm_accuracy": accuracy.mlm}
+        if has_nsp:
+            values |= {"nsp_loss": nsp, "nsp_accuracy": accuracy.nsp}
+        values |= {"learning_rate": lr, "sequences_per_second": rate}
         values["sequences"] = float(accuracy.sequences)
         if self.skipped:
             values["skipped_steps"] = float(self.skipped)
@@ -541,8 +585,9 @@ class _Progress:
             return
         eta = datetime.timedelta(seconds=round((phase.steps - step) * elapsed / max(steps_done, 1)))
         skipped = f" skipped {self.skipped} (fp16 overflow)" if self.skipped else ""
+        parts = f" (mlm {mlm:.3f} nsp {nsp:.3f})" if has_nsp else ""
         print(
-            f"{run.phase.name} step {step}/{phase.steps} loss {loss:.3f} (mlm {mlm:.3f} nsp {nsp:.3f}) "
+            f"{run.phase.name} step {step}/{phase.steps} loss {loss:.3f}{parts} "
             f"mlm_acc {accuracy.mlm:.3f} lr {lr:.2e} seq/s {rate:.1f} eta {eta}{skipped}",
             flush=True,
         )
