@@ -144,4 +144,5 @@ PROGRESS_FIELDS: Final = {
     "loss": "loss",
     "mlm_accuracy": "mlmAccuracy",
     "sequences_per_second": "sequencesPerSecond",
+    "budget_left_seconds": "budgetLeftSeconds",
 }

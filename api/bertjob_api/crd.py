@@ -85,6 +85,9 @@ class Progress(_Status):
     loss: float | None = Field(None, description="Training loss (masked LM + NSP) at the last logging step.")
     mlm_accuracy: float | None = Field(None, description="Masked-LM accuracy at the last logging step.")
     sequences_per_second: float | None = Field(None, description="Training throughput, all ranks together.")
+    budget_left_seconds: float | None = Field(
+        None, description="With spec.budget: the phase's time left at its calibrated speed, in seconds."
+    )
     update_time: datetime = Field(description="When the trainer reported this.")
 
 

@@ -9,10 +9,11 @@ derived values once, through :class:`bertjob_api.plan.Plan`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from bertjob_api.spec import TASK_METRICS, FinetuneTaskSpec, JobSpec, ModelSpec, VolumeSpec
+from bertjob_api.spec import TASK_METRICS, FinetuneTaskSpec, JobSpec, ModelSpec, PhaseSpec, VolumeSpec
 
 DEFAULT_NUM_SHARDS = 4
 # Fine-tuning defaults by task type: Devlin et al. 2019's (and NVIDIA's scripts') sequence lengths,
@@ -159,6 +160,22 @@ def masking_cap_problem(
         f"{wanted} of maxSeqLength {max_seq_length} tokens, so the rate would silently drop to "
         f"{max_predictions_per_seq / max_seq_length:.1%}; set maxPredictionsPerSeq to at least {wanted}"
     )
+
+
+# How far the phases' budgetProportion may add up from 1 (floating-point sums of decimals).
+SHARE_TOLERANCE = 1e-9
+
+
+def budget_shares(phases: Sequence[PhaseSpec]) -> list[float] | None:
+    """Each phase's share of ``spec.budget``'s time: its ``budgetProportion``, or an equal part of
+    what the phases that set theirs leave; None when the shares do not add up to 1 (all set and
+    not summing to 1, or leaving nothing for the unset ones)."""
+    written = [phase.budget_proportion for phase in phases]
+    given = sum(share for share in written if share is not None)
+    unset = written.count(None)
+    if (unset == 0 and abs(given - 1.0) > SHARE_TOLERANCE) or (unset and given >= 1.0):
+        return None
+    return [(1.0 - given) / unset if share is None else share for share in written]
 
 
 def gradient_accumulation_steps(phase: Batching, world_size: int) -> int:

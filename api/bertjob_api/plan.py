@@ -17,6 +17,7 @@ an elastic job that runs on fewer processes keeps its global batch, so keeps its
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +47,8 @@ class PhasePlan:
     global_batch_size: int  # sequences per optimizer step, over all processes
     micro_batch_size: int  # sequences per process per forward/backward pass
     accumulation_steps: int  # forward/backward passes per optimizer step on each process
-    steps: int  # optimizer steps
+    # Optimizer steps; None with spec.budget until the phase fixes them (Plan.with_steps).
+    steps: int | None
     written_learning_rate: float  # the phase's learningRate as the spec writes it
     lr_scale: float  # what spec.optimizer.lrScaling multiplies it by (1 with none)
     learning_rate: float  # the peak learning rate used: written_learning_rate x lr_scale
@@ -204,6 +206,13 @@ class Plan:
             return self
         return Plan.resolve(self.spec, world_size)
 
+    def with_steps(self, index: int, steps: int) -> Plan:
+        """This plan with phase ``index``'s (0-based) optimizer steps fixed at ``steps``: what a
+        phase under ``spec.budget`` trains with once it has calibrated."""
+        phases = list(self.phases)
+        phases[index] = dataclasses.replace(phases[index], steps=steps)
+        return dataclasses.replace(self, phases=tuple(phases))
+
     def learning_rate(self, index: int) -> dict[str, float | int | str | None]:
         """How phase ``index`` (0-based) got its learning rate, for checkpoints and logs:
         ``learning_rate`` (used), ``written_learning_rate`` (the spec's), ``lr_scaling``,
@@ -241,7 +250,8 @@ class Plan:
         parts += [
             f"phase {phase.number}: seq {phase.max_seq_length}, global batch {phase.global_batch_size} = "
             f"{self.world_size} x {phase.micro_batch_size} x {phase.accumulation_steps} accumulation, "
-            f"{phase.steps} steps, lr {self._describe_lr(phase)}"
+            f"{'steps from the budget' if phase.steps is None else f'{phase.steps} steps'}, "
+            f"lr {self._describe_lr(phase)}"
             for phase in self.phases
         ]
         paths = self.paths

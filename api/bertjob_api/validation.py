@@ -17,6 +17,7 @@ from bertjob_api.contract import JOB_FILE, RESERVED_VOLUMES, TRAINJOB_LAUNCHER, 
 from bertjob_api.defaults import (
     ModelDims,
     batch_split_problem,
+    budget_shares,
     masking_cap_problem,
     micro_batch_size,
     resolve_model,
@@ -27,7 +28,16 @@ from bertjob_api.defaults import (
 from bertjob_api.files import format_size
 from bertjob_api.jobfile import MAX_BYTES, dump
 from bertjob_api.spec import BertPretrainJob, JobSpec, MpiSpec, PhaseSpec, SpecError, to_document
-from bertjob_api.spec.cel import MLM_NVIDIA_EXPORT, RAMP_ENGINE, RAMP_LR_SCALING, RAMP_NO_ACCUMULATION
+from bertjob_api.spec.cel import (
+    BUDGET_AND_STEPS,
+    BUDGET_NO_STEPS,
+    BUDGET_SHARE_ALONE,
+    BUDGET_SHARES,
+    MLM_NVIDIA_EXPORT,
+    RAMP_ENGINE,
+    RAMP_LR_SCALING,
+    RAMP_NO_ACCUMULATION,
+)
 
 # Volumes the base pod template mounts itself (kustomize/base): a job volume may not take their names.
 TOLERATION_OPERATORS = ("Exists", "Equal")
@@ -75,6 +85,7 @@ def problems(spec: JobSpec, training: bool = True) -> list[tuple[str, str]]:
             )
         )
 
+    found += _budget_problems(spec)
     for index, phase in enumerate(spec.phases):
         where = f"spec.phases[{index}]"
         problem = batch_split_problem(phase, world_size)
@@ -95,6 +106,23 @@ def problems(spec: JobSpec, training: bool = True) -> list[tuple[str, str]]:
     if len(spec.phases) == 2 and spec.phases[1].max_seq_length < spec.phases[0].max_seq_length:
         found.append(("spec.phases[1].maxSeqLength", "phase 2 must not use shorter sequences than phase 1"))
     return found + _distributed_problems(spec) + _finetune_problems(spec, dims)
+
+
+def _budget_problems(spec: JobSpec) -> list[tuple[str, str]]:
+    """Steps and budget together or neither, a budget share without a budget, shares that do not
+    add up to 1."""
+    found = []
+    for index, phase in enumerate(spec.phases):
+        where = f"spec.phases[{index}]"
+        if spec.budget is None and phase.steps is None:
+            found.append((f"{where}.steps", BUDGET_NO_STEPS))
+        if spec.budget is not None and phase.steps is not None:
+            found.append((f"{where}.steps", BUDGET_AND_STEPS))
+        if spec.budget is None and phase.budget_proportion is not None:
+            found.append((f"{where}.budgetProportion", BUDGET_SHARE_ALONE))
+    if spec.budget is not None and budget_shares(spec.phases) is None:
+        found.append(("spec.budget", BUDGET_SHARES))
+    return found
 
 
 def _ramp_problems(spec: JobSpec, phase: PhaseSpec, world_size: int) -> list[tuple[str, str]]:

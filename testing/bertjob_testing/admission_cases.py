@@ -168,6 +168,13 @@ def job_cases() -> list[dict[str, Any]]:
             cel=True,
         ),
         _job("batch-ramp-under-ddp", micro_ramp, [], cel=True),
+        # A budget fixes the steps: both at once are refused.
+        _job(
+            "budget-with-steps",
+            with_value(good, "spec.budget", {"time": "2h"}),
+            ["spec.phases[0].steps", "spec.phases[1].steps"],
+            cel=True,
+        ),
         _job("bad-name", with_value(good, "metadata.name", "Bad_Name"), ["metadata.name"], cel=False),
         _job(
             "schema-wrong-type",

@@ -47,6 +47,20 @@ def _tie(predictions: int) -> dict[str, Any]:
     return _job(spec__data__maskedLmProb=0.25, spec__phases=[phase])
 
 
+BUDGET = {"time": "1h30m"}
+
+
+def _without_steps(*shares: float) -> list[dict[str, Any]]:
+    """valid_job()'s two phases without steps, with ``shares`` as their budgetProportion in turn."""
+    phases = []
+    for index, phase in enumerate(valid_job()["spec"]["phases"]):
+        phase = {key: value for key, value in phase.items() if key != "steps"}
+        if index < len(shares):
+            phase["budgetProportion"] = shares[index]
+        phases.append(phase)
+    return phases
+
+
 BUILTIN_TASK = {"name": "modules", "type": "classification", "builtin": "python-docs-modules"}
 DEEPSPEED = {"deepspeed": {"zeroStage": 1}}
 
@@ -63,6 +77,36 @@ CASES: list[tuple[str, dict[str, Any], set[str]]] = [
     # 10 x 0.25 = 2.5 rounds to 2 (half to even): 2 predictions are enough, 1 is not.
     ("masking-cap-at-a-tie", _tie(predictions=1), {"spec.phases[0].maxPredictionsPerSeq"}),
     ("masking-cap-met-at-a-tie", _tie(predictions=2), set()),
+    # A budget replaces every phase's steps; the shares add up to 1.
+    ("steps-missing", _job(spec__phases=_without_steps()), {"spec.phases[0].steps", "spec.phases[1].steps"}),
+    (
+        "budget-with-steps",
+        _job(spec__budget={"time": "2h"}),
+        {"spec.phases[0].steps", "spec.phases[1].steps"},
+    ),
+    (
+        "share-without-budget",
+        _job(spec__phases__0__budgetProportion=0.5, spec__phases__1__budgetProportion=0.5),
+        {"spec.phases[0].budgetProportion", "spec.phases[1].budgetProportion"},
+    ),
+    (
+        "budget-shares-over-1",
+        _job(spec__budget=BUDGET, spec__phases=_without_steps(0.7, 0.4)),
+        {"spec.budget"},
+    ),
+    ("budget-shares-1", _job(spec__budget=BUDGET, spec__phases=_without_steps(0.7, 0.3)), set()),
+    (
+        "budget-share-leaving-nothing",
+        _job(spec__budget=BUDGET, spec__phases=_without_steps(1.0)),
+        {"spec.budget"},
+    ),
+    ("budget-share-and-the-rest", _job(spec__budget=BUDGET, spec__phases=_without_steps(0.9)), set()),
+    (
+        "budget-one-phase-short",
+        _job(spec__budget=BUDGET, spec__phases=_without_steps(0.5)[:1]),
+        {"spec.budget"},
+    ),
+    ("budget-one-phase", _job(spec__budget=BUDGET, spec__phases=_without_steps()[:1]), set()),
     # The batch ramp: needs accumulation (64 = 2 x 32 has it, 64 = 1 x 64 not), DDP, no lrScaling.
     (
         "batch-ramp-without-accumulation",

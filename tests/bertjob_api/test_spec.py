@@ -24,7 +24,7 @@ def test_valid_job_round_trips_through_its_document():
         ("spec.data.lowercase", "yes", "spec.data.lowercase", "valid boolean"),
         ("spec.precision", "fp8", "spec.precision", "'bf16', 'fp16' or 'fp32'"),
         ("spec.image", DELETE, "spec.image", "required field is missing"),
-        ("spec.phases.0.steps", DELETE, "spec.phases[0].steps", "required field is missing"),
+        ("spec.phases.0.learningRate", DELETE, "spec.phases[0].learningRate", "required field is missing"),
         ("spec.phases.1.maxSeqLen", 512, "spec.phases[1].maxSeqLen", "unknown field"),
         ("spec.topology.gpus", 8, "spec.topology.gpus", "unknown field"),
         ("spec.phases.0.maxPredictionsPerSeq", 200, "spec.phases[0]", "smaller than maxSeqLength"),

@@ -1,6 +1,7 @@
 """Checks across fields (batch split, phases, volumes and paths, pass-through objects), by
 purpose: cluster, training, no-training."""
 
+import re
 from decimal import Decimal
 
 import pytest
@@ -19,7 +20,7 @@ from bertjob_api.validation import (
     object_size_problems,
     problems,
 )
-from bertjob_testing.jobs import valid_job, with_value
+from bertjob_testing.jobs import DELETE, valid_job, with_value
 
 
 def _problems(document):
@@ -28,6 +29,28 @@ def _problems(document):
 
 def test_valid_job_has_no_problems():
     assert _problems(valid_job()) == {}
+
+
+def test_a_budget_in_place_of_steps_is_accepted():
+    budgeted = with_value(valid_job(), "spec.budget", {"time": "1h30m", "calibrationProportion": 0.05})
+    for index in (0, 1):
+        budgeted = with_value(budgeted, f"spec.phases.{index}.steps", DELETE)
+    assert _problems(budgeted) == {}
+    assert _problems(with_value(budgeted, "spec.phases.0.budgetProportion", 0.8)) == {}
+
+
+@pytest.mark.parametrize(
+    ("budget", "message"),
+    [
+        ({"time": "2 hours"}, "String should match pattern"),
+        ({"time": "0h0m"}, "time must be longer than 0s"),
+        ({"time": "1h", "calibrationProportion": 1.0}, "less than 1"),
+        ({"time": "1h", "calibrationProportion": 0}, "greater than 0"),
+    ],
+)
+def test_a_bad_budget_is_refused_naming_the_field(budget, message):
+    with pytest.raises(SpecError, match=re.escape(message)):
+        parse_job(with_value(valid_job(), "spec.budget", budget))
 
 
 def test_a_ramp_with_accumulation_under_ddp_is_accepted():
@@ -70,6 +93,32 @@ def test_a_ramp_with_accumulation_under_ddp_is_accepted():
             {"spec.objective": "mlm", "spec.export": {"nvidia": True}},
             "spec.export.nvidia",
             "NVIDIA's format holds the NSP head",
+        ),
+        (
+            {"spec.budget": {"time": "2h"}},
+            "spec.phases[1].steps",
+            "set steps or spec.budget, not both",
+        ),
+        (
+            {"spec.phases.0.steps": DELETE},
+            "spec.phases[0].steps",
+            "required: set steps, or spec.budget for every phase",
+        ),
+        (
+            {"spec.phases.1.budgetProportion": 0.5},
+            "spec.phases[1].budgetProportion",
+            "needs spec.budget",
+        ),
+        (
+            {
+                "spec.budget": {"time": "90m"},
+                "spec.phases.0.steps": DELETE,
+                "spec.phases.1.steps": DELETE,
+                "spec.phases.0.budgetProportion": 0.7,
+                "spec.phases.1.budgetProportion": 0.4,
+            },
+            "spec.budget",
+            "the phases' budgetProportion must add up to 1",
         ),
         (
             {"spec.phases.0.batchRampProportion": 0.2},

@@ -283,9 +283,11 @@ def describe(job: BertPretrainJob, plan: Plan) -> str:
     """One line naming the job, its model, phases, optimizer, precision, accelerator and world size."""
     spec, dims = plan.spec, plan.model
     phases = ", ".join(
-        f"phase {i + 1}: seq {p.max_seq_length} x {p.steps} steps of {p.global_batch_size}"
+        f"phase {i + 1}: seq {p.max_seq_length} x {p.steps or 'budgeted'} steps of {p.global_batch_size}"
         for i, p in enumerate(spec.phases)
     )
+    if spec.budget is not None:
+        phases += f" (budget {spec.budget.time})"
     return (
         f"BertPretrainJob {job.metadata.name!r}: {spec.model.preset} ({dims.num_hidden_layers} layers, "
         f"hidden {dims.hidden_size}), {phases}; {spec.optimizer.name}, {spec.precision}, "

@@ -76,6 +76,7 @@ from bertjob_api.spec.job import (
     to_document,
 )
 from bertjob_api.spec.phases import (
+    BudgetSpec,
     CheckpointSpec,
     EvaluationSpec,
     ExportSpec,
@@ -95,6 +96,7 @@ __all__ = [
     "VERSION",
     "Accelerator",
     "BertPretrainJob",
+    "BudgetSpec",
     "BuiltinTask",
     "CheckpointSpec",
     "DataSpec",

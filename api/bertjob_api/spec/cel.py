@@ -144,6 +144,26 @@ RAMP_NO_ACCUMULATION = (
 )
 
 
+# The refusals of a budget, in bertjob_api.validation's words too.
+BUDGET_NO_STEPS = "required: set steps, or spec.budget for every phase"
+BUDGET_AND_STEPS = "set steps or spec.budget, not both: the budget fixes every phase's steps"
+BUDGET_SHARE_ALONE = "needs spec.budget"
+BUDGET_SHARES = (
+    "the phases' budgetProportion must add up to 1 (a phase without one takes an equal part of what "
+    "the others leave, which must then be more than 0)"
+)
+_SHARE = "self.phases[{}].budgetProportion"
+
+
+def _shares_add_up() -> str:
+    """defaults.budget_shares is not None, for one or two phases (MAX_PHASES)."""
+    first, second = _SHARE.format(0), _SHARE.format(1)
+    one = f"(!has({first}) || ({first} >= 1.0 - 1e-9))"
+    both = f"({first} + {second} - 1.0 <= 1e-9 && 1.0 - {first} - {second} <= 1e-9)"
+    partial = f"((!has({first}) || {first} < 1.0) && (!has({second}) || {second} < 1.0))"
+    return f"size(self.phases) == 1 ? {one} : (has({first}) && has({second}) ? {both} : {partial})"
+
+
 def _phase_rules(index: int) -> list[Rule]:
     phase, where = f"self.phases[{index}]", f"spec.phases[{index}]"
     # The schema's minItems (1) makes phase 1 always there.
@@ -172,6 +192,21 @@ def _phase_rules(index: int) -> list[Rule]:
             field_path=".phases",
         ),
         Rule(f"!({ramp} && ({_DEEPSPEED} || {_UNDER_MPI}))", f"{where}.{RAMP_ENGINE}", field_path=".phases"),
+        Rule(
+            present + f"has(self.budget) || has({phase}.steps)",
+            f"{where}.steps: {BUDGET_NO_STEPS}",
+            field_path=".phases",
+        ),
+        Rule(
+            present + f"!(has(self.budget) && has({phase}.steps))",
+            f"{where}.steps: {BUDGET_AND_STEPS}",
+            field_path=".phases",
+        ),
+        Rule(
+            present + f"has(self.budget) || !has({phase}.budgetProportion)",
+            f"{where}.budgetProportion: {BUDGET_SHARE_ALONE}",
+            field_path=".phases",
+        ),
         Rule(
             f"!({ramp} && has(self.optimizer) && self.optimizer.lrScaling != 'none')",
             f"{where}.{RAMP_LR_SCALING}",
@@ -332,6 +367,11 @@ def _job_rules() -> list[Rule]:
             "spec.evaluation.everySteps: evaluation needs held-out shards: set "
             "spec.data.heldoutFraction above 0",
             field_path=".evaluation.everySteps",
+        ),
+        Rule(
+            f"!has(self.budget) || ({_shares_add_up()})",
+            "spec.budget: " + BUDGET_SHARES,
+            field_path=".budget",
         ),
         Rule(
             "!(self.objective == 'mlm' && has(self.export) && self.export.nvidia)",

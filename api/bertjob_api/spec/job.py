@@ -27,6 +27,7 @@ from bertjob_api.spec.cluster import (
 from bertjob_api.spec.data import DataSpec
 from bertjob_api.spec.finetune import FinetuneTaskSpec
 from bertjob_api.spec.phases import (
+    BudgetSpec,
     CheckpointSpec,
     EvaluationSpec,
     ExportSpec,
@@ -112,6 +113,11 @@ class JobSpec(_Spec):
     )
     phases: list[PhaseSpec] = Field(
         min_length=1, max_length=MAX_PHASES, description="Phase 1, then optionally phase 2."
+    )
+    budget: BudgetSpec | None = Field(
+        None,
+        description="Train for a wall-clock time instead of phases[].steps: each phase times its "
+        "steps first and fixes their count to end with its share. Default: phases[].steps.",
     )
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec, description="Optimizer settings.")
     precision: Precision = Field("bf16", description="bf16 or fp16 autocast, or fp32.")

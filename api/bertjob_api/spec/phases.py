@@ -6,6 +6,7 @@ training phases, so they sit here beside them.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
@@ -30,7 +31,18 @@ class PhaseSpec(_Spec):
     warmup_proportion: float = Field(
         0.01, ge=0, lt=1, description="Share of the phase's steps spent in linear warm-up."
     )
-    steps: Int64 = Field(ge=1, description="Optimizer steps in this phase.")
+    steps: Int64 | None = Field(
+        None,
+        ge=1,
+        description="Optimizer steps in this phase; required without spec.budget, refused with it.",
+    )
+    budget_proportion: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="With spec.budget: this phase's share of the budget's time. Default: an equal part "
+        "of what the phases that set theirs leave.",
+    )
     batch_ramp_proportion: float | None = Field(
         None,
         gt=0,
@@ -46,6 +58,47 @@ class PhaseSpec(_Spec):
     def _predictions_fit(self) -> PhaseSpec:
         if self.max_predictions_per_seq >= self.max_seq_length:
             raise ValueError("maxPredictionsPerSeq must be smaller than maxSeqLength")
+        return self
+
+
+# A Go-style duration of hours, minutes and seconds (2h, 90m, 1h30m, 600s), as kubectl writes them.
+DURATION_PATTERN = r"^([0-9]+h([0-9]+m)?([0-9]+s)?|[0-9]+m([0-9]+s)?|[0-9]+s)$"
+
+
+def duration_seconds(text: str) -> int:
+    """Seconds in a duration written as :data:`DURATION_PATTERN` allows (``1h30m`` is 5400).
+
+    Raises:
+        ValueError: ``text`` is not such a duration.
+    """
+    match = re.fullmatch(r"(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?", text)
+    if not text or match is None:
+        raise ValueError(f"{text!r} is not a duration such as 2h, 90m, 1h30m or 600s")
+    hours, minutes, seconds = (int(part or 0) for part in match.groups())
+    return hours * 3600 + minutes * 60 + seconds
+
+
+class BudgetSpec(_Spec):
+    """A wall-clock budget for the training phases, in place of their steps (docs/training.md)."""
+
+    time: str = Field(
+        pattern=DURATION_PATTERN,
+        description="Wall-clock time of all training phases (not data preparation, export or "
+        "fine-tuning), as 2h, 90m, 1h30m or 600s. The phases share it by time (phases[].budgetProportion); "
+        "each fixes its steps from its measured speed before step 1.",
+    )
+    calibration_proportion: float = Field(
+        0.02,
+        gt=0,
+        lt=1,
+        description="Share of each phase's time spent timing its optimizer steps (at least 4 steps) "
+        "before its step count is fixed; those steps are not kept.",
+    )
+
+    @model_validator(mode="after")
+    def _some_time(self) -> BudgetSpec:
+        if duration_seconds(self.time) == 0:
+            raise ValueError("time must be longer than 0s")
         return self
 
 

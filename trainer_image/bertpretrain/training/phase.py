@@ -18,12 +18,13 @@ held-out shards; and a stop if a rank got SIGTERM (:mod:`bertpretrain.training.p
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import itertools
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +33,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from bertjob_api import deepspeed
+from bertjob_api.defaults import budget_shares
 from bertjob_api.plan import PhasePlan, Plan
 from bertjob_api.spec import JobSpec, PhaseSpec
+from bertjob_api.spec.phases import duration_seconds
 from bertpretrain.common.batch import Batch
 from bertpretrain.data.format.prepared import PreparedData
 from bertpretrain.data.load.loader import (
@@ -52,6 +55,14 @@ from bertpretrain.runtime.engine import Engine
 from bertpretrain.runtime.parallel import DataParallel
 from bertpretrain.runtime.sharding import parameter_count, whole_parameters
 from bertpretrain.training.accuracy import StepStatistics, step_statistics
+from bertpretrain.training.budget import (
+    MIN_TIMED_STEPS,
+    BudgetError,
+    Calibration,
+    fitted_steps,
+    read_calibration,
+    write_calibration,
+)
 from bertpretrain.training.checkpoint import (
     Resumable,
     ResumePoint,
@@ -159,18 +170,38 @@ class Phase:
                     f"{self.name}: the plan is for world size {self.plan.world_size}, but "
                     f"{parallel.world.world_size} processes train"
                 )
+            phase = self if self.phase_plan.steps is not None else _budgeted(self)
             engine = Engine(parallel, spec.precision, step_statistics)
             directory = self.plan.paths.logs if engine.is_main else None
-            status = StatusReporter.from_environment(self.phase_plan.steps) if directory else None
+            status = StatusReporter.from_environment(phase.steps) if directory else None
             log = TrainingLog(directory, spec.logging.tensorboard, status, spec.logging.format)
-            run = _build(self, engine, log)
+            run = _build(phase, engine, log)
             with StopSignals() as stop:
                 _train(run, stop)
             engine.barrier()
-            return checkpoint_path(self.root, self.index, self.phase_plan.steps)
+            return checkpoint_path(self.root, self.index, phase.steps)
         finally:
             if log is not None:
                 log.close()
+
+    @property
+    def steps(self) -> int:
+        """The phase's optimizer steps: ``phases[].steps``, or those its budget fixed.
+
+        Raises:
+            ValueError: under ``spec.budget``, on a phase not yet fixed (:func:`_budgeted`).
+        """
+        steps = self.phase_plan.steps
+        if steps is None:
+            raise ValueError(f"{self.name}: its steps come from spec.budget and are not fixed yet")
+        return steps
+
+    @property
+    def calibration(self) -> Calibration | None:
+        """The budget's calibration of this phase, once fixed (None without a budget)."""
+        if self.spec.budget is None:
+            return None
+        return read_calibration(self.checkpoint_dir)
 
 
 @dataclass
@@ -185,6 +216,7 @@ class _Run:
     masking: DynamicMasking | None
     start_step: int
     log: TrainingLog
+    calibration: Calibration | None = None  # the budget's, under spec.budget
 
     @property
     def batches(self) -> PretrainingBatches:
@@ -197,7 +229,7 @@ class _Run:
         planned, ramp = self.phase.phase_plan, self.phase.phase_spec.batch_ramp_proportion
         if ramp is None:
             return planned.accumulation_steps
-        return ramp_accumulation_steps(step, planned.steps, planned.accumulation_steps, ramp)
+        return ramp_accumulation_steps(step, self.phase.steps, planned.accumulation_steps, ramp)
 
     def micro_batches(self, step: int) -> int:
         """Micro-batches each rank has consumed after ``step`` optimizer steps (where the data
@@ -205,14 +237,85 @@ class _Run:
         planned, ramp = self.phase.phase_plan, self.phase.phase_spec.batch_ramp_proportion
         if ramp is None:
             return step * planned.accumulation_steps
-        return ramped_micro_batches(step, planned.steps, planned.accumulation_steps, ramp)
+        return ramped_micro_batches(step, self.phase.steps, planned.accumulation_steps, ramp)
+
+
+# The steps a calibrating run is built for: its schedule is never followed to an end.
+_PROVISIONAL_STEPS = 1_000_000
+
+
+def _budgeted(of: Phase) -> Phase:
+    """``of`` with the optimizer steps its share of ``spec.budget`` fixes (collective): those
+    recorded in its checkpoint directory by an earlier run, else those :func:`_calibrate` measures,
+    recorded before step 1 (see :mod:`bertpretrain.training.budget`).
+
+    Raises:
+        BudgetError: not one step fits in the phase's share (on every rank).
+    """
+    engine_rank0 = of.parallel.world.rank == 0
+    found = read_calibration(of.checkpoint_dir) if engine_rank0 else None
+    recorded = of.parallel.broadcast_object(asdict(found) if found else None)
+    if recorded is None:
+        calibrated = _calibrate(of)
+    else:
+        calibrated = Calibration(**recorded)  # type: ignore[arg-type]
+        if engine_rank0:
+            print(f"{of.name}: {calibrated.steps:,} steps, fixed by the budget's calibration", flush=True)
+    return dataclasses.replace(of, plan=of.plan.with_steps(of.index, calibrated.steps))
+
+
+def _calibrate(of: Phase) -> Calibration:
+    """Time optimizer steps of a throw-away run of ``of`` (at full gradient accumulation) until
+    ``budget.calibrationProportion`` of the phase's share has passed and at least
+    ``MIN_TIMED_STEPS`` steps after the first were timed; fit the steps into what is left; record
+    them (rank 0) and return them (every rank)."""
+    spec = of.spec
+    assert spec.budget is not None
+    started = time.perf_counter()
+    shares = budget_shares(spec.phases)
+    assert shares is not None  # validation refuses shares that do not add up
+    phase_seconds = duration_seconds(spec.budget.time) * shares[of.index]
+    engine = Engine(of.parallel, spec.precision, step_statistics)
+    provisional = dataclasses.replace(of, plan=of.plan.with_steps(of.index, _PROVISIONAL_STEPS))
+    run = _build(provisional, engine, TrainingLog(None, False, None, spec.logging.format), announce=False)
+    batches, accumulation, times = iter(run.loader), of.phase_plan.accumulation_steps, []
+    target = spec.budget.calibration_proportion * phase_seconds
+    while True:
+        began = time.perf_counter()
+        stats = torch.zeros(StepStatistics.SIZE, device=engine.device)
+        for _ in range(accumulation):
+            stats += engine.forward_backward(next(batches), accumulation)
+        engine.optimizer_step()
+        engine.sum_over_ranks(stats).cpu()  # the step's all-reduce, and the device's work done
+        times.append(time.perf_counter() - began)
+        # Rank 0's clock decides for every rank; the first step (compiling, caches) is not timed.
+        done = len(times) > MIN_TIMED_STEPS and time.perf_counter() - started >= target
+        if engine.any_rank(done and engine.is_main):
+            break
+    del run, batches
+    step_seconds = sum(times[1:]) / len(times[1:])
+    outcome: object = None
+    if engine.is_main:
+        spent = time.perf_counter() - started
+        try:
+            steps = fitted_steps(phase_seconds, spent, step_seconds, of.name)
+            calibration = Calibration(steps, step_seconds, len(times) - 1, phase_seconds, spent)
+            write_calibration(of.checkpoint_dir, calibration)
+            print(calibration.describe(of.name), flush=True)
+            outcome = asdict(calibration)
+        except BudgetError as error:
+            outcome = str(error)
+    outcome = of.parallel.broadcast_object(outcome)
+    if isinstance(outcome, str):
+        raise BudgetError(outcome)
+    return Calibration(**outcome)  # type: ignore[arg-type]
 
 
 def _seed(*parts: int) -> int:
     return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
 
 
-def _build(of: Phase, engine: Engine, log: TrainingLog) -> _Run:
+def _build(of: Phase, engine: Engine, log: TrainingLog, announce: bool = True) -> _Run:
     spec, index, phase, written = of.spec, of.index, of.phase_plan, of.phase_spec
     vocab_size, shard_dir = of.data.vocab_size, of.shard_dir
     torch.manual_seed(_seed(spec.seed, index))
@@ -234,7 +337,7 @@ def _build(of: Phase, engine: Engine, log: TrainingLog) -> _Run:
         _deepspeed_config(spec, phase, engine.world_size),
     )
     scheduler = build_schedule(
-        optimizer, spec.optimizer.schedule, phase.steps, written.warmup_proportion, spec.optimizer.poly_power
+        optimizer, spec.optimizer.schedule, of.steps, written.warmup_proportion, spec.optimizer.poly_power
     )
     engine.attach(
         optimizer, scheduler, None if spec.optimizer.name == "lamb" else spec.optimizer.max_grad_norm
@@ -274,8 +377,9 @@ def _build(of: Phase, engine: Engine, log: TrainingLog) -> _Run:
         if any(shard_dir.glob(HELDOUT_PATTERN))
         else []
     )
-    run = _Run(of, engine, model, loader, heldout, masking, start.step, log)
-    _announce(run, origin)
+    run = _Run(of, engine, model, loader, heldout, masking, start.step, log, of.calibration)
+    if announce:
+        _announce(run, origin)
     return run
 
 
@@ -330,7 +434,7 @@ def _announce(run: _Run, origin: str) -> None:
         "phase": run.phase.index + 1,
         "model": spec.model.preset,
         "parameters": parameter_count(run.model),
-        "steps": phase.steps,
+        "steps": run.phase.steps,
         "global_batch_size": phase.global_batch_size,
         "micro_batch_size": phase.micro_batch_size,
         "gradient_accumulation_steps": phase.accumulation_steps,
@@ -359,7 +463,7 @@ def _announce(run: _Run, origin: str) -> None:
     ramped = f", ramped from 1 over the first {ramp:.0%} of the steps" if ramp is not None else ""
     print(
         f"{run.phase.name}: {spec.model.preset} ({description['parameters']:,} parameters), "
-        f"{phase.steps} steps x {phase.global_batch_size} {rows} of {phase.max_seq_length} tokens "
+        f"{run.phase.steps} steps x {phase.global_batch_size} {rows} of {phase.max_seq_length} tokens "
         f"(micro-batch {phase.micro_batch_size} x {phase.accumulation_steps} accumulation steps{ramped} x "
         f"world size {engine.world_size}), {engine.device} {spec.precision} {spec.optimizer.name}; "
         f"from {origin} at step {run.start_step}",
@@ -368,14 +472,14 @@ def _announce(run: _Run, origin: str) -> None:
 
 
 def _train(run: _Run, stop: StopSignals) -> None:
-    phase, engine, spec = run.phase.phase_plan, run.engine, run.phase.spec
+    engine, spec = run.engine, run.phase.spec
     if run.heldout and _evaluation_owed(run):
         _evaluate(run, run.start_step)
     batches: Iterator[Batch] = iter(run.loader)
-    if run.start_step < phase.steps:
+    if run.start_step < run.phase.steps:
         batches = _warm_up(run, batches)
     progress = _Progress(run)
-    for step in range(run.start_step + 1, phase.steps + 1):
+    for step in range(run.start_step + 1, run.phase.steps + 1):
         stats = torch.zeros(StepStatistics.SIZE, device=engine.device)
         accumulation = run.accumulation(step)
         for _ in range(accumulation):
@@ -386,7 +490,7 @@ def _train(run: _Run, stop: StopSignals) -> None:
             step, StepStatistics.from_tensor(engine.sum_over_ranks(stats).cpu()), lr, skipped, accumulation
         )
         stopping = engine.any_rank(stop.received is not None)
-        last = step == phase.steps
+        last = step == run.phase.steps
         if stopping or last or step % spec.checkpoint.every_steps == 0:
             saved = _save(run, step)
             if stopping:
@@ -413,7 +517,7 @@ def _warm_up(run: _Run, batches: Iterator[Batch]) -> Iterator[Batch]:
 
 def _evaluation_due(run: _Run, step: int) -> bool:
     every = run.phase.spec.evaluation.every_steps
-    return step == run.phase.phase_plan.steps or bool(every and step % every == 0)
+    return step == run.phase.steps or bool(every and step % every == 0)
 
 
 def _evaluation_owed(run: _Run) -> bool:
@@ -483,7 +587,7 @@ def _evaluate(run: _Run, step: int) -> Evaluation:
             accuracy += f" nsp_acc {result.accuracy.nsp:.4f}"
             losses += f" (mlm {result.mlm_loss:.3f} nsp {result.nsp_loss:.3f})"
         print(
-            f"{run.phase.name} step {step}/{phase.steps} held-out: {accuracy} {losses}, "
+            f"{run.phase.name} step {step}/{run.phase.steps} held-out: {accuracy} {losses}, "
             f"{result.accuracy.sequences:,} sequences in {result.seconds:.1f} s",
             flush=True,
         )
@@ -537,7 +641,7 @@ class _Progress:
             self.micro_batches += micro_batches
             self.step_loss = stats.mean_losses(micro_batches).loss
         phase = self.run.phase
-        if step % phase.spec.logging.every_steps == 0 or step == phase.phase_plan.steps:
+        if step % phase.spec.logging.every_steps == 0 or step == phase.steps:
             self._emit(step, lr)
             self._reset()
 
@@ -561,7 +665,7 @@ class _Progress:
         )
 
     def _emit(self, step: int, lr: float) -> None:
-        run, phase = self.run, self.run.phase.phase_plan
+        run = self.run
         elapsed = time.perf_counter() - self.start
         # NaN when every step since the last line was skipped.
         micro_batches = self.micro_batches
@@ -575,6 +679,12 @@ class _Progress:
         if has_nsp:
             values |= {"nsp_loss": nsp, "nsp_accuracy": accuracy.nsp}
         values |= {"learning_rate": lr, "sequences_per_second": rate}
+        budget_left = ""
+        if run.calibration is not None:
+            # At the calibrated speed: the same figure whatever restarts the run had.
+            left = (run.phase.steps - step) * run.calibration.step_seconds
+            values["budget_left_seconds"] = left
+            budget_left = f" budget left {datetime.timedelta(seconds=round(left))}"
         values["sequences"] = float(accuracy.sequences)
         if self.skipped:
             values["skipped_steps"] = float(self.skipped)
@@ -583,11 +693,11 @@ class _Progress:
         self.last_loss = loss
         if not run.engine.is_main:
             return
-        eta = datetime.timedelta(seconds=round((phase.steps - step) * elapsed / max(steps_done, 1)))
+        eta = datetime.timedelta(seconds=round((run.phase.steps - step) * elapsed / max(steps_done, 1)))
         skipped = f" skipped {self.skipped} (fp16 overflow)" if self.skipped else ""
         parts = f" (mlm {mlm:.3f} nsp {nsp:.3f})" if has_nsp else ""
         print(
-            f"{run.phase.name} step {step}/{phase.steps} loss {loss:.3f}{parts} "
-            f"mlm_acc {accuracy.mlm:.3f} lr {lr:.2e} seq/s {rate:.1f} eta {eta}{skipped}",
+            f"{run.phase.name} step {step}/{run.phase.steps} loss {loss:.3f}{parts} "
+            f"mlm_acc {accuracy.mlm:.3f} lr {lr:.2e} seq/s {rate:.1f} eta {eta}{budget_left}{skipped}",
             flush=True,
         )
