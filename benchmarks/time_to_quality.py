@@ -44,15 +44,13 @@ printed here say where):
 ``control.should_training_stop`` once ``--budget`` seconds have passed since ``on_train_begin``; its
 linear schedule still needs ``max_steps``, which is ``ceil(budget x steps/s)`` with steps/s measured
 first: by a calibration run of :attr:`Size.calibration_steps` steps for the sweep, then by the
-sweep's runs (the median of their rates) for the final run. Our trainer has no wall-clock limit yet
-(``spec.budget`` is coming): until then our runs get a step count, ``floor(budget x steps/s)``, with
-steps/s measured by a calibration job of :attr:`Size.calibration_steps` steps of the same recipe
-(``train.jsonl`` written every step), or given by ``--steps``. Every rate is 1 / the median step's
-seconds, the first step (which holds the start) left out: the median, so that a burst of other work
-on a shared machine moves it less than a mean would. A run whose load changes after its
-calibration trains longer or shorter than the budget: the table's seconds column says how long,
-and a line below it names each run more than 25% off. :func:`our_job` makes our job documents;
-with ``spec.budget`` its one ``steps`` line becomes the budget and the calibration goes.
+sweep's runs (the median of their rates) for the final run; each rate is 1 / the median step's
+seconds, the first step (which holds the start) left out, so that a burst of other work on a shared
+machine moves it less than a mean would. Our runs carry the budget themselves (``spec.budget``,
+whole seconds): the trainer calibrates and fixes its steps (docs/training.md), and the calibration
+it recorded is in the JSON; ``--steps`` gives them a step count instead. A run whose load changes
+after its calibration trains longer or shorter than the budget: the table's seconds column says how
+long, and a line below it names each run more than 25% off. :func:`our_job` makes our job documents.
 
 **Scores**, the same for every run:
 
@@ -280,20 +278,18 @@ def our_job(
     device: str,
     work: Path,
     *,
-    steps: int,
+    budget: float,
     seeds: int,
-    calibration: bool = False,
+    steps: int | None = None,
 ) -> dict[str, Any]:
     """Our run ``name`` (classic or modern) as a BertPretrainJob: one phase at seq 128 on its own
     dataset (in the shared data directory, made from the same documents with the same vocabulary),
-    then the fine-tuning (unless ``calibration``: a short run that measures steps/s and makes the
-    run's dataset). Its own held-out evaluation at the phase's end is capped at
-    :data:`OWN_EVAL_SEQUENCES` sequences: the benchmark's score is :func:`mlm_accuracy`'s.
-
-    The budget is kept by ``steps``, from a calibration; once the trainer has ``spec.budget`` the
-    line marked below sets it instead (and ``steps`` becomes a ceiling)."""
+    trained for ``spec.budget`` = ``budget`` seconds (rounded to whole seconds, at least 1), or for
+    ``steps`` when given; then the fine-tuning. Its own held-out evaluation at the phase's end is
+    capped at :data:`OWN_EVAL_SEQUENCES` sequences: the benchmark's score is :func:`mlm_accuracy`'s.
+    """
     chosen = recipe(name, size)
-    checkpoints = work / name / ("calibration" if calibration else "checkpoints")
+    checkpoints = work / name / "checkpoints"
     spec = _base_spec(size, device, checkpoints)
     masking = chosen["maskedLmProb"]
     spec["objective"] = chosen["objective"]
@@ -309,14 +305,14 @@ def our_job(
             "microBatchSize": size.micro_batch,
             "learningRate": chosen["learningRate"],
             "warmupProportion": chosen["warmupProportion"],
-            "steps": steps,  # spec.budget: spec["budget"] = ... here, the wall-clock budget in seconds
         }
     ]
-    if calibration:
-        spec["logging"]["everySteps"] = 1  # each step's time: their median is the rate
+    if steps is None:
+        spec["budget"] = {"time": f"{max(1, round(budget))}s"}
     else:
-        spec["logging"]["everySteps"] = max(1, steps // 10)
-        spec["finetune"] = [_finetune_task(size, seeds)]
+        spec["phases"][0]["steps"] = steps
+    spec["logging"]["everySteps"] = 10
+    spec["finetune"] = [_finetune_task(size, seeds)]
     return _document(f"time-to-quality-{name}", spec)
 
 
@@ -409,30 +405,19 @@ def read_train_log(path: Path) -> TrainLog:
     )
 
 
-def calibrate_ours(name: str, size: Size, device: str, work: Path) -> dict[str, Any]:
-    """A short run of our recipe ``name``: its steps/s (it also prepares the run's data)."""
-    steps = size.calibration_steps
-    document = our_job(name, size, device, work, steps=steps, seeds=1, calibration=True)
-    job = _write_job(document, work / name / "calibration.yaml")
-    _run_logged(
-        f"{name} calibration",
-        [sys.executable, "-m", "bertjob", "run", str(job)],
-        work / name / "calibration.log",
-    )
-    log = read_train_log(work / name / "calibration" / "logs" / "train.jsonl")
-    if log.steps_per_second is None:
-        raise BenchmarkError(f"{name} calibration: fewer than 2 logged intervals")
-    return {"steps": log.steps, "seconds": log.seconds, "steps_per_second": log.steps_per_second}
-
-
-def run_ours(name: str, size: Size, device: str, work: Path, steps: int, seeds: int) -> dict[str, Any]:
-    """Our recipe ``name`` for ``steps`` steps, fine-tuned; its figures and export."""
-    document = our_job(name, size, device, work, steps=steps, seeds=seeds)
+def run_ours(
+    name: str, size: Size, device: str, work: Path, budget: float, steps: int | None, seeds: int
+) -> dict[str, Any]:
+    """Our recipe ``name`` for ``budget`` seconds (or ``steps`` steps), fine-tuned; its figures,
+    export and the trainer's calibration (None with ``steps``)."""
+    document = our_job(name, size, device, work, budget=budget, steps=steps, seeds=seeds)
     job = _write_job(document, work / name / "job.yaml")
     wall = _run_logged(name, [sys.executable, "-m", "bertjob", "run", str(job)], work / name / "run.log")
     checkpoints = work / name / "checkpoints"
     log = read_train_log(checkpoints / "logs" / "train.jsonl")
+    calibration = checkpoints / "phase1" / "budget.json"
     return {
+        "calibration": json.loads(calibration.read_text()) if calibration.is_file() else None,
         "steps": log.steps,
         "sequences": log.sequences,
         "seconds": log.seconds,
@@ -880,7 +865,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default cpu")
     parser.add_argument("--seeds", type=int, default=3, help="fine-tuning seeds per run, their median shown")
-    parser.add_argument("--steps", type=int, help="our runs' steps, instead of a calibration to the budget")
+    parser.add_argument("--steps", type=int, help="our runs' steps, instead of spec.budget")
     parser.add_argument(
         "--out",
         type=Path,
@@ -931,19 +916,8 @@ def benchmark(size: Size, args: argparse.Namespace, budget: float, work: Path) -
     )
     runs: dict[str, dict[str, Any]] = {}
     for name in ("classic", "modern"):
-        calibration = None
-        if args.steps:
-            steps = args.steps
-        else:
-            calibration = calibrate_ours(name, size, device, work)
-            steps = max(1, math.floor(budget * calibration["steps_per_second"]))
-            print(
-                f"time_to_quality: {name}: {calibration['steps_per_second']:.2f} steps/s: {steps} steps "
-                f"for {budget:g} s",
-                flush=True,
-            )
-        figures = run_ours(name, size, device, work, steps, args.seeds)
-        runs[name] = {"recipe": describe_recipe(name, size), "calibration": calibration, **figures}
+        figures = run_ours(name, size, device, work, budget, args.steps, args.seeds)
+        runs[name] = {"recipe": describe_recipe(name, size), **figures}
     peer = run_peer(size, device, work, vocab_dir, dataset, heldout, budget, args.seeds)
     runs["hf-peer"] = {"recipe": describe_recipe("hf-peer", size, peer["learning_rate"]), **peer}
     for name in RUNS:

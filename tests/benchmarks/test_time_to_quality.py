@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import math
 import sys
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -133,10 +132,9 @@ def test_the_json_records_the_settings(ttq: ModuleType, tiny_run: dict[str, Any]
     for name in ("classic", "modern"):
         run = results["runs"][name]
         calibration = run["calibration"]
-        assert calibration["steps_per_second"] > 0
-        # Our runs' steps are the budget over the calibration's rate.
-        assert run["steps"] == max(1, math.floor(BUDGET * calibration["steps_per_second"]))
-        assert run["job"]["phases"][0]["steps"] == run["steps"]
+        # Our runs carry the budget; the trainer fixed their steps from its own calibration.
+        assert run["job"]["budget"] == {"time": f"{BUDGET}s"} and "steps" not in run["job"]["phases"][0]
+        assert run["steps"] == calibration["steps"] >= 1 and calibration["step_seconds"] > 0
     assert set(results["ratios"]) == {"modern/classic", "classic/hf-peer", "modern/hf-peer"}
 
 
@@ -306,7 +304,9 @@ def test_our_jobs_are_valid_and_share_the_data_but_masking(
     chosen = ttq.SIZES[size]
     device = "cuda" if size == "base" else "cpu"
     shared = ttq.shared_data_job(chosen, device, tmp_path)
-    documents = {name: ttq.our_job(name, chosen, device, tmp_path, steps=7, seeds=2) for name in ttq.RUNS[:2]}
+    documents = {
+        name: ttq.our_job(name, chosen, device, tmp_path, budget=5.5, seeds=2) for name in ttq.RUNS[:2]
+    }
     peer = ttq.peer_finetune_job(chosen, device, tmp_path, tmp_path / "hf-peer" / "hf", seeds=2)
     for document in (shared, *documents.values(), peer):
         job = parse_job(document)
@@ -325,7 +325,8 @@ def test_our_jobs_are_valid_and_share_the_data_but_masking(
     assert objectives == ["mlm", "mlm-nsp", "mlm"]
     assert modern["model"]["hiddenDropoutProb"] == modern["model"]["attentionProbsDropoutProb"] == 0
     assert (modern["optimizer"]["schedule"], modern["optimizer"]["maxGradNorm"]) == ("one-cycle", 0.5)
-    assert classic["phases"][0]["steps"] == modern["phases"][0]["steps"] == 7
+    assert classic["budget"] == modern["budget"] == {"time": "6s"}
+    assert "steps" not in classic["phases"][0] and "steps" not in modern["phases"][0]
     assert classic["finetune"][0]["seeds"] == 2 and "initFrom" not in classic["finetune"][0]
     task = peer["spec"]["finetune"][0]
     assert task["initFrom"] == str(tmp_path / "hf-peer" / "hf") and task["baseline"] is True

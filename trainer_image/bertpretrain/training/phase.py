@@ -271,7 +271,6 @@ def _calibrate(of: Phase) -> Calibration:
     them (rank 0) and return them (every rank)."""
     spec = of.spec
     assert spec.budget is not None
-    started = time.perf_counter()
     shares = budget_shares(spec.phases)
     assert shares is not None  # validation refuses shares that do not add up
     phase_seconds = duration_seconds(spec.budget.time) * shares[of.index]
@@ -280,6 +279,9 @@ def _calibrate(of: Phase) -> Calibration:
     run = _build(provisional, engine, TrainingLog(None, False, None, spec.logging.format), announce=False)
     batches, accumulation, times = iter(run.loader), of.phase_plan.accumulation_steps, []
     target = spec.budget.calibration_proportion * phase_seconds
+    # The budget counts optimizer steps, the calibration's among them; building the model and the
+    # loader (twice, here and for the run) is outside it, as a Trainer's set-up is.
+    started = time.perf_counter()
     while True:
         began = time.perf_counter()
         stats = torch.zeros(StepStatistics.SIZE, device=engine.device)
