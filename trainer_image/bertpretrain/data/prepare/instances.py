@@ -126,8 +126,28 @@ def create_pairs(documents: TokenizedDocuments, params: InstanceParams, rng: np.
     max_num_tokens = params.max_seq_length - 3
     if max_num_tokens < 2:
         raise ValueError(f"max_seq_length {params.max_seq_length} is too short for a sentence pair")
-    # Five int32 per pair (int64 past 2^31 tokens), not a tuple of Python ints: a shard's pairs
-    # take 20 bytes each.
+    table = _spans(documents, params, max_num_tokens, _document_pairs, 5, rng)
+    a_start, a_end, b_start, b_end = _truncate(
+        table[:, 0], table[:, 1], table[:, 2], table[:, 3], max_num_tokens, rng
+    )
+    random_next = table[:, 4].astype(bool)
+    del table
+    order = rng.permutation(len(a_start))
+    return Pairs(a_start[order], a_end[order], b_start[order], b_end[order], random_next[order])
+
+
+def _spans(
+    documents: TokenizedDocuments,
+    params: InstanceParams,
+    max_num_tokens: int,
+    per_document: Callable[..., None],
+    columns: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """What ``per_document`` (:func:`_document_pairs` or :func:`_document_segments`) emits over
+    ``dupe_factor`` passes of every document, as int32 [N, ``columns``] (int64 for a shard of 2^31
+    tokens or more); its draws come from one ``random.Random`` seeded from ``rng``."""
+    # Plain ints in an array, not tuples of Python ints: a shard's pairs take 20 bytes each.
     wide = len(documents.tokens) >= 2**31
     spans = array.array("q" if wide else "i")
     uniform = random.Random(int(rng.integers(2**63))).random
@@ -135,7 +155,7 @@ def create_pairs(documents: TokenizedDocuments, params: InstanceParams, rng: np.
     document_starts = documents.document_starts.tolist()
     for _ in range(params.dupe_factor):
         for document in range(documents.num_documents):
-            _document_pairs(
+            per_document(
                 document,
                 document_starts,
                 sentence_starts,
@@ -144,14 +164,7 @@ def create_pairs(documents: TokenizedDocuments, params: InstanceParams, rng: np.
                 uniform,
                 spans.extend,
             )
-    table = np.frombuffer(spans, dtype=np.int64 if wide else np.int32).reshape(-1, 5)
-    a_start, a_end, b_start, b_end = _truncate(
-        table[:, 0], table[:, 1], table[:, 2], table[:, 3], max_num_tokens, rng
-    )
-    random_next = table[:, 4].astype(bool)
-    del table, spans
-    order = rng.permutation(len(a_start))
-    return Pairs(a_start[order], a_end[order], b_start[order], b_end[order], random_next[order])
+    return np.frombuffer(spans, dtype=np.int64 if wide else np.int32).reshape(-1, columns)
 
 
 def _document_pairs(
@@ -222,26 +235,10 @@ def create_segments(documents: TokenizedDocuments, params: InstanceParams, rng: 
     max_num_tokens = params.max_seq_length - 2
     if max_num_tokens < 2:
         raise ValueError(f"max_seq_length {params.max_seq_length} is too short for a segment")
-    wide = len(documents.tokens) >= 2**31
-    spans = array.array("q" if wide else "i")
-    uniform = random.Random(int(rng.integers(2**63))).random
-    sentence_starts = documents.sentence_starts.tolist()
-    document_starts = documents.document_starts.tolist()
-    for _ in range(params.dupe_factor):
-        for document in range(documents.num_documents):
-            _document_segments(
-                document,
-                document_starts,
-                sentence_starts,
-                max_num_tokens,
-                params.short_seq_prob,
-                uniform,
-                spans.extend,
-            )
-    table = np.frombuffer(spans, dtype=np.int64 if wide else np.int32).reshape(-1, 2)
+    table = _spans(documents, params, max_num_tokens, _document_segments, 2, rng)
     # An empty B: _truncate then trims A alone, as truncate_seq_pair trims the longer side.
     a_start, a_end, _, _ = _truncate(table[:, 0], table[:, 1], table[:, 1], table[:, 1], max_num_tokens, rng)
-    del table, spans
+    del table
     order = rng.permutation(len(a_start))
     a_start, a_end = a_start[order], a_end[order]
     return Pairs(a_start, a_end, a_end, a_end, np.zeros(len(a_start), bool))
