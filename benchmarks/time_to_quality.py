@@ -1,14 +1,23 @@
-"""Time to quality: our classic recipe, our modern recipe and a Hugging Face peer, each given the
-same corpus and the same wall-clock budget on this machine, one after the other, scored the same way.
+"""Time to quality: our classic recipe, our modern recipe (also at half the budget) and a Hugging
+Face peer, each given the same corpus and the same wall-clock budget on this machine, one after the
+other, scored the same way, in ``--seeds`` replicates whose medians are the table.
 
-    python benchmarks/time_to_quality.py --size tiny --budget 4 --seeds 1    # CI's (CPU, 2 min on 2 cores)
-    python benchmarks/time_to_quality.py --size demo --budget 300            # bert-tiny, 5 min per run
-    python benchmarks/time_to_quality.py --size base --device cuda --budget 600
+    python benchmarks/time_to_quality.py --size tiny --budget 4 --seeds 1    # CI's (CPU, 3 min on 2 cores)
+    python benchmarks/time_to_quality.py --size demo                         # bert-tiny, 10 min a run, 3x
+    python benchmarks/time_to_quality.py --size base --device cuda --budget 120 --seeds 1
 
-Steps, in order (every subprocess's output goes to a log file under the work directory; the lines
-printed here say where):
+**Replicates.** Replicate ``i`` runs every step below under seed ``12345 + i`` (:data:`SEED`): the
+corpus's held-out split, the data's draws, every initialisation and the fine-tuning's split and run
+(one fine-tuning seed per pretraining run, :data:`FINETUNE_SEEDS`), in its own work directory
+``seed-<seed>``. Within a replicate every run is scored on that replicate's held-out set, so its
+comparisons are paired; across replicates the table takes medians. The peer's learning-rate sweep
+runs once, in the first replicate, and its choice serves all; ``--peer-seeds`` trains the peer in
+the first few replicates only (its runs are the longest part of a replicate after ours).
 
-1. **The shared corpus**, once: ``builtin:python-docs`` through our data stage (``python -m
+Steps of a replicate, in order (every subprocess's output goes to a log file under the work
+directory; the lines printed here say where):
+
+1. **The shared corpus**: ``builtin:python-docs`` through our data stage (``python -m
    bertpretrain prepare``): a WordPiece vocabulary of 8000 tokens, the tokenized documents, and a
    dataset of single segments ``[CLS] A [SEP]`` (objective ``mlm``) of 128 tokens with static masking
    at 15% (19 positions at most), :data:`HELDOUT_FRACTION` of the documents in its held-out shards.
@@ -26,7 +35,10 @@ printed here say where):
    masking at 30% (:data:`MODERN_MASKING`, at most ``round(128 x 0.3)`` = 38 positions), dropout 0,
    LAMB with the one-cycle schedule (30% warm-up, torch's ``OneCycleLR`` default ``pct_start``),
    clipping at norm 0.5.
-4. **hf-peer**: ``transformers.Trainer`` training ``transformers.BertForMaskedLM`` of the same
+4. **modern-half** (:data:`HALF`): the modern recipe with half the budget (its own ``spec.budget``,
+   so its one-cycle schedule ends at its end): whether it reaches classic's accuracy is the target
+   "the modern recipe reaches the classic recipe's final accuracy in at most half the time".
+5. **hf-peer**: ``transformers.Trainer`` training ``transformers.BertForMaskedLM`` of the same
    dimensions and vocabulary on the same training shards' token ids (the shared corpus's training
    shards, read with h5py): each row's masked positions are given back their original tokens, the
    row is cut to its length, and ``DataCollatorForLanguageModeling`` masks 15% afresh in every batch
@@ -64,17 +76,18 @@ long, and a line below it names each run more than 25% off. :func:`our_job` make
   ``train.jsonl`` (from the phase's ``PARAMETER`` record to its last step), the peer's from its
   callback (``on_train_begin`` to the last ``on_step_end``);
 - *fine-tuned*: the builtin downstream task ``python-docs-modules`` (which of 8 standard-library
-  modules a sentence comes from), median accuracy over ``--seeds`` seeds: our runs fine-tune in their
-  own job (``spec.finetune``); the peer's export is fine-tuned by ``python -m bertpretrain finetune``
+  modules a sentence comes from), its accuracy: our runs fine-tune in their own job
+  (``spec.finetune``); the peer's export is fine-tuned by ``python -m bertpretrain finetune``
   with the task's ``initFrom`` naming it, the same code and settings, which also fine-tunes the
   same architecture from random weights for reference (printed below the table). The fine-tuning
   uses each job's model settings: the modern run's without dropout.
 
-Then the ratios (modern/classic, classic/peer, modern/peer) of accuracy, fine-tuned score and
-sequences. Output: the Markdown tables on stdout, and the same as JSON (with every setting, the
-calibrations and the sweep) in ``--out``/time_to_quality.json, the tables in time_to_quality.md. The
-work files (shards, checkpoints, exports, logs) are under ``--out``/work, deleted at the end unless
-``--keep`` or a step failed; a later run reuses the prepared data there (the data stage's keys
+Then the ratios (:data:`RATIOS`) of the medians of accuracy, fine-tuned score and sequences,
+each replicate's figures, and the verdict on each target (:func:`targets`). Output: the Markdown
+tables on stdout, and the same as JSON (with every setting, the calibrations and the sweep) in
+``--out``/time_to_quality.json, the tables in time_to_quality.md. The work files (shards,
+checkpoints, exports, logs) are under ``--out``/work, deleted at the end unless ``--keep`` or a
+step failed; a later run reuses the prepared data there (the data stage's keys
 decide) and starts every training afresh.
 """
 
@@ -115,9 +128,15 @@ SWEEP_FRACTION = 0.25  # of the budget, per point of the peer's learning-rate sw
 OFF_BUDGET = 0.25  # a run whose training seconds are further than this share off the budget is named
 FINETUNE_TASK = "python-modules"
 FINETUNE_METRIC = "accuracy"
-RUNS = ("classic", "modern", "hf-peer")
-RATIOS = (("modern", "classic"), ("classic", "hf-peer"), ("modern", "hf-peer"))
-COLUMNS = ("run", "recipe", "held-out MLM acc", "steps", "sequences", "seconds", "fine-tuned acc")
+FINETUNE_SEEDS = 1  # per pretraining run: the seeds that vary are the replicates' (--seeds)
+HALF = "modern-half"  # the modern recipe given half the budget: the half-time target's run
+RUNS = ("classic", "modern", HALF, "hf-peer")
+OURS = RUNS[:3]
+RECIPE_OF = {"classic": "classic", "modern": "modern", HALF: "modern"}
+BUDGET_SHARE = {HALF: 0.5}  # of --budget; 1 for the others
+RATIOS = (("modern", "classic"), (HALF, "classic"), ("classic", "hf-peer"), ("modern", "hf-peer"))
+COLUMNS = ("run", "recipe", "seeds", "held-out MLM acc", "steps", "sequences", "seconds", "fine-tuned acc")
+SEED_COLUMNS = ("seed", "run", "held-out MLM acc", "steps", "seconds", "fine-tuned acc")
 RATIO_COLUMNS = ("ratio", "held-out MLM acc", "fine-tuned acc", "sequences")
 RESULTS_FILE = "time_to_quality.json"
 TABLE_FILE = "time_to_quality.md"
@@ -146,8 +165,9 @@ SIZES = {
     # runs here (5 s and 60 s a run); a line is printed when the best is at an edge of the grid.
     "tiny": Size("bert-tiny", 32, 32, 2, 0.01, 0.01, (1e-3, 3e-3, 1e-2), 6, 1, 1e-3, 5.0),
     # The demo's model and batch (examples/bert-tiny-local.yaml: 64 = 4 x 16, LAMB 0.01) and its
-    # fine-tuning (4 epochs at 1e-3).
-    "demo": Size("bert-tiny", 64, 16, 2, 0.01, 0.01, (1e-3, 3e-3, 1e-2), 10, 4, 1e-3, 300.0),
+    # fine-tuning (4 epochs at 1e-3). The peer's grid is one step below tiny's: at 150 s a point
+    # here, 1e-3 beat 3e-3 and 1e-2 (benchmarks/RESULTS.md), the low edge of that first grid.
+    "demo": Size("bert-tiny", 64, 16, 2, 0.01, 0.01, (3e-4, 1e-3, 3e-3), 10, 4, 1e-3, 600.0),
     # bert-base on one GPU, 256 sequences a step in one pass (train_step.py's micro-batch at seq
     # 128), LAMB at 2e-3; fine-tuning as BERT's (3 epochs at 5e-5). Not yet run: no GPU was lent.
     "base": Size("bert-base", 256, 256, 4, 2e-3, 2e-3, (1e-4, 3e-4, 1e-3), 30, 3, 5e-5, 600.0),
@@ -170,8 +190,9 @@ def _document(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _base_spec(size: Size, device: str, checkpoints: Path) -> dict[str, Any]:
-    """What every job here shares: this machine, one process, the model, the logs."""
+def _base_spec(size: Size, device: str, checkpoints: Path, seed: int) -> dict[str, Any]:
+    """What every job here shares: this machine, one process, the model, the logs; ``seed`` is the
+    replicate's (the corpus's held-out split, the data, the initialisation, the fine-tuning)."""
     cuda = device == "cuda"
     return {
         "image": "ghcr.io/bertjob/trainer:0.1.0-cuda" if cuda else "ghcr.io/bertjob/trainer:0.1.0-xeon",
@@ -181,7 +202,7 @@ def _base_spec(size: Size, device: str, checkpoints: Path) -> dict[str, Any]:
         "precision": "bf16" if cuda else "fp32",
         "checkpoint": {"path": str(checkpoints), "everySteps": 1_000_000, "keep": 1},
         "logging": {"everySteps": 10, "tensorboard": False},
-        "seed": SEED,
+        "seed": seed,
     }
 
 
@@ -202,22 +223,22 @@ def _data(work: Path, size: Size, masked_lm_prob: float) -> dict[str, Any]:
     }
 
 
-def _finetune_task(size: Size, seeds: int, **fields: Any) -> dict[str, Any]:
+def _finetune_task(size: Size, **fields: Any) -> dict[str, Any]:
     return {
         "name": FINETUNE_TASK,
         "type": "classification",
         "builtin": "python-docs-modules",
         "epochs": size.finetune_epochs,
         "learningRate": size.finetune_lr,
-        "seeds": seeds,
+        "seeds": FINETUNE_SEEDS,
         **fields,
     }
 
 
-def shared_data_job(size: Size, device: str, work: Path) -> dict[str, Any]:
-    """The job whose data stage makes the shared corpus: vocabulary, training shards (the peer's)
-    and the held-out shards (everyone's evaluation set); it is only ever prepared, never trained."""
-    spec = _base_spec(size, device, work / "shared" / "checkpoints")
+def shared_data_job(size: Size, device: str, work: Path, seed: int = SEED) -> dict[str, Any]:
+    """The job whose data stage makes a replicate's shared corpus: vocabulary, training shards (the
+    peer's) and the held-out shards (everyone's evaluation set); it is only ever prepared."""
+    spec = _base_spec(size, device, work / "shared" / "checkpoints", seed)
     spec["objective"] = "mlm"
     spec["data"] = _data(work, size, EVAL_MASKING)
     spec["phases"] = [
@@ -233,7 +254,9 @@ def shared_data_job(size: Size, device: str, work: Path) -> dict[str, Any]:
 
 
 def recipe(name: str, size: Size) -> dict[str, Any]:
-    """The ``spec`` fields of our recipe ``name`` (classic or modern), besides the data's masking."""
+    """The ``spec`` fields of our run ``name``'s recipe (classic; modern, also the one of
+    :data:`HALF`), besides the data's masking."""
+    name = RECIPE_OF.get(name, name)
     if name == "classic":
         return {
             "objective": "mlm-nsp",
@@ -265,10 +288,11 @@ def describe_recipe(name: str, size: Size, peer_lr: float | None = None) -> str:
         return f"HF Trainer, mlm 15% dynamic, AdamW {lr} (swept) linear"
     chosen = recipe(name, size)
     optimizer = chosen["optimizer"]
+    share = f", {BUDGET_SHARE[name]:g} x budget" if name in BUDGET_SHARE else ""
     return (
         f"{chosen['objective']} {chosen['maskedLmProb']:.0%}, dropout {chosen['dropout']:g}, "
         f"{optimizer['name'].upper()} {chosen['learningRate']:g} {optimizer['schedule']}, "
-        f"clip {optimizer['maxGradNorm']:g}"
+        f"clip {optimizer['maxGradNorm']:g}{share}"
     )
 
 
@@ -279,18 +303,19 @@ def our_job(
     work: Path,
     *,
     budget: float,
-    seeds: int,
+    seed: int = SEED,
     steps: int | None = None,
 ) -> dict[str, Any]:
-    """Our run ``name`` (classic or modern) as a BertPretrainJob: one phase at seq 128 on its own
+    """Our run ``name`` (one of :data:`OURS`) as a BertPretrainJob: one phase at seq 128 on its own
     dataset (in the shared data directory, made from the same documents with the same vocabulary),
-    trained for ``spec.budget`` = ``budget`` seconds (rounded to whole seconds, at least 1), or for
-    ``steps`` when given; then the fine-tuning. Its own held-out evaluation at the phase's end is
-    capped at :data:`OWN_EVAL_SEQUENCES` sequences: the benchmark's score is :func:`mlm_accuracy`'s.
-    """
+    trained for ``spec.budget`` = ``budget`` x its :data:`BUDGET_SHARE` seconds (rounded to whole
+    seconds, at least 1), or for ``steps`` x that share when given; then the fine-tuning. Its own
+    held-out evaluation at the phase's end is capped at :data:`OWN_EVAL_SEQUENCES` sequences: the
+    benchmark's score is :func:`mlm_accuracy`'s."""
     chosen = recipe(name, size)
+    share = BUDGET_SHARE.get(name, 1.0)
     checkpoints = work / name / "checkpoints"
-    spec = _base_spec(size, device, checkpoints)
+    spec = _base_spec(size, device, checkpoints, seed)
     masking = chosen["maskedLmProb"]
     spec["objective"] = chosen["objective"]
     spec["data"] = _data(work, size, masking)
@@ -308,22 +333,22 @@ def our_job(
         }
     ]
     if steps is None:
-        spec["budget"] = {"time": f"{max(1, round(budget))}s"}
+        spec["budget"] = {"time": f"{max(1, round(budget * share))}s"}
     else:
-        spec["phases"][0]["steps"] = steps
+        spec["phases"][0]["steps"] = max(1, round(steps * share))
     spec["logging"]["everySteps"] = 10
-    spec["finetune"] = [_finetune_task(size, seeds)]
+    spec["finetune"] = [_finetune_task(size)]
     return _document(f"time-to-quality-{name}", spec)
 
 
-def peer_finetune_job(size: Size, device: str, work: Path, export: Path, seeds: int) -> dict[str, Any]:
+def peer_finetune_job(size: Size, device: str, work: Path, export: Path, seed: int = SEED) -> dict[str, Any]:
     """The fine-tuning of the peer's export, by our fine-tuning code (``python -m bertpretrain
     finetune``): the shared job with a task whose ``initFrom`` is the export, and the same task from
     random weights beside it (``baseline``)."""
-    document = shared_data_job(size, device, work)
+    document = shared_data_job(size, device, work, seed)
     spec = document["spec"]
     spec["checkpoint"]["path"] = str(work / "hf-peer" / "checkpoints")
-    spec["finetune"] = [_finetune_task(size, seeds, initFrom=str(export), baseline=True)]
+    spec["finetune"] = [_finetune_task(size, initFrom=str(export), baseline=True)]
     document["metadata"]["name"] = "time-to-quality-hf-peer-finetune"
     return document
 
@@ -356,10 +381,10 @@ def _write_job(document: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def prepare_shared(size: Size, device: str, work: Path) -> tuple[Path, Path]:
-    """The shared corpus (``python -m bertpretrain prepare``); returns (the vocabulary directory,
-    the dataset directory holding ``shard_*.hdf5`` and ``heldout_*.hdf5``)."""
-    job = _write_job(shared_data_job(size, device, work), work / "shared" / "job.yaml")
+def prepare_shared(size: Size, device: str, work: Path, seed: int) -> tuple[Path, Path]:
+    """The replicate's shared corpus (``python -m bertpretrain prepare``); returns (the vocabulary
+    directory, the dataset directory holding ``shard_*.hdf5`` and ``heldout_*.hdf5``)."""
+    job = _write_job(shared_data_job(size, device, work, seed), work / "shared" / "job.yaml")
     _run_logged(
         "shared corpus",
         [sys.executable, "-m", "bertpretrain", "prepare", "--config", str(job)],
@@ -406,13 +431,14 @@ def read_train_log(path: Path) -> TrainLog:
 
 
 def run_ours(
-    name: str, size: Size, device: str, work: Path, budget: float, steps: int | None, seeds: int
+    name: str, size: Size, device: str, work: Path, budget: float, steps: int | None, seed: int
 ) -> dict[str, Any]:
-    """Our recipe ``name`` for ``budget`` seconds (or ``steps`` steps), fine-tuned; its figures,
-    export and the trainer's calibration (None with ``steps``)."""
-    document = our_job(name, size, device, work, budget=budget, steps=steps, seeds=seeds)
+    """Our run ``name`` for its share of ``budget`` seconds (or of ``steps`` steps), fine-tuned; its
+    figures, export and the trainer's calibration (None with ``steps``)."""
+    document = our_job(name, size, device, work, budget=budget, steps=steps, seed=seed)
     job = _write_job(document, work / name / "job.yaml")
-    wall = _run_logged(name, [sys.executable, "-m", "bertjob", "run", str(job)], work / name / "run.log")
+    label = f"{name} (seed {seed})"
+    wall = _run_logged(label, [sys.executable, "-m", "bertjob", "run", str(job)], work / name / "run.log")
     checkpoints = work / name / "checkpoints"
     log = read_train_log(checkpoints / "logs" / "train.jsonl")
     calibration = checkpoints / "phase1" / "budget.json"
@@ -559,7 +585,7 @@ class PeerRun:
     heldout_mlm_accuracy: float | None = None
 
 
-def _peer_tools(vocab_dir: Path) -> tuple[Any, Any]:
+def _peer_tools(vocab_dir: Path, seed: int) -> tuple[Any, Any]:
     """(the tokenizer built from the shared vocabulary, the masking collator at 15%)."""
     from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerFast
 
@@ -572,7 +598,7 @@ def _peer_tools(vocab_dir: Path) -> tuple[Any, Any]:
         mask_token="[MASK]",
     )
     collator = DataCollatorForLanguageModeling(
-        tokenizer, mlm_probability=EVAL_MASKING, pad_to_multiple_of=8, seed=SEED
+        tokenizer, mlm_probability=EVAL_MASKING, pad_to_multiple_of=8, seed=seed
     )
     return tokenizer, collator
 
@@ -587,10 +613,11 @@ def train_peer(
     budget: float,
     scratch: Path,
     label: str,
+    seed: int,
 ) -> torch.nn.Module:
-    """Train a fresh ``BertForMaskedLM`` (seed :data:`SEED`) with ``transformers.Trainer`` for
-    ``run.max_steps`` steps or ``budget`` seconds, whichever ends first; fills ``run`` in and
-    returns the model."""
+    """Train a fresh ``BertForMaskedLM`` (initialised and fed under ``seed``) with
+    ``transformers.Trainer`` for ``run.max_steps`` steps or ``budget`` seconds, whichever ends
+    first; fills ``run`` in and returns the model."""
     from transformers import (
         BertConfig,
         BertForMaskedLM,
@@ -630,7 +657,7 @@ def train_peer(
                 )
 
     dims = MODEL_PRESETS[size.preset]
-    set_seed(SEED)
+    set_seed(seed)
     model = BertForMaskedLM(
         BertConfig(
             vocab_size=len(tokenizer),
@@ -658,8 +685,8 @@ def train_peer(
         eval_strategy="no",
         report_to=[],
         disable_tqdm=True,
-        seed=SEED,
-        data_seed=SEED,
+        seed=seed,
+        data_seed=seed,
         bf16=device == "cuda",
         use_cpu=device == "cpu",
         dataloader_num_workers=0,
@@ -678,7 +705,18 @@ def train_peer(
     return model
 
 
-def run_peer(
+@dataclass(frozen=True)
+class PeerSweep:
+    """The peer's learning-rate sweep, made once (in the first replicate) for every replicate."""
+
+    learning_rate: float  # the best point's
+    steps_per_second: float  # the median of the points' rates: the final runs' max_steps
+    calibration: PeerRun
+    points: list[PeerRun]
+    seconds_each: float
+
+
+def sweep_peer(
     size: Size,
     device: str,
     work: Path,
@@ -686,51 +724,75 @@ def run_peer(
     dataset: Path,
     heldout: HeldOut,
     budget: float,
-    seeds: int,
-) -> dict[str, Any]:
-    """The peer: calibration, the 3-point learning-rate sweep, the budgeted run, its export and its
-    fine-tuning."""
+    seed: int,
+) -> PeerSweep:
+    """The peer's calibration and its 3-point learning-rate sweep (:attr:`Size.sweep`), each point
+    :data:`SWEEP_FRACTION` of ``budget`` from the same initialisation, scored on ``heldout``."""
     quiet_transformers()
-    peer = work / "hf-peer"
-    tokenizer, collator = _peer_tools(vocab_dir)
-    special = [tokenizer.pad_token_id, tokenizer.cls_token_id, tokenizer.sep_token_id]
-    rows = UnmaskedRows(dataset, special)
-    print(f"time_to_quality: hf-peer: {len(rows)} training rows from {dataset}", flush=True)
-    scratch = peer / "trainer"
-
+    tokenizer, collator = _peer_tools(vocab_dir, seed)
+    rows = _peer_rows(dataset, tokenizer)
+    scratch = work / "hf-peer" / "trainer"
     calibration = PeerRun(size.sweep[1], size.calibration_steps)
-    train_peer(rows, tokenizer, collator, size, device, calibration, math.inf, scratch, "hf-peer calibration")
+    train_peer(
+        rows, tokenizer, collator, size, device, calibration, math.inf, scratch, "hf-peer calibration", seed
+    )
     if calibration.steps_per_second is None:
         raise BenchmarkError("hf-peer calibration: fewer than 3 steps")
     print(f"time_to_quality: hf-peer calibration: {calibration.steps_per_second:.2f} steps/s", flush=True)
 
-    sweep_budget = SWEEP_FRACTION * budget
-    sweep_steps = max(1, math.ceil(sweep_budget * calibration.steps_per_second))
-    sweep = []
+    seconds_each = SWEEP_FRACTION * budget
+    sweep_steps = max(1, math.ceil(seconds_each * calibration.steps_per_second))
+    points = []
     for lr in size.sweep:
         point = PeerRun(lr, sweep_steps)
-        model = train_peer(
-            rows, tokenizer, collator, size, device, point, sweep_budget, scratch, f"hf-peer sweep lr {lr:g}"
-        )
+        label = f"hf-peer sweep lr {lr:g}"
+        model = train_peer(rows, tokenizer, collator, size, device, point, seconds_each, scratch, label, seed)
         point.heldout_mlm_accuracy = mlm_accuracy(model, heldout, device)
         print(
-            f"time_to_quality: hf-peer sweep lr {lr:g}: held-out MLM accuracy "
-            f"{point.heldout_mlm_accuracy:.4f} after {point.steps} steps",
+            f"time_to_quality: {label}: held-out MLM accuracy {point.heldout_mlm_accuracy:.4f} after "
+            f"{point.steps} steps",
             flush=True,
         )
-        sweep.append(point)
-    best = max(sweep, key=lambda point: point.heldout_mlm_accuracy or 0.0)
+        points.append(point)
+    shutil.rmtree(scratch, ignore_errors=True)
+    best = max(points, key=lambda point: point.heldout_mlm_accuracy or 0.0)
     if best.learning_rate in (size.sweep[0], size.sweep[-1]):
         print(
             f"time_to_quality: hf-peer: the best learning rate, {best.learning_rate:g}, is at the edge "
             "of the sweep",
             flush=True,
         )
-    rates = [point.steps_per_second for point in sweep if point.steps_per_second]
+    rates = [point.steps_per_second for point in points if point.steps_per_second]
     rate = statistics.median(rates) if rates else calibration.steps_per_second
+    return PeerSweep(best.learning_rate, rate, calibration, points, seconds_each)
 
-    final = PeerRun(best.learning_rate, max(1, math.ceil(budget * rate)))
-    model = train_peer(rows, tokenizer, collator, size, device, final, budget, scratch, "hf-peer")
+
+def _peer_rows(dataset: Path, tokenizer: Any) -> UnmaskedRows:
+    rows = UnmaskedRows(dataset, [tokenizer.pad_token_id, tokenizer.cls_token_id, tokenizer.sep_token_id])
+    print(f"time_to_quality: hf-peer: {len(rows)} training rows from {dataset}", flush=True)
+    return rows
+
+
+def run_peer(
+    size: Size,
+    device: str,
+    work: Path,
+    vocab_dir: Path,
+    dataset: Path,
+    budget: float,
+    seed: int,
+    sweep: PeerSweep,
+) -> dict[str, Any]:
+    """The peer's budgeted run at the sweep's learning rate, its export and its fine-tuning."""
+    quiet_transformers()
+    peer = work / "hf-peer"
+    tokenizer, collator = _peer_tools(vocab_dir, seed)
+    rows = _peer_rows(dataset, tokenizer)
+    scratch = peer / "trainer"
+    final = PeerRun(sweep.learning_rate, max(1, math.ceil(budget * sweep.steps_per_second)))
+    model = train_peer(
+        rows, tokenizer, collator, size, device, final, budget, scratch, f"hf-peer (seed {seed})", seed
+    )
     export = peer / "hf"
     model.save_pretrained(str(export))  # type: ignore[operator]
     tokenizer.save_pretrained(str(export))
@@ -743,9 +805,9 @@ def run_peer(
         flush=True,
     )
 
-    job = _write_job(peer_finetune_job(size, device, work, export, seeds), peer / "finetune.yaml")
+    job = _write_job(peer_finetune_job(size, device, work, export, seed), peer / "finetune.yaml")
     command = [sys.executable, "-m", "bertpretrain", "finetune", "--config", str(job)]
-    _run_logged("hf-peer fine-tuning", command, peer / "finetune.log")
+    _run_logged(f"hf-peer fine-tuning (seed {seed})", command, peer / "finetune.log")
     results = peer / "checkpoints" / "finetune" / "finetune.json"
     return {
         "steps": final.steps,
@@ -757,13 +819,85 @@ def run_peer(
         "learning_rate": final.learning_rate,
         "max_steps": final.max_steps,
         "stopped_by_budget": final.stopped_by_budget,
-        "calibration": asdict(calibration),
-        "sweep": [asdict(point) for point in sweep],
-        "sweep_seconds_each": sweep_budget,
     }
 
 
-# The table -------------------------------------------------------------------------------------
+# The replicates and their medians ---------------------------------------------------------------
+
+
+def replicate(
+    size: Size,
+    args: argparse.Namespace,
+    budget: float,
+    work: Path,
+    seed: int,
+    sweep: PeerSweep | None,
+    peer: bool,
+) -> tuple[dict[str, Any], PeerSweep | None]:
+    """One replicate under ``seed``: its shared corpus, our runs, the peer (when ``peer``; swept
+    first when ``sweep`` is None) and every export's held-out accuracy. Returns (its record, the
+    sweep)."""
+    device = args.device
+    vocab_dir, dataset = prepare_shared(size, device, work, seed)
+    heldout = HeldOut.read(dataset)
+    print(
+        f"time_to_quality: seed {seed}: evaluation set: {heldout.sequences} held-out sequences, "
+        f"{heldout.predictions} masked positions",
+        flush=True,
+    )
+    runs: dict[str, dict[str, Any]] = {}
+    for name in OURS:
+        figures = run_ours(name, size, device, work, budget, args.steps, seed)
+        runs[name] = {"recipe": describe_recipe(name, size), **figures}
+    if peer:
+        if sweep is None:
+            sweep = sweep_peer(size, device, work, vocab_dir, dataset, heldout, budget, seed)
+        figures = run_peer(size, device, work, vocab_dir, dataset, budget, seed, sweep)
+        runs["hf-peer"] = {"recipe": describe_recipe("hf-peer", size, sweep.learning_rate), **figures}
+    for name, run in runs.items():
+        run["heldout_mlm_accuracy"] = export_accuracy(Path(run["export"]), heldout, device)
+        print(
+            f"time_to_quality: {name} (seed {seed}): held-out MLM accuracy {run['heldout_mlm_accuracy']:.4f}",
+            flush=True,
+        )
+    evaluation = {
+        "files": list(heldout.files),
+        "sequences": heldout.sequences,
+        "predictions": heldout.predictions,
+        "masked_lm_prob": EVAL_MASKING,
+    }
+    return {"seed": seed, "evaluation": evaluation, "runs": runs}, sweep
+
+
+def medians(replicates: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each run's figures over the replicates that have it: the median accuracy, fine-tuned score
+    and seconds; steps and sequences of the lower median run (so sequences = steps x batch)."""
+    found: dict[str, dict[str, Any]] = {}
+    for name in RUNS:
+        runs = [record["runs"][name] for record in replicates if name in record["runs"]]
+        if not runs:
+            continue
+        finetuned = [run["finetune"]["median"] for run in runs if run["finetune"]]
+        found[name] = {
+            "recipe": runs[0]["recipe"],
+            "seeds": len(runs),
+            "heldout_mlm_accuracy": statistics.median(run["heldout_mlm_accuracy"] for run in runs),
+            "steps": statistics.median_low(run["steps"] for run in runs),
+            "sequences": statistics.median_low(run["sequences"] for run in runs),
+            "seconds": statistics.median(run["seconds"] for run in runs),
+            "finetune": {"median": statistics.median(finetuned), "seeds": len(finetuned)}
+            if finetuned
+            else None,
+        }
+        random_init = [
+            run["random_init_finetune"]["median"] for run in runs if run.get("random_init_finetune")
+        ]
+        if random_init:
+            found[name]["random_init_finetune"] = {
+                "median": statistics.median(random_init),
+                "seeds": len(random_init),
+            }
+    return found
 
 
 def _ratio(top: float | None, bottom: float | None) -> float | None:
@@ -772,39 +906,76 @@ def _ratio(top: float | None, bottom: float | None) -> float | None:
     return top / bottom
 
 
+def _finetuned(run: dict[str, Any]) -> float | None:
+    return run["finetune"]["median"] if run["finetune"] else None
+
+
 def ratios(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
-    """modern/classic, classic/peer and modern/peer of accuracy, fine-tuned score and sequences."""
+    """Each pair of :data:`RATIOS` whose runs are there: the ratio of their accuracy, fine-tuned
+    score and sequences."""
     found: dict[str, dict[str, float | None]] = {}
     for top, bottom in RATIOS:
+        if top not in runs or bottom not in runs:
+            continue
         a, b = runs[top], runs[bottom]
         found[f"{top}/{bottom}"] = {
             "heldout_mlm_accuracy": _ratio(a["heldout_mlm_accuracy"], b["heldout_mlm_accuracy"]),
-            "finetune": _ratio(
-                a["finetune"] and a["finetune"]["median"], b["finetune"] and b["finetune"]["median"]
-            ),
+            "finetune": _ratio(_finetuned(a), _finetuned(b)),
             "sequences": _ratio(a["sequences"], b["sequences"]),
         }
     return found
+
+
+def targets(runs: dict[str, dict[str, Any]]) -> dict[str, bool | None]:
+    """Issue 38's targets, on the medians (None: a figure is missing):
+
+    - ``half_time``: the modern recipe given half the budget reaches the classic recipe's held-out
+      MLM accuracy (classic given the whole budget);
+    - ``finetune_kept``: modern's fine-tuned score is not below classic's;
+    - ``beat_peer``: classic and modern both beat the peer in held-out MLM accuracy and fine-tuned.
+    """
+    classic, modern, half = runs["classic"], runs["modern"], runs[HALF]
+    peer = runs.get("hf-peer")
+    scores = [_finetuned(run) for run in (classic, modern)]
+    found: dict[str, bool | None] = {
+        "half_time": half["heldout_mlm_accuracy"] >= classic["heldout_mlm_accuracy"],
+        "finetune_kept": None if None in scores else scores[1] >= scores[0],  # type: ignore[operator]
+        "beat_peer": None,
+    }
+    if peer is not None and _finetuned(peer) is not None and None not in scores:
+        found["beat_peer"] = all(
+            run["heldout_mlm_accuracy"] > peer["heldout_mlm_accuracy"] and score > _finetuned(peer)  # type: ignore[operator]
+            for run, score in zip((classic, modern), scores, strict=True)
+        )
+    return found
+
+
+# The tables -------------------------------------------------------------------------------------
 
 
 def _cell(value: float | None, digits: int = 4, missing: str = "not measured") -> str:
     return missing if value is None else f"{value:.{digits}f}"
 
 
+def _verdict(met: bool | None) -> str:
+    return {True: "met", False: "not met", None: "not measured"}[met]
+
+
 def table(results: dict[str, Any]) -> list[str]:
-    """The Markdown lines: the runs, the ratios, and the fine-tuning from random weights."""
+    """The Markdown lines: the runs' medians, the ratios, each seed's figures, the targets, and
+    the fine-tuning from random weights."""
+    runs = results["runs"]
     lines = [f"| {' | '.join(COLUMNS)} |", "| --- | --- |" + " ---: |" * (len(COLUMNS) - 2)]
-    for name in RUNS:
-        run = results["runs"][name]
-        finetune = run["finetune"]["median"] if run["finetune"] else None
+    for name, run in runs.items():
         cells = [
             name,
             run["recipe"],
+            str(run["seeds"]),
             _cell(run["heldout_mlm_accuracy"]),
             str(run["steps"]),
             str(run["sequences"]),
             f"{run['seconds']:.1f}",
-            _cell(finetune),
+            _cell(_finetuned(run)),
         ]
         lines.append(f"| {' | '.join(cells)} |")
     lines += ["", f"| {' | '.join(RATIO_COLUMNS)} |", "| --- |" + " ---: |" * (len(RATIO_COLUMNS) - 1)]
@@ -814,25 +985,56 @@ def table(results: dict[str, Any]) -> list[str]:
             *(_cell(values[key], 2, "n/a") for key in ("heldout_mlm_accuracy", "finetune", "sequences")),
         ]
         lines.append(f"| {' | '.join(cells)} |")
-    random_init = results["runs"]["hf-peer"].get("random_init_finetune")
-    lines.append("")
+    lines += ["", f"| {' | '.join(SEED_COLUMNS)} |", "| --- | --- |" + " ---: |" * (len(SEED_COLUMNS) - 2)]
+    off_budget = []
+    for record in results["replicates"]:
+        for name, run in record["runs"].items():
+            cells = [
+                str(record["seed"]),
+                name,
+                _cell(run["heldout_mlm_accuracy"]),
+                str(run["steps"]),
+                f"{run['seconds']:.1f}",
+                _cell(_finetuned(run)),
+            ]
+            lines.append(f"| {' | '.join(cells)} |")
+            budget = results["budget_seconds"] * BUDGET_SHARE.get(name, 1.0)
+            if abs(run["seconds"] - budget) > OFF_BUDGET * budget:
+                why = (
+                    "its steps came from a calibration" if name != "hf-peer" else "its last step ended there"
+                )
+                off_budget.append(
+                    f"{name} (seed {record['seed']}) trained {run['seconds']:.1f} s against a budget of "
+                    f"{budget:g} s ({why})."
+                )
+    met = results["targets"]
+    seeds = f"median of {len(results['replicates'])} seed(s)"
+    lines += [
+        "",
+        f"Targets ({seeds}): modern at half the budget reaches classic's held-out MLM accuracy: "
+        f"{_verdict(met['half_time'])}; modern's fine-tuned score not below classic's: "
+        f"{_verdict(met['finetune_kept'])}; classic and modern both beat the peer: "
+        f"{_verdict(met['beat_peer'])}.",
+    ]
+    random_init = runs.get("hf-peer", {}).get("random_init_finetune")
     if random_init:
-        lines += [
+        lines.append(
             f"Fine-tuned from random weights (no pretraining), for reference: {random_init['median']:.4f} "
-            f"(median of {random_init['seeds']} seed(s)).",
-        ]
-    budget = results["budget_seconds"]
-    for name in RUNS:
-        seconds = results["runs"][name]["seconds"]
-        if abs(seconds - budget) > OFF_BUDGET * budget:
-            why = "its steps came from a calibration" if name != "hf-peer" else "its last step ended there"
-            lines.append(f"{name} trained {seconds:.1f} s against a budget of {budget:g} s ({why}).")
-    evaluation, sweep = results["evaluation"], results["runs"]["hf-peer"]["sweep"]
-    points = ", ".join(f"{p['learning_rate']:g}: {_cell(p['heldout_mlm_accuracy'])}" for p in sweep)
+            f"(median of {random_init['seeds']} seed(s))."
+        )
+    lines += off_budget
+    evaluation = "; ".join(
+        f"seed {record['seed']}: {record['evaluation']['sequences']} sequences, "
+        f"{record['evaluation']['predictions']} masked positions"
+        for record in results["replicates"]
+    )
+    sweep = results["peer_sweep"]
+    points = ", ".join(f"{p['learning_rate']:g}: {_cell(p['heldout_mlm_accuracy'])}" for p in sweep["points"])
     lines.append(
-        f"Held-out MLM accuracy on {evaluation['sequences']} sequences, {evaluation['predictions']} masked "
-        f"positions (15%); {results['budget_seconds']:g} s per run on {results['device']} "
-        f"({results['size']}, {results['preset']}); the peer's learning-rate sweep: {points}."
+        f"Held-out MLM accuracy on each seed's own held-out set, masked at 15% ({evaluation}); "
+        f"{results['budget_seconds']:g} s per run ({HALF}: half) on {results['device']} ({results['size']}, "
+        f"{results['preset']}); the peer's learning-rate sweep (seed {results['replicates'][0]['seed']}, "
+        f"{sweep['seconds_each']:g} s a point): {points}."
     )
     return lines
 
@@ -845,7 +1047,8 @@ def _clean(work: Path) -> None:
     the prepared data."""
     for name in RUNS:
         for sub in ("checkpoints", "calibration", "trainer", "hf"):
-            shutil.rmtree(work / name / sub, ignore_errors=True)
+            for replicate_dir in work.glob("seed-*"):
+                shutil.rmtree(replicate_dir / name / sub, ignore_errors=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -864,7 +1067,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="tiny (CI) and demo: bert-tiny; base: bert-base (default tiny)",
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default cpu")
-    parser.add_argument("--seeds", type=int, default=3, help="fine-tuning seeds per run, their median shown")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=3,
+        help=f"replicates, the i-th under seed {SEED} + i (held-out split, data, initialisation, "
+        "fine-tuning); the tables give their medians (default 3)",
+    )
+    parser.add_argument(
+        "--peer-seeds",
+        type=int,
+        help="how many of the replicates, the first ones, train the peer (default all)",
+    )
     parser.add_argument("--steps", type=int, help="our runs' steps, instead of spec.budget")
     parser.add_argument(
         "--out",
@@ -874,8 +1088,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--keep", action="store_true", help="keep the work files (shards, exports, logs)")
     args = parser.parse_args(argv)
+    if args.peer_seeds is None:
+        args.peer_seeds = args.seeds
     if args.seeds < 1 or (args.steps is not None and args.steps < 1) or (args.budget or 1) <= 0:
         parser.error("--seeds and --steps are at least 1, --budget is positive")
+    if not 1 <= args.peer_seeds <= args.seeds:
+        parser.error("--peer-seeds is between 1 and --seeds")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here")
     size = SIZES[args.size]
@@ -905,44 +1123,33 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def benchmark(size: Size, args: argparse.Namespace, budget: float, work: Path) -> dict[str, Any]:
-    """Every step in order; returns the results (see the module's docstring)."""
-    device = args.device
-    vocab_dir, dataset = prepare_shared(size, device, work)
-    heldout = HeldOut.read(dataset)
-    print(
-        f"time_to_quality: evaluation set: {heldout.sequences} held-out sequences, "
-        f"{heldout.predictions} masked positions",
-        flush=True,
-    )
-    runs: dict[str, dict[str, Any]] = {}
-    for name in ("classic", "modern"):
-        figures = run_ours(name, size, device, work, budget, args.steps, args.seeds)
-        runs[name] = {"recipe": describe_recipe(name, size), **figures}
-    peer = run_peer(size, device, work, vocab_dir, dataset, heldout, budget, args.seeds)
-    runs["hf-peer"] = {"recipe": describe_recipe("hf-peer", size, peer["learning_rate"]), **peer}
-    for name in RUNS:
-        runs[name]["heldout_mlm_accuracy"] = export_accuracy(Path(runs[name]["export"]), heldout, device)
-        print(
-            f"time_to_quality: {name}: held-out MLM accuracy {runs[name]['heldout_mlm_accuracy']:.4f}",
-            flush=True,
+    """Every replicate in order (the peer's sweep in the first); returns the results (see the
+    module's docstring)."""
+    replicates = []
+    sweep: PeerSweep | None = None
+    for index in range(args.seeds):
+        seed = SEED + index
+        record, sweep = replicate(
+            size, args, budget, work / f"seed-{seed}", seed, sweep, index < args.peer_seeds
         )
+        replicates.append(record)
+    assert sweep is not None  # the first replicate trains the peer
+    runs = medians(replicates)
     return {
         "size": args.size,
         "preset": size.preset,
-        "device": device,
+        "device": args.device,
         "budget_seconds": budget,
         "seeds": args.seeds,
+        "peer_seeds": args.peer_seeds,
         "steps_argument": args.steps,
         "corpus": CORPUS,
         "settings": asdict(size),
-        "evaluation": {
-            "files": list(heldout.files),
-            "sequences": heldout.sequences,
-            "predictions": heldout.predictions,
-            "masked_lm_prob": EVAL_MASKING,
-        },
+        "replicates": replicates,
         "runs": runs,
         "ratios": ratios(runs),
+        "targets": targets(runs),
+        "peer_sweep": asdict(sweep),
     }
 
 

@@ -76,10 +76,14 @@ def test_the_table_has_a_row_per_run_and_accuracies_in_0_1(
     with capsys.disabled():  # the table in the test log, as CI runs it
         table = (tiny_run["out"] / ttq.TABLE_FILE).read_text()
         print(f"\nbenchmarks/time_to_quality.py --size tiny --budget {BUDGET} --seeds 1:\n{table}")
-    runs, ratios = _tables(tiny_run["stdout"])
-    assert [row["run"] for row in runs] == ["classic", "modern", "hf-peer"]
-    assert list(runs[0]) == list(ttq.COLUMNS)
+    runs, ratios, per_seed = _tables(tiny_run["stdout"])
+    assert [row["run"] for row in runs] == ["classic", "modern", "modern-half", "hf-peer"]
+    assert list(runs[0]) == list(ttq.COLUMNS) and {row["seeds"] for row in runs} == {"1"}
     results = tiny_run["results"]
+    # One replicate: its own rows are the medians'.
+    assert [(row["seed"], row["run"]) for row in per_seed] == [(str(ttq.SEED), row["run"]) for row in runs]
+    for median, own in zip(runs, per_seed, strict=True):
+        assert [median[key] for key in ttq.SEED_COLUMNS[2:]] == [own[key] for key in ttq.SEED_COLUMNS[2:]]
     for row in runs:
         for column in ("held-out MLM acc", "fine-tuned acc"):
             assert 0 <= float(row[column]) <= 1, row
@@ -90,8 +94,11 @@ def test_the_table_has_a_row_per_run_and_accuracies_in_0_1(
         assert float(row["held-out MLM acc"]) == pytest.approx(run["heldout_mlm_accuracy"], abs=5e-5)
         assert float(row["fine-tuned acc"]) == pytest.approx(run["finetune"]["median"], abs=5e-5)
         assert run["finetune"]["seeds"] == 1
-    assert "AdamW" in runs[2]["recipe"] and "one-cycle" in runs[1]["recipe"] and "poly" in runs[0]["recipe"]
-    assert [row["ratio"] for row in ratios] == ["modern/classic", "classic/hf-peer", "modern/hf-peer"]
+    assert "AdamW" in runs[3]["recipe"] and "one-cycle" in runs[1]["recipe"] and "poly" in runs[0]["recipe"]
+    assert runs[2]["recipe"] == runs[1]["recipe"] + ", 0.5 x budget"
+    assert [row["ratio"] for row in ratios] == [
+        "modern/classic", "modern-half/classic", "classic/hf-peer", "modern/hf-peer"
+    ]  # fmt: skip
     for row in ratios:
         top, bottom = (results["runs"][name] for name in row["ratio"].split("/"))
         assert float(row["sequences"]) == pytest.approx(top["sequences"] / bottom["sequences"], abs=0.006)
@@ -101,21 +108,25 @@ def test_the_table_has_a_row_per_run_and_accuracies_in_0_1(
         else:
             assert row["held-out MLM acc"] == "n/a"
     assert "Fine-tuned from random weights (no pretraining), for reference:" in tiny_run["stdout"]
+    verdicts = {True: "met", False: "not met", None: "not measured"}
+    half_time = verdicts[results["targets"]["half_time"]]
+    assert f"reaches classic's held-out MLM accuracy: {half_time};" in tiny_run["stdout"]
     assert (tiny_run["out"] / ttq.TABLE_FILE).read_text().startswith("| run | recipe |")
 
 
 @pytest.mark.slow
 @whole_run
 def test_the_peer_sweeps_3_learning_rates_keeps_the_best(ttq: ModuleType, tiny_run: dict[str, Any]) -> None:
-    peer = tiny_run["results"]["runs"]["hf-peer"]
-    sweep = peer["sweep"]
+    results = tiny_run["results"]
+    peer, swept = results["replicates"][0]["runs"]["hf-peer"], results["peer_sweep"]
+    sweep = swept["points"]
     assert [point["learning_rate"] for point in sweep] == list(ttq.SIZES["tiny"].sweep)
     for point in sweep:
         assert 0 <= point["heldout_mlm_accuracy"] <= 1 and point["steps"] >= 1, point
     best = max(sweep, key=lambda point: point["heldout_mlm_accuracy"])
-    assert peer["learning_rate"] == best["learning_rate"]
+    assert peer["learning_rate"] == swept["learning_rate"] == best["learning_rate"]
     assert f"AdamW {best['learning_rate']:g} (swept)" in peer["recipe"]
-    assert peer["calibration"]["steps"] == ttq.SIZES["tiny"].calibration_steps
+    assert swept["calibration"]["steps"] == ttq.SIZES["tiny"].calibration_steps
     # Stopped by the budget or at the schedule's end, which the calibration sized to the budget.
     assert peer["stopped_by_budget"] or peer["steps"] == peer["max_steps"]
     assert peer["random_init_finetune"]["seeds"] == 1
@@ -126,16 +137,28 @@ def test_the_peer_sweeps_3_learning_rates_keeps_the_best(ttq: ModuleType, tiny_r
 def test_the_json_records_the_settings(ttq: ModuleType, tiny_run: dict[str, Any]) -> None:
     results = tiny_run["results"]
     assert (results["size"], results["device"], results["budget_seconds"]) == ("tiny", "cpu", BUDGET)
-    evaluation = results["evaluation"]
+    assert (results["seeds"], results["peer_seeds"]) == (1, 1)
+    (record,) = results["replicates"]
+    evaluation = record["evaluation"]
+    assert (
+        record["seed"] == ttq.SEED
+        and Path(evaluation["files"][0]).parent.parent.parent.name == f"seed-{ttq.SEED}"
+    )
     assert evaluation["sequences"] > 100 and evaluation["predictions"] > 10 * evaluation["sequences"]
     assert all(Path(name).name.startswith("heldout_") for name in evaluation["files"])
-    for name in ("classic", "modern"):
-        run = results["runs"][name]
+    for name, seconds in (("classic", BUDGET), ("modern", BUDGET), ("modern-half", BUDGET // 2)):
+        run = record["runs"][name]
         calibration = run["calibration"]
         # Our runs carry the budget; the trainer fixed their steps from its own calibration.
-        assert run["job"]["budget"] == {"time": f"{BUDGET}s"} and "steps" not in run["job"]["phases"][0]
+        assert run["job"]["budget"] == {"time": f"{seconds}s"} and "steps" not in run["job"]["phases"][0]
+        assert run["job"]["seed"] == ttq.SEED
         assert run["steps"] == calibration["steps"] >= 1 and calibration["step_seconds"] > 0
-    assert set(results["ratios"]) == {"modern/classic", "classic/hf-peer", "modern/hf-peer"}
+    assert set(results["ratios"]) == {
+        "modern/classic",
+        "modern-half/classic",
+        "classic/hf-peer",
+        "modern/hf-peer",
+    }
 
 
 def _labelled_accuracy(export: str, dataset: Path) -> tuple[float, int]:
@@ -169,25 +192,71 @@ def _labelled_accuracy(export: str, dataset: Path) -> tuple[float, int]:
 @pytest.mark.slow
 @whole_run
 def test_each_accuracy_is_the_same_computed_another_way(ttq: ModuleType, tiny_run: dict[str, Any]) -> None:
-    results = tiny_run["results"]
-    dataset = Path(results["evaluation"]["files"][0]).parent
+    (record,) = tiny_run["results"]["replicates"]
+    dataset = Path(record["evaluation"]["files"][0]).parent
     for name in ttq.RUNS:
-        accuracy, positions = _labelled_accuracy(results["runs"][name]["export"], dataset)
-        assert positions == results["evaluation"]["predictions"]
-        assert results["runs"][name]["heldout_mlm_accuracy"] == pytest.approx(accuracy, abs=1e-3), name
+        accuracy, positions = _labelled_accuracy(record["runs"][name]["export"], dataset)
+        assert positions == record["evaluation"]["predictions"]
+        assert record["runs"][name]["heldout_mlm_accuracy"] == pytest.approx(accuracy, abs=1e-3), name
+
+
+def _run(accuracy: float, steps: int, seconds: float, finetuned: float | None) -> dict[str, Any]:
+    return {
+        "recipe": "a recipe", "heldout_mlm_accuracy": accuracy, "steps": steps, "sequences": 32 * steps,
+        "seconds": seconds, "finetune": None if finetuned is None else {"median": finetuned, "seeds": 1},
+    }  # fmt: skip
+
+
+def _record(seed: int, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return {"seed": seed, "evaluation": {"sequences": 10, "predictions": 150}, "runs": runs}
 
 
 def _fake_results(ttq: ModuleType) -> dict[str, Any]:
-    """What :func:`benchmark` returns, made up: the peer not fine-tuned, classic over its budget."""
-    runs: dict[str, dict[str, Any]] = {
-        name: {"recipe": f"{name} recipe", "heldout_mlm_accuracy": accuracy, "steps": steps,
-               "sequences": 32 * steps, "seconds": seconds, "finetune": {"median": 0.5, "seeds": 1}}
-        for name, accuracy, steps, seconds in [("classic", 0.2, 10, 9.0), ("modern", 0.3, 20, 4.1),
-                                               ("hf-peer", 0.0, 5, 4.2)]
-    }  # fmt: skip
-    runs["hf-peer"].update(finetune=None, sweep=[{"learning_rate": 0.1, "heldout_mlm_accuracy": 0.0}])
-    return {"runs": runs, "ratios": ttq.ratios(runs), "budget_seconds": 4.0, "device": "cpu", "size": "tiny",
-            "preset": "bert-tiny", "evaluation": {"sequences": 10, "predictions": 150}}  # fmt: skip
+    """What :func:`benchmark` returns, made up, two replicates: the peer only in the first and not
+    fine-tuned there, classic over its budget in the second."""
+    replicates = [
+        _record(1, {"classic": _run(0.2, 10, 4.0, 0.5), "modern": _run(0.3, 20, 4.1, 0.5),
+                    "modern-half": _run(0.1, 9, 2.0, 0.4), "hf-peer": _run(0.0, 5, 4.2, None)}),
+        _record(2, {"classic": _run(0.4, 12, 9.0, 0.5), "modern": _run(0.5, 22, 4.0, 0.5),
+                    "modern-half": _run(0.3, 11, 2.1, 0.6)}),
+    ]  # fmt: skip
+    runs = ttq.medians(replicates)
+    return {"replicates": replicates, "runs": runs, "ratios": ttq.ratios(runs), "targets": ttq.targets(runs),
+            "budget_seconds": 4.0, "device": "cpu", "size": "tiny", "preset": "bert-tiny",
+            "peer_sweep": {"points": [{"learning_rate": 0.1, "heldout_mlm_accuracy": 0.0}],
+                           "seconds_each": 1}}  # fmt: skip
+
+
+def test_medians_take_each_run_over_the_replicates_that_have_it(ttq: ModuleType) -> None:
+    runs = _fake_results(ttq)["runs"]
+    assert list(runs) == ["classic", "modern", "modern-half", "hf-peer"]
+    assert [runs[name]["seeds"] for name in runs] == [2, 2, 2, 1]
+    assert runs["classic"]["heldout_mlm_accuracy"] == pytest.approx(0.3)
+    assert runs["modern-half"]["finetune"] == {"median": pytest.approx(0.5), "seeds": 2}
+    # Steps and sequences of one run (the lower median), so that sequences = steps x batch.
+    assert (runs["modern"]["steps"], runs["modern"]["sequences"]) == (20, 640)
+    assert runs["classic"]["seconds"] == pytest.approx(6.5)
+    assert runs["hf-peer"]["finetune"] is None
+
+
+@pytest.mark.parametrize(
+    ("half", "modern_finetuned", "peer", "expected"),
+    [
+        (0.31, 0.6, 0.1, {"half_time": True, "finetune_kept": True, "beat_peer": True}),
+        (0.29, 0.6, 0.1, {"half_time": False, "finetune_kept": True, "beat_peer": True}),
+        (0.31, 0.4, 0.1, {"half_time": True, "finetune_kept": False, "beat_peer": True}),
+        (0.31, 0.6, 0.35, {"half_time": True, "finetune_kept": True, "beat_peer": False}),
+        (0.31, 0.6, None, {"half_time": True, "finetune_kept": True, "beat_peer": None}),
+    ],
+)
+def test_targets_compare_the_medians(
+    ttq: ModuleType, half: float, modern_finetuned: float, peer: float | None, expected: dict[str, Any]
+) -> None:
+    runs = {"classic": _run(0.3, 10, 4, 0.5), "modern": _run(0.4, 10, 4, modern_finetuned),
+            "modern-half": _run(half, 5, 2, 0.5)}  # fmt: skip
+    if peer is not None:
+        runs["hf-peer"] = _run(peer, 5, 4, 0.3)
+    assert ttq.targets(runs) == expected
 
 
 def test_main_writes_the_table_and_removes_the_work_files_unless_kept_or_failed(
@@ -200,15 +269,25 @@ def test_main_writes_the_table_and_removes_the_work_files_unless_kept_or_failed(
     monkeypatch.setattr(ttq, "benchmark", benchmark)
     assert ttq.main(["--out", str(tmp_path)]) == 0
     assert not (tmp_path / "work").exists()
-    runs, ratios = _tables(capsys.readouterr().out)
-    assert [row["fine-tuned acc"] for row in runs] == ["0.5000", "0.5000", "not measured"]
+    output = capsys.readouterr().out
+    runs, ratios, per_seed = _tables(output)
+    assert [row["fine-tuned acc"] for row in runs] == ["0.5000", "0.5000", "0.5000", "not measured"]
+    assert [row["held-out MLM acc"] for row in runs] == ["0.3000", "0.4000", "0.2000", "0.0000"]
     assert [(row["ratio"], row["held-out MLM acc"], row["fine-tuned acc"]) for row in ratios] == [
-        ("modern/classic", "1.50", "1.00"),
+        ("modern/classic", "1.33", "1.00"),
+        ("modern-half/classic", "0.67", "1.00"),
         ("classic/hf-peer", "n/a", "n/a"),
         ("modern/hf-peer", "n/a", "n/a"),
     ]
+    assert [(row["seed"], row["run"]) for row in per_seed] == [
+        ("1", "classic"), ("1", "modern"), ("1", "modern-half"), ("1", "hf-peer"),
+        ("2", "classic"), ("2", "modern"), ("2", "modern-half"),
+    ]  # fmt: skip
+    assert "accuracy: not met; modern's fine-tuned score not below classic's: met; classic and modern " \
+        "both beat the peer: not measured." in output  # fmt: skip
     table = (tmp_path / ttq.TABLE_FILE).read_text()
-    assert "classic trained 9.0 s against a budget of 4 s" in table and "modern trained" not in table
+    assert "classic (seed 2) trained 9.0 s against a budget of 4 s" in table
+    assert "classic (seed 1) trained" not in table and "modern-half (seed 1) trained" not in table
     assert json.loads((tmp_path / ttq.RESULTS_FILE).read_text())["runs"]["modern"]["steps"] == 20
 
     assert ttq.main(["--out", str(tmp_path), "--keep"]) == 0
@@ -303,11 +382,9 @@ def test_our_jobs_are_valid_and_share_the_data_but_masking(
 ) -> None:
     chosen = ttq.SIZES[size]
     device = "cuda" if size == "base" else "cpu"
-    shared = ttq.shared_data_job(chosen, device, tmp_path)
-    documents = {
-        name: ttq.our_job(name, chosen, device, tmp_path, budget=5.5, seeds=2) for name in ttq.RUNS[:2]
-    }
-    peer = ttq.peer_finetune_job(chosen, device, tmp_path, tmp_path / "hf-peer" / "hf", seeds=2)
+    shared = ttq.shared_data_job(chosen, device, tmp_path, 7)
+    documents = {name: ttq.our_job(name, chosen, device, tmp_path, budget=5.5, seed=7) for name in ttq.OURS}
+    peer = ttq.peer_finetune_job(chosen, device, tmp_path, tmp_path / "hf-peer" / "hf", seed=7)
     for document in (shared, *documents.values(), peer):
         job = parse_job(document)
         checked(job.spec, "<time_to_quality>", "training")
@@ -327,6 +404,10 @@ def test_our_jobs_are_valid_and_share_the_data_but_masking(
     assert (modern["optimizer"]["schedule"], modern["optimizer"]["maxGradNorm"]) == ("one-cycle", 0.5)
     assert classic["budget"] == modern["budget"] == {"time": "6s"}
     assert "steps" not in classic["phases"][0] and "steps" not in modern["phases"][0]
-    assert classic["finetune"][0]["seeds"] == 2 and "initFrom" not in classic["finetune"][0]
+    half = documents["modern-half"]["spec"]
+    assert half["budget"] == {"time": "3s"}
+    assert {**half, "budget": None, "checkpoint": None} == {**modern, "budget": None, "checkpoint": None}
+    assert classic["finetune"][0]["seeds"] == 1 and "initFrom" not in classic["finetune"][0]
+    assert {spec["seed"] for spec in (shared["spec"], classic, modern, half, peer["spec"])} == {7}
     task = peer["spec"]["finetune"][0]
     assert task["initFrom"] == str(tmp_path / "hf-peer" / "hf") and task["baseline"] is True
