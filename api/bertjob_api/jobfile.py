@@ -65,6 +65,7 @@ STDIN_NAME = "stdin"  # standard input's name in messages
 EXTENSIONS = (".yaml", ".yml", ".json")
 JOB_KIND = "BertPretrainJob"
 JOB_GROUP = "bertjob.dev"
+LIST_KIND = "List"  # kubectl get -o yaml's wrapper of several objects (apiVersion v1, items)
 _SHOWN_KIND = 40
 
 _CORE = "tag:yaml.org,2002:"
@@ -539,9 +540,35 @@ def read_documents(name: str, stdin: BinaryIO | None = None) -> list[Document]:
             documents.append(
                 Document(source, line, error=SpecError(source, [(_location(value), value.message)]))
             )
+        elif kind_of(value) == LIST_KIND:
+            documents.extend(_list_items(f"{shown}#{index}", line, value))
         else:
             documents.append(Document(source, line, value))
     return documents
+
+
+def _list_items(source: str, line: int, value: dict[str, Any]) -> list[Document]:
+    """A ``kind: List``'s objects, as kubectl's builder flattens them: item ``i`` is named
+    ``FILE#N items[i]`` (``N`` the List's place in the stream, even where it is the only document),
+    and starts at the List's line."""
+    items = value.get("items", [])
+    if not isinstance(items, list):
+        found = next((name for kind, name in _JSON_KINDS if isinstance(items, kind)), "null")
+        problem = ("items", f"a {LIST_KIND}'s items must be a list, not {found}")
+        return [Document(source, line, error=SpecError(source, [problem]))]
+    return [Document(f"{source} items[{i}]", line, item) for i, item in enumerate(items)]
+
+
+_JSON_KINDS = ((bool, "a boolean"), (dict, "an object"), (str, "a string"), ((int, float), "a number"))
+
+
+def without_status(document: Any) -> Any:
+    """``document`` without its ``status``, where it is a mapping: what a user may apply is the rest
+    (``kubectl get -o yaml`` prints a live object's status; the API server ignores it on create and
+    update of the main resource, and the admission webhook leaves it out too)."""
+    if not isinstance(document, dict) or "status" not in document:
+        return document
+    return {key: value for key, value in document.items() if key != "status"}
 
 
 def input_files(names: Sequence[str], recursive: bool = False) -> list[str]:

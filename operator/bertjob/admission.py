@@ -35,6 +35,7 @@ from bertjob.children import read
 from bertjob.launchers import registry
 from bertjob.render import rendered
 from bertjob_api.contract import GROUP, JOB_FILE, PLURAL, VERSION
+from bertjob_api.jobfile import without_status
 from bertjob_api.spec import JobSpec, SpecError, parse_job, to_document
 from bertjob_api.validation import cluster_job
 
@@ -82,7 +83,7 @@ def checked(obj: Mapping[str, Any], objects: bool = True) -> dict[str, Any]:
         SpecError: listing every problem found.
         RenderError: kustomize failed.
     """
-    document = {key: value for key, value in obj.items() if key != "status"}
+    document = without_status(dict(obj))
     meta = document.get("metadata")
     meta = meta if isinstance(meta, Mapping) else {}
     source = f"{meta.get('namespace')}/{meta.get('name')}"

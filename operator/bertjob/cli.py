@@ -4,8 +4,10 @@
 ``-R`` for subdirectories, or files named without ``-f``), each a stream of documents; ``run``
 takes one job file. Files are read as kubectl reads them (:mod:`bertjob_api.jobfile`), so what
 passes here is what the cluster receives. A stream may hold objects of other kinds beside the jobs,
-as a ``kubectl kustomize`` output does (a Namespace, a PersistentVolumeClaim): they are skipped,
-each with a note on standard error; an input with no BertPretrainJob at all is refused.
+as a ``kubectl kustomize`` output does (a Namespace, a PersistentVolumeClaim): they are skipped
+silently, as kubectl skips what it does not act on (``-v`` notes each on standard error); an input
+with no BertPretrainJob at all is refused. A ``kind: List`` (``kubectl get -o yaml``) is read as its
+items, and a live object's ``status`` is left out, as the webhook leaves it out.
 
 ``run`` starts the trainer's entry point (``python -m bertpretrain local``) as a process of its
 own, without importing the trainer: the operator's package never imports the trainer's.
@@ -39,6 +41,7 @@ from bertjob_api.jobfile import (
     load_job,
     other_kind,
     read_documents,
+    without_status,
 )
 from bertjob_api.spec import BertPretrainJob, SpecError, parse_job
 from bertjob_api.validation import checked
@@ -63,8 +66,10 @@ Files are named as for kubectl apply: -f FILE, -f DIR (its *.yaml, *.yml and *.j
 sorted order; with -R its subdirectories' too) or -f - (standard input), as often as needed, or
 as arguments without -f. Each file is a stream of YAML documents separated by '---' (or JSON);
 a document is named FILE when it is its file's only one, else FILE#N (N counting from 1; standard
-input is named stdin). Objects of other kinds (a Namespace, a Kustomization) are skipped with a
-note on standard error; one of apiVersion bertjob.dev/* is checked as a job whatever its kind."""
+input is named stdin). A kind: List (kubectl get -o yaml) counts as its items, named FILE#N items[I]
+(I from 0); a live object's status is ignored. Objects of other kinds (a Namespace, a Kustomization)
+are skipped, silently unless -v; one of apiVersion bertjob.dev/* is checked as a job whatever its
+kind."""
 
 VALIDATE = f"""\
 Check each BertPretrainJob as the operator would before creating anything: the fields, the
@@ -83,7 +88,8 @@ examples:
   bertjob validate examples/bert-large-1x8xa100.yaml
   bertjob validate -f examples/bert-base-8xa100.yaml -f examples/bert-large-gaudi.yaml
   bertjob validate -f examples/gitops/jobs             # skips its Namespace, claim and Kustomization
-  kubectl kustomize examples/gitops/jobs | bertjob validate -f -"""
+  kubectl kustomize examples/gitops/jobs | bertjob validate -f -
+  kubectl get bertpretrainjobs -o yaml | bertjob validate -f -"""
 
 RENDER = f"""\
 Print the objects the operator would create for each BertPretrainJob: its ConfigMap (the job
@@ -137,7 +143,7 @@ class Report:
 
 def _jobs(args: argparse.Namespace, report: Report) -> Iterator[Job]:
     """Every BertPretrainJob of the command's inputs, parsed, in order; refused inputs and documents
-    go to ``report``, documents of other kinds are skipped with a note."""
+    go to ``report``, documents of other kinds are skipped (with a note under ``-v``)."""
     try:
         files = input_files([*args.files, *(args.filename or [])], recursive=args.recursive)
     except JobFileError as error:
@@ -153,22 +159,24 @@ def _jobs(args: argparse.Namespace, report: Report) -> Iterator[Job]:
             report.refuse(error)
             continue
         for document in documents:
-            job = _job(document, args.namespace, report)
+            job = _job(document, args, report)
             if job is not None:
                 report.jobs += 1
                 yield job
 
 
-def _job(document: Document, namespace: str | None, report: Report) -> Job | None:
+def _job(document: Document, args: argparse.Namespace, report: Report) -> Job | None:
     if document.error is not None:
         report.refuse(document.error)
         return None
     other = other_kind(document.value)
     if other is not None:
-        print(f"{document.source}: {other}, skipped", file=sys.stderr)
+        if args.verbose:
+            print(f"{document.source}: {other}, skipped", file=sys.stderr)
         return None
     try:
-        return Job(document.source, parse_job(_in_namespace(document, namespace), document.source))
+        value = without_status(_in_namespace(document, args.namespace))
+        return Job(document.source, parse_job(value, document.source))
     except SpecError as error:
         report.refuse(error)
         return None
@@ -321,6 +329,9 @@ def _inputs(parser: argparse.ArgumentParser, *, several: bool = True) -> None:
             "-n",
             "--namespace",
             help="the namespace of jobs that name none; one that names another is refused",
+        )
+        parser.add_argument(
+            "-v", "--verbose", action="store_true", help="note each object of another kind that is skipped"
         )
 
 

@@ -298,6 +298,38 @@ def _job(name: str, **changes) -> str:
     return dump(document)
 
 
+def _live_list(*items: dict) -> str:
+    """What ``kubectl get bertpretrainjobs -o yaml`` prints for ``items``: a v1 List of the objects
+    as the API server holds them, server-set metadata and status included."""
+    live = [
+        {
+            **item,
+            "metadata": {
+                **item["metadata"],
+                "namespace": "default",
+                "uid": "6f1c0d3e-4b7a-4c59-9a55-1d3f0e2b8c71",
+                "resourceVersion": "4711",
+                "generation": 1,
+                "creationTimestamp": "2026-11-28T10:00:00Z",
+            },
+            "status": {
+                "phase": "Running",
+                "conditions": [{"type": "Ready", "status": "False", "reason": "Training"}],
+                "progress": {"step": 10, "budgetLeftSeconds": 3600},
+            },
+        }
+        for item in items
+    ]
+    return dump({"apiVersion": "v1", "kind": "List", "items": live, "metadata": {"resourceVersion": ""}})
+
+
+def _job_object(name: str, **changes) -> dict:
+    document = {**valid_job(), "metadata": {"name": name}}
+    for dotted, value in changes.items():
+        document = with_value(document, dotted.replace("__", "."), value)
+    return document
+
+
 BOMB = (
     "{l0: &l0 ["
     + ", ".join(["lol"] * 9)
@@ -328,7 +360,7 @@ INPUT_CASES = {
         ],
         [],
     ),
-    "a directory, sorted, not its subdirectories, other kinds skipped": (
+    "a directory, sorted, not its subdirectories, other kinds skipped silently": (
         {
             "d/b.yaml": _job("b"),
             "d/a.yml": _job("a"),
@@ -343,7 +375,7 @@ INPUT_CASES = {
             "d/a.yml: valid BertPretrainJob 'a', world size 1",
             "d/b.yaml: valid BertPretrainJob 'b', world size 1",
         ],
-        ["d/ns.yaml: not a BertPretrainJob (kind: Namespace), skipped"],
+        [],
     ),
     "a directory with -R": (
         {"d/b.yaml": _job("b"), "d/s/c.yaml": _job("c")},
@@ -356,10 +388,10 @@ INPUT_CASES = {
         ],
         [],
     ),
-    "a kustomize output on standard input": (
+    "a kustomize output on standard input, -v noting what is skipped": (
         {},
         NAMESPACE + "---\n" + CLAIM + "---\n" + _job("a") + "---\n" + _job("b"),
-        ["validate", "-f", "-"],
+        ["validate", "-v", "-f", "-"],
         0,
         [
             "stdin#3: valid BertPretrainJob 'a', world size 1",
@@ -402,10 +434,49 @@ INPUT_CASES = {
         ["validate", "ns.yaml"],
         2,
         [],
+        ["bertjob validate: no BertPretrainJob in ns.yaml\n"],
+    ),
+    "kubectl get -o yaml: a List of live objects, status and server metadata included": (
+        {},
+        _live_list(_job_object("a"), _job_object("b")),
+        ["validate", "-f", "-"],
+        0,
         [
-            "ns.yaml: not a BertPretrainJob (kind: Namespace), skipped\n",
-            "bertjob validate: no BertPretrainJob in ns.yaml\n",
+            "stdin#1 items[0]: valid BertPretrainJob 'a', world size 1",
+            "stdin#1 items[1]: valid BertPretrainJob 'b', world size 1",
         ],
+        [],
+    ),
+    "a List with one bad item: its place and the item named": (
+        {
+            "live.yaml": NAMESPACE
+            + "---\n"
+            + _live_list(_job_object("a"), _job_object("b", spec__topology__processesPerNode=3))
+        },
+        None,
+        ["validate", "live.yaml"],
+        2,
+        ["live.yaml#2 items[0]: valid BertPretrainJob 'a', world size 1"],
+        [
+            "live.yaml#2 items[1]: invalid BertPretrainJob\n",
+            "globalBatchSize: 64 is not divisible by world size 3",
+        ],
+    ),
+    "a List whose items are not a list": (
+        {"list.yaml": "apiVersion: v1\nkind: List\nitems: {a: 1}\n"},
+        None,
+        ["validate", "list.yaml"],
+        2,
+        [],
+        ["list.yaml#1: invalid BertPretrainJob\n  items: a List's items must be a list, not an object"],
+    ),
+    "render: a List's items rendered": (
+        {"live.yaml": _live_list(_job_object("a"))},
+        None,
+        ["render", "live.yaml"],
+        0,
+        None,
+        [],
     ),
     "a misspelt kind of this API is refused by name, not skipped": (
         {"job.yaml": _job("a").replace("kind: BertPretrainJob", "kind: BertPretrainjob")},
@@ -473,7 +544,12 @@ def test_inputs_are_named_and_reported_as_kubectl_names_them(tmp_path, monkeypat
         monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin.encode())))
     assert main(argv) == code
     captured = capsys.readouterr()
-    assert captured.out.splitlines() == out
+    if out is None:  # rendered objects: the job's own ConfigMap among them
+        assert "kind: ConfigMap" in captured.out and "name: a" in captured.out
+    else:
+        assert captured.out.splitlines() == out
+    if not err:
+        assert captured.err == ""
     position = 0
     for text in err:
         position = captured.err.index(text, position)

@@ -372,6 +372,19 @@ _BOMB = (
             "a: 1\na: 2\n---\nb: y\n",
             [("stream.yaml#1", 1, "duplicate key 'a'"), ("stream.yaml#2", 4, {"b": True})],
         ),
+        # A List (kubectl get -o yaml) is its items, named by the List's place even when alone.
+        (
+            "apiVersion: v1\nkind: List\nitems:\n- a: 1\n- b: 2\n",
+            [("stream.yaml#1 items[0]", 1, {"a": 1}), ("stream.yaml#1 items[1]", 1, {"b": 2})],
+        ),
+        (
+            "a: 1\n---\nkind: List\nitems: []\n---\nkind: List\nitems: [{c: 3}]\n",
+            [("stream.yaml#1", 1, {"a": 1}), ("stream.yaml#3 items[0]", 6, {"c": 3})],
+        ),
+        (
+            "kind: List\nitems: 3\n",
+            [("stream.yaml#1", 1, "items: a List's items must be a list, not a number")],
+        ),
     ],
 )
 def test_read_documents_reads_each_document_of_a_stream(tmp_path, text, read):
@@ -386,6 +399,13 @@ def test_read_documents_reads_each_document_of_a_stream(tmp_path, text, read):
             assert str(document.error).startswith(f"{document.source}: invalid BertPretrainJob")
         else:
             assert (document.value, document.error) == (expected, None)
+
+
+def test_without_status_leaves_out_a_live_objects_status_only():
+    live = {"kind": "BertPretrainJob", "metadata": {"name": "a"}, "spec": {}, "status": {"phase": "Running"}}
+    assert jobfile.without_status(live) == {"kind": "BertPretrainJob", "metadata": {"name": "a"}, "spec": {}}
+    assert "status" in live  # the document read is not changed
+    assert jobfile.without_status(["status"]) == ["status"]
 
 
 def test_a_stream_holds_more_nodes_than_one_document_may(tmp_path):
