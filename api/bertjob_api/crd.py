@@ -261,7 +261,8 @@ def crd() -> dict[str, Any]:
                         {"name": "Status", "type": "string", "jsonPath": ".status.phase"},
                         {"name": "Launcher", "type": "string", "jsonPath": ".spec.launcher"},
                         {"name": "Nodes", "type": "integer", "jsonPath": ".spec.topology.nodes"},
-                        {"name": "Phase", "type": "integer", "jsonPath": ".status.progress.phase"},
+                        # Not "Phase": Status is the job's status.phase; this is the training's.
+                        {"name": "Training-Phase", "type": "integer", "jsonPath": ".status.progress.phase"},
                         {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
                         {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss"},
                         {

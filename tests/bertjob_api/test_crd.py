@@ -189,13 +189,24 @@ def test_the_status_schema_accepts_what_the_operator_writes(bertjob_schema: dict
     ]
 
 
+def test_the_printer_columns_have_names_that_say_which_phase() -> None:
+    [version] = crd()["spec"]["versions"]
+    columns = {column["name"].lower(): column["jsonPath"] for column in version["additionalPrinterColumns"]}
+    assert len(columns) == len(version["additionalPrinterColumns"])  # kubectl upper-cases them
+    # The job's phase (status.phase) and the training's (status.progress.phase) are both phases:
+    # neither column is called just Phase.
+    assert "phase" not in columns
+    assert columns["status"] == ".status.phase"
+    assert columns["training-phase"] == ".status.progress.phase"
+
+
 def test_the_printer_columns_point_at_declared_fields(bertjob_schema: dict[str, Any]) -> None:
     [version] = crd()["spec"]["versions"]
     assert [column["name"] for column in version["additionalPrinterColumns"]] == [
         "Status",
         "Launcher",
         "Nodes",
-        "Phase",
+        "Training-Phase",
         "Step",
         "Loss",
         "Seq/s",

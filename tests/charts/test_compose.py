@@ -80,13 +80,17 @@ def test_the_umbrella_chart_renders_what_the_chart_renders_alone(
 ) -> None:
     composed = _objects(helm("template", UMBRELLA_RELEASE, str(umbrella), f"--namespace={NAMESPACE}"))
     values = tmp_path / "values.yaml"
-    values.write_text(json.dumps(OURS))
+    values.write_text(json.dumps({**OURS, "global": GLOBALS}))
     alone = _objects(
         helm("template", UMBRELLA_RELEASE, str(CHART), f"--namespace={NAMESPACE}", f"--values={values}")
     )
 
     assert composed == alone
-    assert one(composed, "Deployment")["metadata"]["name"] == "ml-bertjob-operator"
+    deployment = one(composed, "Deployment")
+    assert deployment["metadata"]["name"] == "ml-bertjob-operator"
+    # The umbrella's registry reaches our image; its storageClass is read by no object of ours.
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["image"].startswith(f"{GLOBALS['imageRegistry']}/bertjob/operator:")
     for obj in composed:
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
 

@@ -61,6 +61,18 @@ def _image(objects: Objects) -> str:
     return str(operator_container(objects)["image"])
 
 
+def _runtime_images(objects: Objects) -> list[str]:
+    return sorted(
+        {
+            container["image"]
+            for obj in objects
+            if obj["kind"] == "ClusterTrainingRuntime"
+            for job in obj["spec"]["template"]["spec"]["replicatedJobs"]
+            for container in job["template"]["spec"]["template"]["spec"]["containers"]
+        }
+    )
+
+
 def _pod(objects: Objects) -> dict[str, Any]:
     return dict(one(objects, "Deployment")["spec"]["template"]["spec"])
 
@@ -153,15 +165,43 @@ WEBHOOK_NAME = f"{OPERATOR}-webhook"
 WEBHOOK_SERVICE = f"{OPERATOR}-webhook"
 # A pod of a ClusterTrainingRuntime's replicated job {0}.
 RUNTIME_POD = "spec.template.spec.replicatedJobs[{0}].template.spec.template.spec"
+# Where the ClusterTrainingRuntimes name their image.
+RUNTIME_IMAGES = {
+    ("ClusterTrainingRuntime", TORCH_RUNTIME, f"{RUNTIME_POD.format(0)}.containers[0].image"),
+    ("ClusterTrainingRuntime", MPI_RUNTIME, f"{RUNTIME_POD.format(0)}.containers[0].image"),
+    ("ClusterTrainingRuntime", MPI_RUNTIME, f"{RUNTIME_POD.format(1)}.containers[0].image"),
+}
 
 CASES = [
-    # An umbrella chart's globals reach every subchart; this one reads none.
+    # An umbrella chart's globals reach every subchart: the registry replaces that of every image
+    # the chart names (the runtimes' too, with trainingRuntimes.install on).
     Case(
-        "global",
+        "global.imageRegistry",
+        {"global": {"imageRegistry": "mirror.example.com:5000"}},
+        {IMAGE, *RUNTIME_IMAGES},
+        lambda o: (_image(o), _runtime_images(o)),
+        (
+            f"mirror.example.com:5000/bertjob/operator:{APP_VERSION}",
+            ["mirror.example.com:5000/bertjob/trainer:0.1.0-xeon"],
+        ),
+        base={"trainingRuntimes": {"install": True}},
+    ),
+    # A runtime image without a registry (Docker Hub's short form) gets the global one in front.
+    Case(
+        "global.imageRegistry-over-a-short-name",
         {"global": {"imageRegistry": "mirror.example.com"}},
-        set(),
-        _image,
-        f"ghcr.io/bertjob/operator:{APP_VERSION}",
+        {IMAGE, *RUNTIME_IMAGES},
+        _runtime_images,
+        ["mirror.example.com/bertjob/trainer:1.2.3"],
+        base={"trainingRuntimes": {"install": True, "image": "bertjob/trainer:1.2.3"}},
+    ),
+    Case(
+        "global.imagePullSecrets",
+        {"global": {"imagePullSecrets": ["mirror"]}},
+        {("Deployment", OPERATOR, f"{POD}.imagePullSecrets")},
+        lambda o: _pod(o)["imagePullSecrets"],
+        [{"name": "mirror"}, {"name": "one"}],
+        base={"imagePullSecrets": ["one", "mirror"]},
     ),
     # The release is "bertjob": a name it does not contain is added to the prefix.
     Case(
@@ -549,20 +589,8 @@ CASES = [
     Case(
         "trainingRuntimes.image",
         {"trainingRuntimes": {"image": "registry.example.com/mirror/trainer:1.2.3"}},
-        {
-            ("ClusterTrainingRuntime", TORCH_RUNTIME, f"{RUNTIME_POD.format(0)}.containers[0].image"),
-            ("ClusterTrainingRuntime", MPI_RUNTIME, f"{RUNTIME_POD.format(0)}.containers[0].image"),
-            ("ClusterTrainingRuntime", MPI_RUNTIME, f"{RUNTIME_POD.format(1)}.containers[0].image"),
-        },
-        lambda o: sorted(
-            {
-                container["image"]
-                for obj in o
-                if obj["kind"] == "ClusterTrainingRuntime"
-                for job in obj["spec"]["template"]["spec"]["replicatedJobs"]
-                for container in job["template"]["spec"]["template"]["spec"]["containers"]
-            }
-        ),
+        RUNTIME_IMAGES,
+        _runtime_images,
         ["registry.example.com/mirror/trainer:1.2.3"],
         base={"trainingRuntimes": {"install": True}},
     ),

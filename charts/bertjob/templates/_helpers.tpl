@@ -82,12 +82,12 @@ app.kubernetes.io/component: operator
 {{- end }}
 
 {{/*
-The operator image: registry/repository, then @digest when one is given (it pins the image, so
+The operator image: registry/repository (global.imageRegistry in place of image.registry), then @digest when one is given (it pins the image, so
 the tag would only mislead), else :tag, which defaults to the chart's appVersion.
 */}}
 {{- define "bertjob.image" -}}
 {{- $image := .Values.image.repository -}}
-{{- with .Values.image.registry }}{{ $image = printf "%s/%s" . $image }}{{ end -}}
+{{- with (.Values.global.imageRegistry | default .Values.image.registry) }}{{ $image = printf "%s/%s" . $image }}{{ end -}}
 {{- if .Values.image.digest -}}
 {{- printf "%s@%s" $image .Values.image.digest -}}
 {{- else -}}
@@ -192,4 +192,72 @@ as toYaml sorts them; scalars, empty maps and empty lists are toYaml's.
 {{- else -}}
 {{ toYaml $value }}
 {{- end -}}
+{{- end }}
+
+{{/*
+The runtimes' image, trainingRuntimes.image, with global.imageRegistry in place of its registry:
+its first part is a registry when it holds a "." or ":" or is localhost, as the container
+runtimes' reference parser decides (docker.io's short names have none).
+*/}}
+{{- define "bertjob.runtimeImage" -}}
+{{- $image := .Values.trainingRuntimes.image -}}
+{{- with .Values.global.imageRegistry -}}
+{{- $parts := splitList "/" $image -}}
+{{- $first := first $parts -}}
+{{- if and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
+{{- $image = rest $parts | join "/" -}}
+{{- end -}}
+{{- $image = printf "%s/%s" . $image -}}
+{{- end -}}
+{{- $image -}}
+{{- end }}
+
+{{/*
+The operator pod's pull secrets: global.imagePullSecrets, then imagePullSecrets, each once.
+*/}}
+{{- define "bertjob.imagePullSecrets" -}}
+{{- concat .Values.global.imagePullSecrets .Values.imagePullSecrets | uniq | toJson -}}
+{{- end }}
+
+{{/*
+Checks that a values schema cannot word (Helm prints a refused "not" as "'not' failed"): each
+fails naming the value and why.
+*/}}
+{{- define "bertjob.checks" -}}
+{{- $chartLabels := "^(helm\\.sh/chart|app\\.kubernetes\\.io/(name|instance|version|managed-by|component)|rbac\\.authorization\\.k8s\\.io/aggregate-to-.*|trainer\\.kubeflow\\.org/framework)$" -}}
+{{- range $key, $_ := .Values.commonLabels }}
+{{- if regexMatch $chartLabels $key }}
+{{- fail (printf "commonLabels: %q is a label the chart sets itself (app.kubernetes.io/*, helm.sh/chart, rbac.authorization.k8s.io/aggregate-to-*, trainer.kubeflow.org/framework); choose another key" $key) }}
+{{- end }}
+{{- end }}
+{{- range $key, $_ := .Values.podLabels }}
+{{- if has $key (list "app.kubernetes.io/name" "app.kubernetes.io/instance" "app.kubernetes.io/component") }}
+{{- fail (printf "podLabels: %q is a label of the Deployment's selector, which cannot change; choose another key" $key) }}
+{{- end }}
+{{- end }}
+{{- range $index, $env := .Values.extraEnv }}
+{{- if eq $env.name "BERTJOB_METRICS_PORT" }}
+{{- fail (printf "extraEnv[%d].name: BERTJOB_METRICS_PORT is set by the chart (the metrics port, 9090)" $index) }}
+{{- end }}
+{{- end }}
+{{- $chartArgs := "^(--(standalone|dev|peering|priority|all-namespaces|namespace|liveness|module|quiet|verbose)(=.*)?|-[A-Za-z]*[APLpmnqv].*)$" -}}
+{{- range $index, $arg := .Values.extraArgs }}
+{{- if regexMatch $chartArgs $arg }}
+{{- fail (printf "extraArgs[%d]: %q is an argument the chart sets from other values (watchNamespaces, logLevel, the liveness probe, peering), or a short form of one; set that value instead" $index $arg) }}
+{{- end }}
+{{- end }}
+{{- range $index, $volume := .Values.extraVolumes }}
+{{- if has $volume.name (list "tmp" "webhook-tls") }}
+{{- fail (printf "extraVolumes[%d].name: %q is a volume of the chart's own; choose another name" $index $volume.name) }}
+{{- end }}
+{{- end }}
+{{- range $index, $mount := .Values.extraVolumeMounts }}
+{{- if has (trimSuffix "/" $mount.mountPath) (list "/tmp" "/etc/bertjob/webhook") }}
+{{- fail (printf "extraVolumeMounts[%d].mountPath: %q is where the chart mounts a volume of its own; choose another path" $index $mount.mountPath) }}
+{{- end }}
+{{- end }}
+{{- $taken := dict "8080" "the health port" "9090" "the metrics port" }}
+{{- with get $taken (toString .Values.webhook.port) }}
+{{- fail (printf "webhook.port: %v is %s of the operator; choose another (1024-65535)" $.Values.webhook.port .) }}
+{{- end }}
 {{- end }}
