@@ -18,10 +18,14 @@ HELM := $(BIN)/helm
 # while pip downloads, and Horovod's compile beside lint.
 MAKEFLAGS += --jobs=2
 
+# The wheelhouse: the package's own dependencies (the CLI's and the operator's), for
+# tests/test_wheel.py to install the built wheel into a clean venv without an index.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[operator,trainer,demo,dev]'
+	$(BIN)/python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > $(VENV)/requirements-cli.txt
+	$(BIN)/pip download -q --only-binary=:all: --dest $(VENV)/wheelhouse -r $(VENV)/requirements-cli.txt
 	touch $(STAMP)
 
 # buildah and mmdebstrap for the image tests, Open MPI for Horovod's MPI controller, cmake and g++

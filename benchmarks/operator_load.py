@@ -86,6 +86,8 @@ from kubernetes import watch
 from kubernetes.client import CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
+# bertjob_testing is the tests' own package, which the bertjob wheel does not install.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testing"))
 from bertjob_testing.cluster.controlplane import ControlPlane
 from bertjob_testing.cluster.operator import NAMESPACE as OPERATOR_NAMESPACE
 from bertjob_testing.cluster.operator import install

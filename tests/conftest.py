@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +16,11 @@ from bertjob_testing.cluster.controlplane import ControlPlane
 from bertjob_testing.cluster.versions import upstream_crd
 from bertjob_testing.kube_emulator import Cluster, cluster_crds, running_cluster
 from tests.k8s_schema import load_crd_schema
+
+# bertjob_testing (testing/) is the tests' own, not installed with the package: pytest finds it
+# through its pythonpath setting, and the subprocesses the tests start through PYTHONPATH.
+TESTING = str(Path(__file__).resolve().parents[1] / "testing")
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [TESTING, os.environ.get("PYTHONPATH")]))
 
 
 @pytest.fixture(scope="session")

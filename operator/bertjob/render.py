@@ -80,17 +80,20 @@ class MergeError(ValueError):
 
 
 def kustomize_dir() -> Path:
-    """The ``kustomize/`` tree: ``$BERTJOB_KUSTOMIZE_DIR``, else the repository's ``kustomize/``
-    next to ``operator/`` (the operator image sets the variable)."""
+    """The ``kustomize/`` tree: ``$BERTJOB_KUSTOMIZE_DIR`` (the operator image sets it), else the
+    copy inside the installed package (``bertjob/kustomize``, which the wheel carries: setup.py),
+    else the repository's ``kustomize/`` next to ``operator/`` (an editable install)."""
     configured = os.environ.get(KUSTOMIZE_DIR_ENV)
     if configured:
         return Path(configured)
-    return _REPOSITORY_KUSTOMIZE
+    return _PACKAGED_KUSTOMIZE if _PACKAGED_KUSTOMIZE.is_dir() else _REPOSITORY_KUSTOMIZE
 
 
 # Resolved once: resolving a path reads each of its directories (it took as long as the rest of
 # building a job's child).
-_REPOSITORY_KUSTOMIZE = Path(__file__).resolve().parents[2] / "kustomize"
+_PACKAGE = Path(__file__).resolve().parent
+_PACKAGED_KUSTOMIZE = _PACKAGE / "kustomize"
+_REPOSITORY_KUSTOMIZE = _PACKAGE.parents[1] / "kustomize"
 
 
 def config_map_name(job_name: str) -> str:

@@ -43,7 +43,8 @@ def _run(command: list[str], out: Path, accumulation_steps: int, cases: list[str
         **os.environ,
         "OMP_NUM_THREADS": "1",
         "DS_ACCELERATOR": "cpu",
-        "PYTHONPATH": str(ROOT),
+        # The worker imports tests and bertjob_testing (testing/, which the package does not install).
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "testing")]),
         "TORCH_EXTENSIONS_DIR": str(out.parent / "torch_extensions"),
     }
     result = subprocess.run(
