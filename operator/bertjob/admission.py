@@ -21,6 +21,7 @@ change (cert-manager's renewals). The chart's ValidatingWebhookConfiguration cal
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -220,8 +221,14 @@ def configure(
     )
     # A startup handler retried after this point must not register the handler twice.
     registry = registry or kopf.get_default_registry()
-    if not any(handler.id == WEBHOOK_ID for handler in registry._webhooks.get_all_handlers()):
+    if registry not in _REGISTERED:
         kopf.on.validate(
             GROUP, VERSION, PLURAL, id=WEBHOOK_ID, operations=["CREATE", "UPDATE"], registry=registry
         )(validate_job)
+        _REGISTERED.add(registry)
     return True
+
+
+# The registries :func:`configure` gave :func:`validate_job`: kopf has no public way to ask a
+# registry which webhooks it holds, and its private one (``registry._webhooks``) may change.
+_REGISTERED: weakref.WeakSet[kopf.OperatorRegistry] = weakref.WeakSet()
