@@ -36,23 +36,23 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 COPY --from=kubectl /bin/kubectl /usr/local/bin/kubectl
 
-# The dependencies first, from pyproject.toml alone, so that a change to the code reuses this layer.
+# The dependencies first, from the lock alone, so that a change to the code reuses this layer:
+# requirements/operator.lock (hack/lock.sh, `make lock`) pins every package with its hashes, and
+# --require-hashes refuses anything else, a dependency missing from the lock included.
 # A numeric user, so that the kubelet can check runAsNonRoot; its home is the Deployment's /tmp.
-COPY pyproject.toml /src/pyproject.toml
+COPY requirements/operator.lock /src/requirements/operator.lock
 RUN python3 -m venv /opt/venv \
-    && python3 -c "import sys, tomllib; p = tomllib.load(open(sys.argv[1], 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies'][sys.argv[2]]))" \
-        /src/pyproject.toml operator > /tmp/requirements.txt \
-    && pip install -r /tmp/requirements.txt \
-    && rm /tmp/requirements.txt \
+    && pip install --require-hashes -r /src/requirements/operator.lock \
     && useradd --uid 10001 --user-group --no-create-home --home-dir /tmp bertjob
 
 # The job API and the operator only: the trainer's folder is not copied, and pyproject.toml's
-# package search installs what is there.
-COPY README.md /src/
+# package search installs what is there. Its dependencies and setuptools are the lock's: no
+# dependency resolution and no build isolation here, so nothing else is downloaded.
+COPY pyproject.toml README.md /src/
 COPY api/ /src/api/
 COPY operator/ /src/operator/
 COPY kustomize/ /src/kustomize/
-RUN pip install "/src[operator]" \
+RUN pip install --no-deps --no-build-isolation "/src[operator]" \
     && mkdir -p /opt/bertjob \
     && mv /src/kustomize "$BERTJOB_KUSTOMIZE_DIR" \
     && rm -rf /src \

@@ -13,20 +13,20 @@ IMAGE_TOOLS := $(VENV)/.image-tools
 HELM := $(BIN)/helm
 ACTIONLINT := $(BIN)/actionlint
 
-.PHONY: demo test lint generate images cluster
+.PHONY: demo test lint generate images cluster lock
 
 # Two recipes at once (the machines have 2 cores): on a fresh machine the cluster's Go builds run
 # while pip downloads, and Horovod's compile beside lint.
 MAKEFLAGS += --jobs=2
 
-# The wheelhouse: the package's own dependencies (the CLI's and the operator's), for
-# tests/test_wheel.py to install the built wheel into a clean venv without an index.
-$(STAMP): pyproject.toml
+# The wheelhouse: the files of requirements/operator.lock (the package's own dependencies, those of
+# the CLI and the operator, as the operator image installs them), for tests/test_wheel.py and
+# tests/test_lock.py to install from without an index.
+$(STAMP): pyproject.toml requirements/operator.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[operator,trainer,demo,dev]'
-	$(BIN)/python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > $(VENV)/requirements-cli.txt
-	$(BIN)/pip download -q --only-binary=:all: --dest $(VENV)/wheelhouse -r $(VENV)/requirements-cli.txt
+	$(BIN)/pip download -q --require-hashes --only-binary=:all: --dest $(VENV)/wheelhouse -r requirements/operator.lock
 	touch $(STAMP)
 
 # buildah and mmdebstrap for the image tests, Open MPI for Horovod's MPI controller, cmake and g++
@@ -69,6 +69,10 @@ images:
 
 demo: $(STAMP)
 	$(BIN)/bertjob run examples/bert-tiny-local.yaml
+
+# The operator image's lock (requirements/operator.lock), resolved again from PyPI.
+lock: $(STAMP)
+	hack/lock.sh $(BIN)
 
 # Everything generated from a source in this repository (the tests fail when any is stale).
 generate: $(STAMP) $(HELM)

@@ -149,10 +149,7 @@ def _requirements_step(stage: list[Instruction]) -> tuple[str, list[str]]:
     return match.group(1), match.group(2).split()
 
 
-@pytest.mark.parametrize(
-    ("image", "kept"),
-    [("operator", "operator"), ("cuda", "trainer"), ("xeon", "trainer"), ("gaudi", "trainer")],
-)
+@pytest.mark.parametrize(("image", "kept"), [("cuda", "trainer"), ("xeon", "trainer"), ("gaudi", "trainer")])
 def test_the_dependency_layer_installs_what_pyproject_names(image: str, kept: str) -> None:
     stage = dict(_images())[image]
     program, arguments = _requirements_step(stage)
@@ -173,6 +170,17 @@ def test_the_dependency_layer_installs_what_pyproject_names(image: str, kept: st
     assert listed == expected
     package = " ".join(argument for name, argument in stage if name == "RUN" and "/src[" in argument)
     assert f'"/src[{kept}]"' in package
+
+
+def test_the_operator_image_installs_only_from_its_lock() -> None:
+    # tests/test_lock.py checks the lock itself.
+    runs = [argument for name, argument in _final_stage(OPERATOR) if name == "RUN"]
+    installs = [part.strip() for run in runs for part in run.split("&&") if "pip install" in part]
+    assert installs == [
+        "pip install --require-hashes -r /src/requirements/operator.lock",
+        'pip install --no-deps --no-build-isolation "/src[operator]"',
+    ]
+    assert ("COPY", "requirements/operator.lock /src/requirements/operator.lock") in _final_stage(OPERATOR)
 
 
 def test_the_cuda_target_starts_from_the_pinned_torch() -> None:
