@@ -6,7 +6,6 @@ install from the wheelhouse that make downloads from the same lock."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -17,9 +16,10 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests.wheelhouse import WHEELHOUSE, wheelhouse_or_skip
+
 REPO = Path(__file__).resolve().parents[1]
 LOCK = REPO / "requirements" / "operator.lock"
-WHEELHOUSE = Path(sys.executable).parent.parent / "wheelhouse"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
 
@@ -68,10 +68,7 @@ def _pip_dry_run(lock: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.slow
 def test_pip_installs_the_lock_and_refuses_it_without_one_dependency(tmp_path: Path) -> None:
-    if not any(WHEELHOUSE.glob("*.whl")):
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"no wheelhouse at {WHEELHOUSE}: make downloads it (the .venv recipe)")
-        pytest.skip(f"no wheelhouse at {WHEELHOUSE}: `make` downloads it")
+    wheelhouse_or_skip()
     whole = _pip_dry_run(LOCK)
     assert whole.returncode == 0, whole.stdout + whole.stderr
 

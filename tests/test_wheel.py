@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.wheelhouse import WHEELHOUSE, wheelhouse_or_skip
+
 REPO = Path(__file__).resolve().parents[1]
-WHEELHOUSE = Path(sys.executable).parent.parent / "wheelhouse"
 EXAMPLE = REPO / "examples" / "bert-tiny-cluster.yaml"
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 
@@ -67,10 +68,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A new venv with the wheel and its dependencies from the wheelhouse; its bin directory."""
-    if not any(WHEELHOUSE.glob("*.whl")):
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"no wheelhouse at {WHEELHOUSE}: make downloads it (the .venv recipe)")
-        pytest.skip(f"no wheelhouse at {WHEELHOUSE}: `make` downloads it")
+    wheelhouse_or_skip()
     venv = tmp_path_factory.mktemp("venv")
     _run(sys.executable, "-m", "venv", venv)
     _run(venv / "bin" / "pip", "install", "-q", "--no-index", f"--find-links={WHEELHOUSE}", wheel)

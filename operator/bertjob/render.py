@@ -86,14 +86,15 @@ def kustomize_dir() -> Path:
     configured = os.environ.get(KUSTOMIZE_DIR_ENV)
     if configured:
         return Path(configured)
-    return _PACKAGED_KUSTOMIZE if _PACKAGED_KUSTOMIZE.is_dir() else _REPOSITORY_KUSTOMIZE
+    return _INSTALLED_KUSTOMIZE
 
 
-# Resolved once: resolving a path reads each of its directories (it took as long as the rest of
-# building a job's child).
+# Resolved and looked up once: resolving a path reads each of its directories (it took as long as
+# the rest of building a job's child), and every job's child asks for the tree.
 _PACKAGE = Path(__file__).resolve().parent
-_PACKAGED_KUSTOMIZE = _PACKAGE / "kustomize"
-_REPOSITORY_KUSTOMIZE = _PACKAGE.parents[1] / "kustomize"
+_INSTALLED_KUSTOMIZE = (
+    _PACKAGE / "kustomize" if (_PACKAGE / "kustomize").is_dir() else _PACKAGE.parents[1] / "kustomize"
+)
 
 
 def config_map_name(job_name: str) -> str:

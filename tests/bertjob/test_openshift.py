@@ -9,7 +9,6 @@ the example as written is refused for its fsGroup 10001. Nothing here ran on Ope
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import yaml
 from bertjob.render import render
 from bertjob_api.jobfile import read_document
 from bertjob_api.spec import parse_job
+from tests.helm_chart import helm_or_skip
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "bert-tiny-cluster.yaml"
@@ -122,10 +122,7 @@ def test_the_example_as_written_is_refused_for_its_fsgroup() -> None:
 def test_the_operator_fits_restricted_v2_with_the_charts_openshift_values(
     values: str | None, fits: bool
 ) -> None:
-    helm = Path(sys.executable).with_name("helm")
-    if not helm.is_file():
-        pytest.skip("helm is not installed: `make .venv/bin/helm`")
-    arguments = [str(helm), "template", "bertjob", str(CHART), "--set", "webhook.enabled=true"]
+    arguments = [helm_or_skip(), "template", "bertjob", str(CHART), "--set", "webhook.enabled=true"]
     if values:
         arguments.append(f"--values={CHART / 'ci' / values}")
     done = subprocess.run(arguments, capture_output=True, text=True, check=True, timeout=120)
