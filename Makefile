@@ -38,7 +38,7 @@ $(IMAGE_TOOLS): $(STAMP) hack/install-image-tools.sh
 
 # Horovod for the MPIJob path's tests and the Xeon trainer image, CPU-only: compiled once (6 to 11 minutes on
 # 2 cores; with MPI when Open MPI is installed), the wheel kept in $(BERTJOB_CACHE)/wheels.
-$(HOROVOD): $(STAMP) $(IMAGE_TOOLS) trainer_image/build_horovod.sh
+$(HOROVOD): $(STAMP) $(IMAGE_TOOLS) trainer_image/build_horovod.sh requirements/horovod.lock
 	trainer_image/build_horovod.sh $(BIN)/python $(BERTJOB_CACHE)/wheels
 	touch $(HOROVOD)
 
@@ -70,7 +70,7 @@ images:
 demo: $(STAMP)
 	$(BIN)/bertjob run examples/bert-tiny-local.yaml
 
-# The operator image's lock (requirements/operator.lock), resolved again from PyPI.
+# The images' locks (requirements/*.lock: operator, trainer, torch, horovod), resolved again from PyPI.
 lock: $(STAMP)
 	hack/lock.sh $(BIN)
 

@@ -256,26 +256,26 @@ local_kubectl() {
     fi
 }
 
-# xeon's torch for --local: torch as the [trainer] extra pins it, and its dependencies, downloaded
-# from pip's index (PyPI: the CUDA build, with its nvidia-* wheels) for the local base's Python
-# 3.11 into $CACHE/torch-index/PIN-cp311/files, and a PEP 503 page per project under simple/, so
-# that the Dockerfile's own step (pip install --index-url "$TORCH_INDEX_URL") installs from it with
-# no download. Sets TORCH_INDEX. A download that stops half-way leaves no index behind.
+# xeon's torch for --local: the files of requirements/torch.lock (torch as PyPI builds it, the CUDA
+# build, and its CUDA libraries), downloaded from pip's index with their hashes checked, for the
+# local base's Python 3.11, into $CACHE/torch-index/torch-LOCKHASH-cp311/files, and a PEP 503 page
+# per project under simple/, so that the Dockerfile's own step (pip install --require-hashes
+# --index-url "$TORCH_INDEX_URL" -r requirements/torch.lock) installs from it with no download.
+# Sets TORCH_INDEX. A download that stops half-way leaves no index behind.
 local_torch_index() {
-    local pin partial
-    pin=$(python3 -c 'import re, sys, tomllib; print(*[r for r in tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]["trainer"] if re.match(r"torch==", r)])' \
-        "$REPO/pyproject.toml")
-    if [[ "$pin" != torch==* ]]; then
-        echo "build-images.sh: no torch==VERSION in pyproject.toml's [trainer] extra" >&2
+    local lock=$REPO/requirements/torch.lock partial
+    if [[ ! -f "$lock" ]]; then
+        echo "build-images.sh: no $lock; run make lock" >&2
         exit 1
     fi
-    TORCH_INDEX="$CACHE/torch-index/${pin/==/-}-cp311"
+    TORCH_INDEX="$CACHE/torch-index/torch-$(sha256sum "$lock" | cut -c1-12)-cp311"
     [[ -f "$TORCH_INDEX/simple/torch/index.html" ]] && return 0
-    echo "build-images.sh: downloading $pin and its dependencies from pip's index into $TORCH_INDEX (about 3 GB, once)"
+    echo "build-images.sh: downloading requirements/torch.lock's files from pip's index into $TORCH_INDEX (about 3 GB, once)"
     partial="$TORCH_INDEX.partial"
     rm -rf "$partial"
     mkdir -p "$partial/files"
-    python3 -m pip download --quiet --only-binary=:all: --python-version 3.11 --dest "$partial/files" "$pin"
+    python3 -m pip download --quiet --no-deps --require-hashes --only-binary=:all: --python-version 3.11 \
+        --dest "$partial/files" -r "$lock"
     python3 - "$partial" <<'EOF'
 import html
 import os

@@ -18,6 +18,10 @@
 # adds CUDA ops to its torch extension only where torch finds a CUDA toolkit (CUDA_HOME, nvcc;
 # none on this project's machines); the check at the end refuses a CPU-only wheel with CUDA in it.
 #
+# The source distribution is checked against requirements/horovod.lock (hack/lock.sh, beside this
+# script's directory; HOROVOD_LOCK names another), which must pin VERSION: pip download
+# --require-hashes refuses any other file.
+#
 # The kept wheel's directory is named by everything the wheel depends on: Horovod's version, the
 # torch it was compiled against (its C++ ABI), the Python tag, and the controllers and GPU
 # operations it was built with. A wheel built without MPI (no mpicxx then) is not taken for one
@@ -33,6 +37,7 @@ fi
 PYTHON=${1:?usage: build_horovod.sh [--cached-only] PYTHON WHEEL_DIR}
 WHEEL_DIR=${2:?usage: build_horovod.sh [--cached-only] PYTHON WHEEL_DIR}
 VERSION=0.28.1
+HOROVOD_LOCK=${HOROVOD_LOCK:-$(dirname "$0")/../requirements/horovod.lock}
 
 # Horovod's own switches say whether MPI is wanted (an image's runtime stage has mpirun but no
 # mpicxx, yet installs a wheel with MPI); without either, MPI is built where mpicxx is found.
@@ -57,10 +62,14 @@ if [[ -z "$wheel" ]] && $cached_only; then
     exit 3
 fi
 if [[ -z "$wheel" ]]; then
+    if ! grep -q "^horovod==${VERSION} " "$HOROVOD_LOCK" 2>/dev/null; then
+        echo "build_horovod.sh: $HOROVOD_LOCK does not pin horovod==${VERSION}; run make lock" >&2
+        exit 1
+    fi
     mkdir -p "$KEY_DIR"
     work=$(mktemp -d)
     trap 'rm -rf "$work"' EXIT
-    "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: "horovod==${VERSION}" -d "$work"
+    "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: --require-hashes -r "$HOROVOD_LOCK" -d "$work"
     tar -xzf "$work/horovod-${VERSION}.tar.gz" -C "$work"
     source_dir="$work/horovod-${VERSION}"
     for cmake_file in "$source_dir/CMakeLists.txt" "$source_dir/horovod/torch/CMakeLists.txt"; do

@@ -140,36 +140,33 @@ def test_the_operator_image_runs_what_the_deployment_runs() -> None:
     assert user == f"{pod_security['runAsUser']}:{pod_security['runAsGroup']}"
 
 
-def _requirements_step(stage: list[Instruction]) -> tuple[str, list[str]]:
-    """The ``python -c`` program that lists a stage's requirements from pyproject.toml, and its
-    arguments (the extra, then the names it leaves out)."""
-    [run] = [argument for name, argument in stage if name == "RUN" and "tomllib" in argument]
-    match = re.search(r'-c "([^"]+)"\s+/src/pyproject.toml((?:\s+\w+)+)\s+>', run)
-    assert match is not None, run
-    return match.group(1), match.group(2).split()
+def _pip_steps(stage: list[Instruction]) -> list[str]:
+    """Every ``pip install`` and ``pip check`` of a stage's RUNs, in order, whitespace folded."""
+    runs = [argument for name, argument in stage if name == "RUN"]
+    steps = [" ".join(part.split()) for run in runs for part in re.split(r"&&|;;", run)]
+    return [
+        re.sub(r"^.*?\b(pip (install|check))", r"\1", step)
+        for step in steps
+        if re.search(r"\bpip (install|check)\b", step)
+    ]
 
 
-@pytest.mark.parametrize(("image", "kept"), [("cuda", "trainer"), ("xeon", "trainer"), ("gaudi", "trainer")])
-def test_the_dependency_layer_installs_what_pyproject_names(image: str, kept: str) -> None:
+# Every trainer target installs requirements/trainer.lock over the torch it has, then the package
+# alone: a dependency missing from the lock fails the build (pip --require-hashes refuses to fetch
+# it), and pip check proves the result complete where the base's own packages allow (not Habana's).
+LOCKED = "pip install --require-hashes -r /src/requirements/trainer.lock"
+PACKAGE = 'pip install --no-deps --no-build-isolation "/src[trainer]"'
+
+
+@pytest.mark.parametrize("image", TRAINER_TARGETS)
+def test_every_trainer_target_installs_only_from_the_locks(image: str) -> None:
     stage = dict(_images())[image]
-    program, arguments = _requirements_step(stage)
-    assert arguments[0] == kept
-    # The image's own program, run on the repository's pyproject.toml.
-    listed = subprocess.run(
-        [sys.executable, "-c", program, str(REPO / "pyproject.toml"), *arguments],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout.split()
-    expected = PYPROJECT["dependencies"] + PYPROJECT["optional-dependencies"][kept]
-    if image == "gaudi":
-        # Habana's torch stays: pip would replace it with upstream's, which has no HPU.
-        assert arguments[1:] == ["torch"]
-        expected = [requirement for requirement in expected if not requirement.startswith("torch=")]
-    assert listed == expected
-    package = " ".join(argument for name, argument in stage if name == "RUN" and "/src[" in argument)
-    assert f'"/src[{kept}]"' in package
+    steps = [step for step in _pip_steps(stage) if "torch.lock" not in step]
+    assert steps == [LOCKED, PACKAGE] + ([] if image == "gaudi" else ["pip check"]), steps
+    copied = [argument for name, argument in stage if name == "COPY" and "requirements/" in argument]
+    assert any("requirements/trainer.lock" in argument.split()[:-1] for argument in copied), copied
+    # The locks reach the build context.
+    assert "!requirements/" in (REPO / ".dockerignore").read_text().splitlines()
 
 
 def test_the_operator_image_installs_only_from_its_lock() -> None:
@@ -190,6 +187,8 @@ def test_the_cuda_target_starts_from_the_pinned_torch() -> None:
     tag = re.fullmatch(r"pytorch/pytorch:([\d.]+)-cuda[\d.]+-cudnn\d+-runtime", defaults["CUDA_BASE_IMAGE"])
     assert tag is not None, defaults["CUDA_BASE_IMAGE"]
     assert f"torch=={tag.group(1)}" in PYPROJECT["optional-dependencies"]["trainer"]
+    torch_lock = (REPO / "requirements" / "torch.lock").read_text()
+    assert re.search(rf"^torch=={re.escape(tag.group(1))} ", torch_lock, re.MULTILINE)
     assert defaults["CUDA_BUILD_IMAGE"] == defaults["CUDA_BASE_IMAGE"].replace("-runtime", "-devel")
 
 
@@ -235,13 +234,16 @@ def test_the_xeon_target_takes_torch_alone_from_pytorchs_cpu_index() -> None:
     arguments = dict(argument.split("=", 1) for name, argument in xeon if name == "ARG" and "=" in argument)
     # A release's default; hack/build-images.sh --local points it at a local copy of PyPI's torch.
     assert arguments["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
-    [run] = [argument for name, argument in xeon if name == "RUN" and "tomllib" in argument]
-    steps = [step.strip() for step in run.split("&&")]
-    # torch first, from that index alone (--index-url: not an extra index, where a name on PyPI
-    # could outrank it), then everything else from pip's own index, which keeps that torch.
-    torch_step = steps.index(
-        'pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} -r /tmp/torch.txt'
-    )
-    assert steps[torch_step - 1] == "grep '^torch==' /tmp/requirements.txt > /tmp/torch.txt"
-    assert steps.index("pip install -r /tmp/requirements.txt") > torch_step
+    [run] = [argument for name, argument in xeon if name == "RUN" and "torch.lock" in argument]
+    # torch first, alone (--no-deps), from that index alone (--index-url: not an extra index, where
+    # a name on PyPI could outrank it): from PyTorch's own index by torch.lock's version (its files
+    # are not PyPI's, whose hashes the lock holds), from any other with torch.lock's hashes; then
+    # trainer.lock, which keeps that torch.
+    lock, index = "/src/requirements/torch.lock", '${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}'
+    assert _pip_steps([("RUN", run)]) == [
+        f'pip install --no-deps --index-url "$TORCH_INDEX_URL" "$(grep -o \'^torch==[^ ]*\' {lock})"',
+        f"pip install --no-deps --require-hashes {index} -r {lock}",
+        LOCKED,
+    ]
+    assert 'case "$TORCH_INDEX_URL" in https://download.pytorch.org/*)' in " ".join(run.split())
     assert not any("EXTRA_INDEX" in argument for _, argument in xeon)

@@ -194,7 +194,8 @@ def test_jobs_stored_under_an_earlier_crd_are_read_and_run_after_the_upgrade(
 
     # kubectl reads every job under today's CRD: its printer columns, a row each.
     table = plane.kubectl("get", PLURAL, "-n", namespace).stdout
-    columns = [column["name"].upper() for column in current["spec"]["versions"][0]["additionalPrinterColumns"]]
+    printed = current["spec"]["versions"][0]["additionalPrinterColumns"]
+    columns = [column["name"].upper() for column in printed]
     assert table.splitlines()[0].split() == ["NAME", *columns], table
     assert {line.split()[0] for line in table.splitlines()[1:]} == {"old-fresh", "old-ran", "today"}
     read = {
