@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from packaging.requirements import Requirement
@@ -30,37 +31,63 @@ TRAINER, TORCH, HOROVOD = (REPO / "requirements" / f"{name}.lock" for name in ("
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
 
+class Pin(NamedTuple):
+    """One pinned block of a lock: a name has one per marker where the resolution forks."""
+
+    name: str
+    version: str
+    marker: str
+    first: str  # the block's first line, for messages
+    hashes: list[str]
+    parents: list[str]  # uv's "via" note: what requires it
+
+
+def _blocks(text: str) -> list[Pin]:
+    """The pinned blocks of a lock's text, its header comments left out."""
+    found = []
+    body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+    for block in re.split(r"\n(?=[A-Za-z0-9])", body.strip()):
+        first = block.splitlines()[0]
+        pinned = re.match(r"([A-Za-z0-9_.-]+)==(\S+)", first)
+        assert pinned is not None, first
+        via = re.search(r"# via (.*)", block)
+        found.append(Pin(
+            canonicalize_name(pinned.group(1)),
+            pinned.group(2),
+            first.partition(";")[2].rstrip(" \\"),
+            first,
+            re.findall(r"--hash=sha256:([0-9a-f]{64})", block),
+            [parent.strip() for parent in via.group(1).split(",")] if via else [],
+        ))  # fmt: skip
+    return found
+
+
 def _pins(text: str) -> dict[str, tuple[str, list[str]]]:
     """{name: (version, hashes)} of a lock's text."""
-    pins = {}
-    for block in re.split(r"\n(?=[A-Za-z0-9])", text.strip()):
-        if block.startswith("#"):
-            block = "\n".join(line for line in block.splitlines() if not line.startswith("#"))
-            if not block.strip():
-                continue
-        found = re.match(r"([A-Za-z0-9_.-]+)==(\S+)", block)
-        assert found is not None, block[:80]
-        pins[canonicalize_name(found.group(1))] = (
-            found.group(2),
-            re.findall(r"--hash=sha256:([0-9a-f]{64})", block),
-        )
-    return pins
+    return {pin.name: (pin.version, pin.hashes) for pin in _blocks(text)}
 
 
-def test_the_lock_pins_every_requirement_within_its_specifier_with_hashes() -> None:
-    pins = _pins(LOCK.read_text())
-    wanted = [
-        Requirement(text)
-        for text in PYPROJECT["project"]["dependencies"] + PYPROJECT["build-system"]["requires"]
-    ]
-    for requirement in wanted:
+def _assert_pins_within_specifiers(
+    requirements: list[str], pins: dict[str, tuple[str, list[str]]], locks: str
+) -> None:
+    """Each of ``requirements`` pinned within its specifier in ``pins`` (read from ``locks``), and
+    every pin with hashes."""
+    for text in requirements:
+        requirement = Requirement(text)
         name = canonicalize_name(requirement.name)
-        assert name in pins, f"{requirement} is not in {LOCK.name}: run `make lock`"
+        assert name in pins, f"{requirement} is not in {locks}: run `make lock`"
         version, _ = pins[name]
         assert requirement.specifier.contains(version, prereleases=True), (
             f"{name}=={version} is not {requirement}: `make lock`"
         )
     assert all(hashes for _, hashes in pins.values())
+
+
+def test_the_lock_pins_every_requirement_within_its_specifier_with_hashes() -> None:
+    pins = _pins(LOCK.read_text())
+    _assert_pins_within_specifiers(
+        PYPROJECT["project"]["dependencies"] + PYPROJECT["build-system"]["requires"], pins, LOCK.name
+    )
     assert "torch" not in pins  # the operator image has no torch
 
 
@@ -90,38 +117,17 @@ def test_pip_installs_the_lock_and_refuses_it_without_one_dependency(tmp_path: P
     assert "aiohttp" in refused.stderr and "hash" in refused.stderr.lower(), refused.stderr
 
 
-def _blocks(text: str) -> list[tuple[str, str, str, list[str]]]:
-    """(name, marker, first line, "via" parents) of each pinned block of a lock's text; a name has
-    one block per marker where the resolution forks."""
-    found = []
-    body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
-    for block in re.split(r"\n(?=[A-Za-z0-9])", body.strip()):
-        first = block.splitlines()[0]
-        via = re.search(r"# via (.*)", block)
-        found.append((
-            canonicalize_name(re.match(r"[A-Za-z0-9_.-]+", first).group(0)),  # type: ignore[union-attr]
-            first.partition(";")[2].rstrip(" \\"),
-            first,
-            [parent.strip() for parent in via.group(1).split(",")] if via else [],
-        ))  # fmt: skip
-    return found
-
-
 def test_the_trainer_locks_pin_the_trainer_extra_within_its_specifiers_with_hashes() -> None:
     trainer, torch = _pins(TRAINER.read_text()), _pins(TORCH.read_text())
     assert not trainer.keys() & torch.keys()
-    pins = trainer | torch
     project = PYPROJECT["project"]
-    wanted = [
-        Requirement(text)
-        for text in project["dependencies"] + project["optional-dependencies"]["trainer"]
-        + PYPROJECT["build-system"]["requires"]
-    ]  # fmt: skip
-    for requirement in wanted:
-        name = canonicalize_name(requirement.name)
-        assert name in pins, f"{requirement} is in neither {TRAINER.name} nor {TORCH.name}: run `make lock`"
-        assert requirement.specifier.contains(pins[name][0], prereleases=True), f"{name}: `make lock`"
-    assert all(hashes for _, hashes in pins.values())
+    _assert_pins_within_specifiers(
+        project["dependencies"]
+        + project["optional-dependencies"]["trainer"]
+        + PYPROJECT["build-system"]["requires"],
+        trainer | torch,
+        f"{TRAINER.name} or {TORCH.name}",
+    )
     # Every image installs trainer.lock over its own torch: it must not replace it.
     assert "torch" in torch and "torch" not in trainer
 
@@ -140,20 +146,20 @@ def test_the_horovod_lock_pins_the_source_distribution_build_horovod_compiles() 
 
 def test_torch_lock_holds_torch_and_only_what_torch_alone_needs_on_some_platforms() -> None:
     blocks = {lock.name: _blocks(lock.read_text()) for lock in (TRAINER, TORCH, HOROVOD)}
-    in_torch = {name for name, *_ in blocks[TORCH.name]}
-    locked = {name for found in blocks.values() for name, *_ in found}
+    in_torch = {pin.name for pin in blocks[TORCH.name]}
+    locked = {pin.name for found in blocks.values() for pin in found}
 
     def torch_only(marker: str, parents: list[str]) -> bool:
         platform = "sys_platform" in marker or "platform_machine" in marker
         return platform and bool(parents) and {canonicalize_name(p) for p in parents} <= in_torch
 
-    for name, marker, first, parents in blocks[TORCH.name]:
-        assert name == "torch" or torch_only(marker, parents), f"{first}: not for torch.lock ({parents})"
-    for _, marker, first, parents in blocks[TRAINER.name]:
+    for pin in blocks[TORCH.name]:
+        assert pin.name == "torch" or torch_only(pin.marker, pin.parents), f"{pin.first}: not for torch.lock"
+    for pin in blocks[TRAINER.name]:
         # Else the CPU images would install the CUDA build's libraries.
-        assert not torch_only(marker, parents), f"{first}: only torch needs it, on some platforms"
+        assert not torch_only(pin.marker, pin.parents), f"{pin.first}: only torch needs it, on some platforms"
     for found in blocks.values():
-        for _, _, first, parents in found:
-            for parent in parents:
+        for pin in found:
+            for parent in pin.parents:
                 root = parent.startswith("-r ") or parent.split()[0] == "bertjob"
-                assert root or canonicalize_name(parent) in locked, f"{first}: needs {parent}, in no lock"
+                assert root or canonicalize_name(parent) in locked, f"{pin.first}: needs {parent}, in no lock"
