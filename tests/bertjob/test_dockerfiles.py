@@ -171,9 +171,7 @@ def test_every_trainer_target_installs_only_from_the_locks(image: str) -> None:
 
 def test_the_operator_image_installs_only_from_its_lock() -> None:
     # tests/test_lock.py checks the lock itself.
-    runs = [argument for name, argument in _final_stage(OPERATOR) if name == "RUN"]
-    installs = [part.strip() for run in runs for part in run.split("&&") if "pip install" in part]
-    assert installs == [
+    assert _pip_steps(_final_stage(OPERATOR)) == [
         "pip install --require-hashes -r /src/requirements/operator.lock",
         'pip install --no-deps --no-build-isolation "/src[operator]"',
     ]
