@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,11 +87,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     """A failed test that used the real cluster reports the cluster's events and components' logs,
     and the run keeps the logs."""
     report = yield
-    if report.skipped and os.environ.get("CI") == "true" and not _may_skip_in_ci(report):
-        # In CI a missing prerequisite (a tool, a binary, ../shared) fails: only the tests that
-        # need a GPU, and cases a test itself declares not applicable, may skip.
-        report.outcome = "failed"
-        report.longrepr = f"CI=true and this test skipped: {_skip_reason(report)}"
+    _fail_a_skip_in_ci(report, "this test skipped")
     if report.failed and "control_plane" in getattr(item, "fixturenames", ()):
         shared.mark_failed()
         plane = shared.existing()
@@ -101,15 +97,35 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    """Under CI=true a module skipped as it is collected (a module-level ``importorskip``) fails as a
+    skipped test does: its report is a collection's, which pytest_runtest_makereport never sees.
+    pytest then stops before running any test, as for any error in collection."""
+    report = yield
+    _fail_a_skip_in_ci(report, "this module skipped at collection")
+    return report
+
+
+def _fail_a_skip_in_ci(report: pytest.TestReport | pytest.CollectReport, what: str) -> None:
+    if report.skipped and os.environ.get("CI") == "true" and not _may_skip_in_ci(report):
+        # In CI a missing prerequisite (a tool, a binary, a module, ../shared) fails: only the tests
+        # that need a GPU, and cases a test itself declares not applicable, may skip.
+        report.outcome = "failed"
+        report.longrepr = f"CI=true and {what}: {_skip_reason(report)}"
+
+
 # Skip reasons allowed under CI=true: a GPU that CI machines never have, and cases that a
 # parametrized test declares not applicable to itself.
 CI_SKIPS = re.compile(r"GPU|CUDA|cuda|the schema refuses it before any rule runs")
 
 
-def _skip_reason(report: pytest.TestReport) -> str:
+def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
     longrepr = report.longrepr
     return str(longrepr[2]) if isinstance(longrepr, tuple) else str(longrepr)
 
 
-def _may_skip_in_ci(report: pytest.TestReport) -> bool:
+def _may_skip_in_ci(report: pytest.TestReport | pytest.CollectReport) -> bool:
     return bool(CI_SKIPS.search(_skip_reason(report)))

@@ -10,6 +10,8 @@ PATH, the ``run:`` scripts.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 import shlex
 import shutil
@@ -70,13 +72,13 @@ def test_actionlint_finds_nothing() -> None:
 def test_actionlint_reports_a_broken_workflow(tmp_path: Path) -> None:
     """The check above can fail: ci.yml with an undefined expression and a job needing one that does
     not exist is refused, each finding with its line."""
-    broken = (
-        (WORKFLOWS / "ci.yml")
-        .read_text()
-        .replace("runs-on: ubuntu-24.04", "runs-on: ubuntu-24.04\n    needs: build")
-    )
-    broken = broken.replace("run: make test", "run: make ${{ matrix.target }}")
-    assert broken != (WORKFLOWS / "ci.yml").read_text()
+    broken = (WORKFLOWS / "ci.yml").read_text()
+    for old, new in [
+        ("runs-on: ubuntu-24.04", "runs-on: ubuntu-24.04\n    needs: build"),
+        (" make test\n", " make ${{ matrix.target }}\n"),
+    ]:
+        assert old in broken
+        broken = broken.replace(old, new)
     (tmp_path / "ci.yml").write_text(broken)
 
     result = _lint(tmp_path)
@@ -92,6 +94,16 @@ def _readme_test_command() -> str:
     return block.group(1).splitlines()[1].split("#", 1)[0].strip()
 
 
+def _make_test(workflow: dict[Any, Any]) -> list[str]:
+    """The words of ci.yml's one step that runs the README's test command."""
+    [words] = [
+        shlex.split(step["run"])
+        for step in _steps(workflow, "test")
+        if shlex.split(step.get("run", ""))[-2:] == ["make", "test"]
+    ]
+    return words
+
+
 def test_ci_runs_the_readmes_test_command_as_ci_run_does() -> None:
     command = _readme_test_command()
     ci_run = [
@@ -100,14 +112,34 @@ def test_ci_runs_the_readmes_test_command_as_ci_run_does() -> None:
         if line.strip() and not line.lstrip().startswith("#")
     ]
     workflow = _workflow("ci.yml")
-    runs = [step["run"].strip() for step in _steps(workflow, "test") if "run" in step]
+    # The command alone, without sudo and env with their options and settings before it.
+    command_run = [
+        word for word in _make_test(workflow) if word not in {"sudo", "env"} and not re.match(r"-|\w+=", word)
+    ]
 
     assert command == "make test"
     assert ci_run[-1] == command
-    # Before it only the system tools the runner's user cannot install itself (make test runs the
-    # same script, which installs nothing when it is not root).
-    assert runs == ["sudo hack/install-image-tools.sh", command]
+    assert shlex.join(command_run) == command
     assert set(workflow[True]) == {"push", "pull_request"}
+
+
+def test_make_test_runs_as_root_on_the_runner() -> None:
+    """GitHub's runner is not root, and some tests need root (image builds, tmpfs mounts: below),
+    so the one test command runs under sudo, which must keep the job's environment (-E: CI=true, the
+    tools directory) and be given again what it always resets (PATH, with setup-python's and
+    setup-go's directories) or drops (LD_LIBRARY_PATH, setup-python's libpython)."""
+    workflow = _workflow("ci.yml")
+    job = workflow["jobs"]["test"]
+    words = _make_test(workflow)
+
+    # Tests that skip, and so fail under CI=true, unless they run as root.
+    assert "os.geteuid() != 0" in (REPO / "tests" / "images" / "conftest.py").read_text()
+    assert '"mount", "-t", "tmpfs"' in (REPO / "tests" / "bertpretrain" / "test_volumes.py").read_text()
+    assert str(job["runs-on"]).startswith("ubuntu-") and "container" not in job
+    assert words[:3] == ["sudo", "-E", "env"], (
+        f"make test is not run as root with the job's environment: {words}"
+    )
+    assert {"PATH=$PATH", "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"} <= set(words[3:-2])
 
 
 def test_every_action_is_pinned_to_a_commit() -> None:
@@ -120,6 +152,134 @@ def test_every_action_is_pinned_to_a_commit() -> None:
     ]
     assert uses, "no action used: the check would pass on nothing"
     assert [use for use in uses if not PINNED.match(use)] == []
+
+
+def _cache_steps(kind: str) -> list[tuple[str, dict[str, Any]]]:
+    """Every step of every workflow that uses ``actions/cache`` (``kind`` "") or its ``/restore`` or
+    ``/save`` action, with its workflow's file name."""
+    return [
+        (path.name, step)
+        for path in sorted(WORKFLOWS.glob("*.yml"))
+        for job in yaml.safe_load(path.read_text())["jobs"].values()
+        for step in job["steps"]
+        if step.get("uses", "").startswith(f"actions/cache{kind}@")
+    ]
+
+
+def test_caches_are_saved_even_when_the_tests_fail() -> None:
+    """actions/cache saves only after a green job: one failing test would keep every cache empty.
+    Each restore has its save, which runs whatever happened before it, after the tests."""
+    steps = _steps(_workflow("ci.yml"), "test")
+    restores = {
+        step["id"]: step for step in steps if step.get("uses", "").startswith("actions/cache/restore@")
+    }
+    saves = [step for step in steps if step.get("uses", "").startswith("actions/cache/save@")]
+    tests = steps.index(next(step for step in steps if step.get("run", "").endswith("make test")))
+
+    assert _cache_steps("") == []
+    assert restores and len(saves) == len(restores)
+    for save in saves:
+        assert re.match(r"always\(\)( |$)", str(save.get("if", ""))), f"a save without if: always(): {save}"
+        assert steps.index(save) > tests
+        [restore_id] = re.findall(r"steps\.([\w-]+)\.outputs\.cache-primary-key", save["with"]["key"])
+        assert save["with"]["path"] == restores[restore_id]["with"]["path"]
+
+
+# Built by make into .venv, not by hack/build-cluster.sh into the tools directory.
+NOT_A_TOOLS_VERSION = {"ACTIONLINT_VERSION"}
+# The HOME of the runner's user, who runs the cache steps (make test's, under sudo, is root's).
+RUNNER_HOME = "/home/runner"
+
+
+def _run_step(step: dict[str, Any], cwd: Path) -> dict[str, str]:
+    """What a ``run:`` step writes to $GITHUB_OUTPUT and $GITHUB_ENV (NAME=VALUE lines), run in
+    ``cwd`` with bash as the workflow's defaults run it."""
+    files = {name: cwd / f".{name}" for name in ("GITHUB_OUTPUT", "GITHUB_ENV")}
+    for file in files.values():
+        file.write_text("")
+    environment = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": RUNNER_HOME,
+        **{name: str(file) for name, file in files.items()},
+    }
+    subprocess.run(["bash", "-e", "-o", "pipefail", "-c", step["run"]], cwd=cwd, env=environment, check=True)
+    lines = "".join(file.read_text() for file in files.values()).splitlines()
+    return {name: value for name, _, value in (line.partition("=") for line in lines)}
+
+
+def _tools_caches(versions_env: str, tmp_path: Path) -> dict[str, tuple[str, str]]:
+    """ci.yml's tools caches as the runner would evaluate them, with ``versions_env`` as
+    hack/versions.env: each restore step's id -> (path, key)."""
+    steps = _steps(_workflow("ci.yml"), "test")
+    checkout = tmp_path / "checkout"
+    shutil.rmtree(checkout, ignore_errors=True)
+    (checkout / "hack").mkdir(parents=True)
+    (checkout / "hack" / "versions.env").write_text(versions_env)
+    [versions] = [step for step in steps if step.get("id") == "versions"]
+    outputs = _run_step(versions, checkout)
+    [tools] = [step for step in steps if "BERTJOB_TOOLS_DIR=" in step.get("run", "")]
+    env = _run_step(tools, checkout)
+
+    def hash_files(arguments: str) -> str:
+        names = re.findall(r"'([^']+)'", arguments)
+        contents = [
+            versions_env.encode() if name == "hack/versions.env" else (REPO / name).read_bytes()
+            for name in names
+        ]
+        return hashlib.sha256(b"\0".join(contents)).hexdigest()
+
+    def evaluate(match: re.Match[str]) -> str:
+        expression = match.group(1)
+        if found := re.fullmatch(r"steps\.versions\.outputs\.(\w+)", expression):
+            return outputs[found.group(1)]
+        if found := re.fullmatch(r"env\.(\w+)", expression):
+            return env[found.group(1)]
+        if found := re.fullmatch(r"hashFiles\((.*)\)", expression):
+            return hash_files(found.group(1))
+        return {"runner.os": "Linux", "runner.arch": "X64"}[expression]
+
+    def render(text: str) -> str:
+        return re.sub(r"\$\{\{\s*(.*?)\s*\}\}", evaluate, text)
+
+    return {
+        step["id"]: (render(step["with"]["path"]), render(step["with"]["key"]))
+        for step in steps
+        if step.get("uses", "").startswith("actions/cache/restore@")
+    }
+
+
+def test_each_components_cache_is_keyed_on_its_own_version(tmp_path: Path) -> None:
+    """One cache per directory hack/build-cluster.sh builds (<component>-<version> in the tools
+    directory, which sudo's make test and the cache steps name alike), each key changed by its own
+    component's versions and by no other's: a bumped Kueue rebuilds Kueue alone, not every tool."""
+    versions_env = (REPO / "hack" / "versions.env").read_text()
+    caches = _tools_caches(versions_env, tmp_path)
+    # What the build script would build into an empty tools directory, as it names it.
+    check = subprocess.run(
+        [str(REPO / "hack" / "build-cluster.sh"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "BERTJOB_TOOLS_DIR": str(tmp_path / "tools")},
+        check=False,
+    )
+    built = re.findall(r"build-cluster.sh: (\S+) (\S+) is not built", check.stderr)
+    names = re.findall(r"^(\w+_VERSION)=(.*)$", versions_env, re.M)
+
+    assert built, check.stderr
+    assert sorted(path for path, _ in caches.values()) == sorted(
+        f"{RUNNER_HOME}/.cache/bertjob/tools/{name}-{version}" for name, version in built
+    )
+    for file, step in _cache_steps("/restore") + _cache_steps("/save") + _cache_steps(""):
+        assert "versions.env" not in str(step), f"{file}: a cache keyed on the whole versions file: {step}"
+    for name, version in names:
+        if name in NOT_A_TOOLS_VERSION:
+            continue
+        bumped = _tools_caches(
+            versions_env.replace(f"{name}={version}\n", f"{name}={version}-bumped\n"), tmp_path
+        )
+        changed = [step for step in caches if caches[step][1] != bumped[step][1]]
+        assert len(changed) == 1, f"a bumped {name} changes the keys of {changed}, not one component's"
 
 
 def test_actionlint_is_built_from_its_pinned_module_not_a_pypi_repackaging() -> None:
