@@ -24,7 +24,7 @@ logs, at the ``Metadata`` level, only the requests of the chart's ServiceAccount
 ``system:serviceaccounts:bertjob-system``: the operator's token; kwok's pod of the chart's
 Deployment runs nothing), and nothing else; its audit log is exact and holds no request of the
 benchmark's client or of the other components. That is the only change to the control plane as
-the tests start it (the flags are added in :class:`AuditedControlPlane`); the audit backend's one
+the tests start it (the flags are added by :func:`audited_control_plane`); the audit backend's one
 line per operator request costs the API server a little CPU. Watches are counted apart (the audit
 log's ``ResponseStarted``); every other request when it completes, by verb, resource and, for an
 error, its code. Counting starts once the started operator has gone quiet (its startup's lists and
@@ -77,7 +77,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,7 +91,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testing"))
 from bertjob_testing.cluster.controlplane import ControlPlane
 from bertjob_testing.cluster.operator import NAMESPACE as OPERATOR_NAMESPACE
 from bertjob_testing.cluster.operator import install
-from bertjob_testing.cluster.process import Process
 from bertjob_testing.jobs import valid_job, with_value
 from bertjob_testing.kube_emulator import cluster_crds, running_cluster
 
@@ -340,26 +339,18 @@ def load_emulator(side: Side, jobs: int, log: Path | None = None) -> dict[str, A
     }
 
 
-class AuditedControlPlane(ControlPlane):
-    """:class:`ControlPlane` whose API server also writes an audit log (``audit.log`` in its
-    workdir, policy :data:`AUDIT_POLICY`); nothing else differs."""
-
-    @property
-    def audit_log(self) -> Path:
-        """The API server's audit log (JSON lines)."""
-        return self.workdir / "audit.log"
-
-    def _process(self, name: str, version: str, command: Sequence[str]) -> Process:
-        if name == "kube-apiserver":
-            policy = self.workdir / "audit-policy.json"
-            policy.write_text(json.dumps(AUDIT_POLICY))
-            command = [
-                *command,
-                f"--audit-policy-file={policy}",
-                f"--audit-log-path={self.audit_log}",
-                "--audit-log-format=json",
-            ]
-        return super()._process(name, version, command)
+def audited_control_plane(workdir: Path) -> ControlPlane:
+    """A :class:`ControlPlane` whose API server writes its audit log with policy
+    :data:`AUDIT_POLICY` (to ``workdir/audit.log``, JSON lines) in place of the tests' own: later
+    flags win over the component's."""
+    policy = workdir / "load-audit-policy.json"
+    policy.write_text(json.dumps(AUDIT_POLICY))
+    arguments = [
+        f"--audit-policy-file={policy}",
+        f"--audit-log-path={workdir / 'audit.log'}",
+        "--audit-log-format=json",
+    ]
+    return ControlPlane(workdir, extra_args={"kube-apiserver": arguments})
 
 
 # The resources whose watch events time a job: (group, version, plural).
@@ -457,15 +448,15 @@ def load_real(side: Side, jobs: int, log: Path | None = None) -> dict[str, Any]:
     took: dict[str, float] = {}
     watcher: Watcher | None = None
     with environment(side.env), tempfile.TemporaryDirectory() as workdir:
-        plane = AuditedControlPlane(Path(workdir) / "plane")
-        plane.workdir.mkdir()
+        (Path(workdir) / "plane").mkdir()
+        plane = audited_control_plane(Path(workdir) / "plane")
         cluster = None
         try:
             plane.start()
             cluster = install(plane, Path(workdir) / "operator")
             assert cluster.operator is not None
             plane.kubectl("create", "namespace", LOAD_NAMESPACE)
-            audit = plane.audit_log
+            audit = plane.workdir / "audit.log"
             wait_quiet(lambda: audit.stat().st_size, time.perf_counter() + 60)
             offset = audit.stat().st_size
             watcher = Watcher(CustomObjectsApi(cluster.api), LOAD_NAMESPACE)
@@ -501,7 +492,7 @@ def load_real(side: Side, jobs: int, log: Path | None = None) -> dict[str, Any]:
                 log.parent.mkdir(parents=True, exist_ok=True)
                 for source, target in (
                     (cluster.log if cluster else None, log),
-                    (plane.audit_log, log.with_suffix(".audit")),
+                    (plane.workdir / "audit.log", log.with_suffix(".audit")),
                     (plane.workdir / "kube-apiserver.log", log.with_suffix(".apiserver")),
                 ):
                     if source is not None and source.exists():

@@ -4,16 +4,8 @@
 #   hack/build-cluster.sh            build what is missing, print the directory of each component
 #   hack/build-cluster.sh --check    exit 1, naming what is missing, instead of building
 #
-# Components and what each gives (versions: hack/versions.env):
-#   etcd-<ETCD_VERSION>/bin/etcd
-#   kubernetes-<KUBERNETES_VERSION>/bin/{kube-apiserver,kube-controller-manager,kube-scheduler,kubectl}
-#   kube-apiserver-<KUBERNETES_FLOOR_VERSION>/bin/kube-apiserver    the oldest version the chart claims
-#   kwok-<KWOK_VERSION>/bin/kwok
-#   training-operator-<TRAINING_OPERATOR_VERSION>/bin/training-operator   (Kubeflow v1: PyTorchJob)
-#   mpi-operator-<MPI_OPERATOR_VERSION>/bin/mpi-operator                  (MPIJob v2beta1)
-#   trainer-<TRAINER_VERSION>/bin/trainer-controller-manager              (Kubeflow Trainer v2: TrainJob)
-#   jobset-<JOBSET_VERSION>/bin/jobset                                    (JobSet, which TrainJob makes)
-#   kueue-<KUEUE_VERSION>/bin/kueue
+# Components (testing/bertjob_testing/cluster/catalog.py, the one table of them: module, version,
+# executables, CRDs; versions in hack/versions.env), each built into <name>-<version>/bin/
 # under BERTJOB_TOOLS_DIR (default ~/.cache/bertjob/tools): outside the checkout, so that a fresh
 # clone on the same machine (CI's) builds nothing. Go's module and build caches (~/go/pkg/mod,
 # ~/.cache/go-build) make a rebuild of another version cheaper too.
@@ -30,8 +22,6 @@
 # call would take. A failed build names the component, the version and the last lines of its log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# shellcheck source=versions.env
-source hack/versions.env
 
 check=false
 [[ "${1:-}" == "--check" ]] && check=true
@@ -42,6 +32,17 @@ mkdir -p "$TOOLS_DIR"
 exec 9>"$TOOLS_DIR/.lock"
 flock 9
 
+# complete DIR BINARY=PACKAGE...: whether DIR was built whole and has every BINARY (a component
+# that gained an executable is built again; Go's build cache makes that a matter of its new packages).
+complete() {
+    local dir=$1 binary
+    shift
+    [[ -f "$dir/.complete" ]] || return 1
+    for binary in "$@"; do
+        [[ -x "$dir/bin/${binary%%=*}" ]] || return 1
+    done
+}
+
 # build COMPONENT VERSION MODULE_REQUIRES REPLACES LDFLAGS BINARY=PACKAGE...
 # writes a tools module requiring MODULE_REQUIRES (lines "module version") with REPLACES (lines
 # "old => new version"), then builds each PACKAGE into bin/BINARY.
@@ -49,7 +50,7 @@ build() {
     local component=$1 version=$2 requires=$3 replaces=$4 ldflags=$5
     shift 5
     local dir="$TOOLS_DIR/$component-$version"
-    if [[ -f "$dir/.complete" ]]; then
+    if complete "$dir" "$@"; then
         echo "$dir"
         return
     fi
@@ -78,10 +79,20 @@ build() {
         cd "$work/module"
         # -mod=mod lets go build add what the packages import at the versions the required modules
         # ask for (go get would upgrade k8s.io/kubernetes itself), writing go.sum from the proxy.
+        # One go build for every executable named as its package (the Kubernetes commands share
+        # most of their packages, compiled once and linked in parallel); one each for the others.
+        local together=() binary
         for binary in "$@"; do
-            go build -mod=mod -trimpath -ldflags "-s -w $ldflags" -o "$work/bin/${binary%%=*}" \
-                "${binary#*=}" || exit 1
+            if [[ "${binary%%=*}" == "${binary##*/}" ]]; then
+                together+=("${binary#*=}")
+            else
+                go build -mod=mod -trimpath -ldflags "-s -w $ldflags" -o "$work/bin/${binary%%=*}" \
+                    "${binary#*=}" || exit 1
+            fi
         done
+        if ((${#together[@]})); then
+            go build -mod=mod -trimpath -ldflags "-s -w $ldflags" -o "$work/bin/" "${together[@]}" || exit 1
+        fi
     ) >"$log" 2>&1; then
         echo "build-cluster.sh: $component $version failed to build; the last lines of $log:" >&2
         tail -n 20 "$log" >&2
@@ -116,42 +127,20 @@ version_flags() {
     echo "$flags"
 }
 
-# kubernetes COMPONENT VERSION STAGING_VERSION BINARY...: the k8s.io/kubernetes commands BINARY...
-kubernetes() {
-    local component=$1 version=$2 staging=$3 replaces=""
-    shift 3
-    if ! $check && [[ ! -f "$TOOLS_DIR/$component-$version/.complete" ]]; then
-        replaces=$(staging_replaces "$version" "$staging")
-    fi
-    local binaries=()
-    for binary in "$@"; do binaries+=("$binary=k8s.io/kubernetes/cmd/$binary"); done
-    build "$component" "$version" "k8s.io/kubernetes $version" "$replaces" "$(version_flags "$version")" \
-        "${binaries[@]}"
-}
-
 status=0
-build etcd "$ETCD_VERSION" "go.etcd.io/etcd/server/v3 $ETCD_VERSION" "" \
-    "-X go.etcd.io/etcd/api/v3/version.GitSHA=module" etcd=go.etcd.io/etcd/server/v3 || status=1
-
-kubernetes kubernetes "$KUBERNETES_VERSION" "$KUBERNETES_STAGING_VERSION" \
-    kube-apiserver kube-controller-manager kube-scheduler kubectl || status=1
-build kwok "$KWOK_VERSION" "sigs.k8s.io/kwok $KWOK_VERSION" "" \
-    "-X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}" kwok=sigs.k8s.io/kwok/cmd/kwok || status=1
-# The oldest Kubernetes the chart claims: its API server alone, to install the CRD and the chart on.
-kubernetes kube-apiserver "$KUBERNETES_FLOOR_VERSION" "$KUBERNETES_FLOOR_STAGING_VERSION" kube-apiserver || status=1
-
-# The controllers, each from its own tools module: their go.mod files pin different k8s.io/* and
-# controller-runtime versions, and one module would force one set on all of them.
-controller() {
-    local component=$1 version=$2 module=$3 binary=$4
-    build "$component" "$version" "$module $version" "" "" "$binary" || status=1
-}
-controller training-operator "$TRAINING_OPERATOR_VERSION" github.com/kubeflow/training-operator \
-    training-operator=github.com/kubeflow/training-operator/cmd/training-operator.v1
-controller mpi-operator "$MPI_OPERATOR_VERSION" github.com/kubeflow/mpi-operator \
-    mpi-operator=github.com/kubeflow/mpi-operator/cmd/mpi-operator
-controller trainer "$TRAINER_VERSION" github.com/kubeflow/trainer/v2 \
-    trainer-controller-manager=github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager
-controller jobset "$JOBSET_VERSION" sigs.k8s.io/jobset jobset=sigs.k8s.io/jobset
-controller kueue "$KUEUE_VERSION" sigs.k8s.io/kueue kueue=sigs.k8s.io/kueue/cmd/kueue
+# The catalog's plan: name, version, module, staging version (k8s.io/kubernetes only), ldflags,
+# executables, separated by '|', one component a line.
+plan=$(python3 testing/bertjob_testing/cluster/catalog.py plan)
+while IFS='|' read -r component version module staging ldflags binaries; do
+    replaces="" flags=$ldflags
+    read -ra executables <<<"$binaries"
+    if [[ -n "$staging" ]]; then
+        flags+=$(version_flags "$version")
+        if ! $check && ! complete "$TOOLS_DIR/$component-$version" "${executables[@]}"; then
+            replaces=$(staging_replaces "$version" "$staging")
+        fi
+    fi
+    build "$component" "$version" "$module $version" "$replaces" "$flags" "${executables[@]}" </dev/null ||
+        status=1
+done <<<"$plan"
 exit $status

@@ -12,8 +12,8 @@ import pytest
 
 from bertjob_api.crd import resource_schema
 from bertjob_testing.cluster import shared
+from bertjob_testing.cluster.build import upstream_crd
 from bertjob_testing.cluster.controlplane import ControlPlane
-from bertjob_testing.cluster.versions import upstream_crd
 from bertjob_testing.kube_emulator import Cluster, cluster_crds, running_cluster
 from tests.k8s_schema import load_crd_schema
 
@@ -92,7 +92,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         shared.mark_failed()
         plane = shared.existing()
         if plane is not None:
-            report.sections.append(("cluster events", plane.events()))
+            report.sections.append(("cluster events", plane.kubectl.events()))
             report.sections.append(("cluster logs", plane.logs()))
     return report
 

@@ -32,6 +32,8 @@ PACKAGES = {
     "bertjob_api": ROOT / "api" / "bertjob_api",
     "bertjob": ROOT / "operator" / "bertjob",
     "bertpretrain": ROOT / "trainer_image" / "bertpretrain",
+    # The tests' own harness (testing/): the test cluster, the API emulator, the jobs.
+    "bertjob_testing": ROOT / "testing" / "bertjob_testing",
 }
 PROJECT = tuple(PACKAGES)
 # The trainer's stages that must not reach up to the training loop or sideways to each other.
@@ -39,6 +41,12 @@ TRAINER_STAGES = ("data", "model", "runtime")
 # Offline data preparation, and the only modules outside it that may import it.
 PREPARATION = "bertpretrain.data.prepare"
 PREPARATION_USERS = ("bertpretrain.run", "bertpretrain.pipeline", "bertpretrain.finetune.builtin")
+# The test cluster's table of components: hack/build-cluster.sh runs it with the system's python3,
+# so it imports the standard library alone.
+CATALOG = "bertjob_testing.cluster.catalog"
+# One module per kind of process of the test cluster, below what starts them.
+CLUSTER_COMPONENTS = "bertjob_testing.cluster.components"
+CLUSTER_STARTERS = ("bertjob_testing.cluster.controlplane", "bertjob_testing.cluster.controllers")
 # The one package whose __init__ gathers its modules' names: the job API's public names (issue 28).
 FACADES = ("bertjob_api.spec",)
 
@@ -138,6 +146,12 @@ def _violation(found: Import) -> str | None:
     if is_package and module not in FACADES and target != module and _within(target, module):
         return f"{module}/__init__ imports its own module {target}: a package facade (see FACADES)"
     package = module.split(".")[0]
+    if package != "bertjob_testing" and _within(target, "bertjob_testing"):
+        return "the product never imports the tests' harness (bertjob_testing is not installed with it)"
+    if module == CATALOG and target.split(".")[0] not in sys.stdlib_module_names:
+        return f"{CATALOG} imports the standard library alone (hack/build-cluster.sh runs it without a venv)"
+    if _within(module, CLUSTER_COMPONENTS) and _within(target, *CLUSTER_STARTERS):
+        return f"a component module imports nothing that starts components ({', '.join(CLUSTER_STARTERS)})"
     if package == "bertjob_api":
         if _within(target, "bertjob", "bertpretrain"):
             return "the job API imports no project package (only the operator and trainer import it)"
@@ -258,6 +272,9 @@ def test_the_rules_catch_what_they_forbid() -> None:
         Import("bertpretrain.runtime.world", "bertpretrain.runtime.parallel.ddp", 9, False),
     ]
     assert _cycle(_edges(back))
+    assert _violation(Import("bertjob.render", "bertjob_testing.jobs", 1, True))
+    assert _violation(Import(CATALOG, "yaml", 1, True))
+    assert _violation(Import(f"{CLUSTER_COMPONENTS}.etcd", "bertjob_testing.cluster.controlplane", 1, False))
     # Importing a submodule from outside its package runs the package's __init__.
     assert "bertpretrain.runtime.parallel" in _edges(back)["bertpretrain.runtime.world"]
 

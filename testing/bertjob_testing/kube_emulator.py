@@ -39,7 +39,8 @@ from kubernetes.config import new_client_from_config
 
 from bertjob_api import crd as bertjob_crd
 from bertjob_api.spec import GROUP, PLURAL, VERSION
-from bertjob_testing.cluster.versions import upstream_crd
+from bertjob_testing.cluster.build import upstream_crd
+from bertjob_testing.cluster.process import die_with_parent
 
 WAIT_S = 30
 # The upstream CRD of each launcher's training job (``spec.launcher``): Kubeflow's training operator
@@ -87,10 +88,10 @@ def cluster_crds(
     """The CRDs of a cluster to run the operator against: ours (generated from the spec) unless
     ``ours`` is false, and the upstream Kubeflow CRD of each of ``launchers`` (``spec.launcher``
     values) from the controllers' Go modules at the pinned versions
-    (:func:`bertjob_testing.cluster.versions.upstream_crd`).
+    (:func:`bertjob_testing.cluster.build.upstream_crd`).
 
     Raises:
-        bertjob_testing.cluster.versions.BuildError: a module could not be downloaded.
+        bertjob_testing.cluster.build.BuildError: a module could not be downloaded.
     """
     crds = [bertjob_crd.crd()] if ours else []
     for launcher in launchers:
@@ -499,7 +500,11 @@ class Cluster:
             output.write(f"--- operator start {self.starts} ---\n".encode())
             output.flush()
             self.operator = subprocess.Popen(
-                command, env={**os.environ, **own}, stdout=output, stderr=subprocess.STDOUT
+                command,
+                env={**os.environ, **own},
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                preexec_fn=die_with_parent,
             )
         self.wait_for("the liveness endpoint", lambda: answers(self.liveness), wait_s=self.start_wait_s)
 

@@ -19,7 +19,8 @@ import yaml
 from bertjob.monitoring import PORT_ENV
 from bertjob_api.contract import MPI_RUNTIME, TORCH_RUNTIME
 from bertjob_api.crd import chart_template, crd
-from bertjob_testing.cluster.versions import upstream_crd, versions
+from bertjob_testing.cluster.build import upstream_crd
+from bertjob_testing.cluster.catalog import versions
 from bertjob_testing.jobs import REPO
 from tests.charts.test_webhook_chart import CERT_MANAGER_SCHEMAS
 from tests.helm_chart import (

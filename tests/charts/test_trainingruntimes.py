@@ -32,7 +32,7 @@ from bertjob_api.contract import (
     TRAINJOB_LAUNCHER,
     TRAINJOB_NODE,
 )
-from bertjob_testing.cluster.versions import upstream_crd
+from bertjob_testing.cluster.build import upstream_crd
 from bertjob_testing.jobs import REPO
 from tests.helm_chart import CHART, KUBERNETES_VERSION, NAMESPACE, RELEASE, leaves
 from tests.k8s_schema import assert_valid, errors, load_crd_schema

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from bertjob.admission import CERT_DIR_ENV, CERT_FILE, KEY_FILE, PORT, PORT_ENV, WEBHOOK_ID
 from bertjob_api.contract import GROUP, PLURAL, VERSION
 from bertjob_testing.admission_cases import CHANGE_CASES, JOB_CASES
-from bertjob_testing.cluster.versions import versions
+from bertjob_testing.cluster.catalog import versions
 from tests.helm_chart import CHART, NAMESPACE, RELEASE, one, operator_container
 from tests.k8s_schema import assert_valid
 

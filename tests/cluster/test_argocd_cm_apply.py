@@ -54,12 +54,12 @@ def _apply_ours(plane: ControlPlane, ours: dict[str, Any], server_side: bool = T
 
 
 def _data(plane: ControlPlane, namespace: str) -> dict[str, str]:
-    return dict(plane.get("configmap", "argocd-cm", "-n", namespace)["data"])
+    return dict(plane.kubectl.get("configmap", "argocd-cm", "-n", namespace)["data"])
 
 
 def _owned(plane: ControlPlane, namespace: str) -> dict[str, set[str]]:
     """{field manager: the data keys it owns}."""
-    live = plane.get("configmap", "argocd-cm", "-n", namespace, "--show-managed-fields")
+    live = plane.kubectl.get("configmap", "argocd-cm", "-n", namespace, "--show-managed-fields")
     return {
         entry["manager"]: {key.removeprefix("f:") for key in entry.get("fieldsV1", {}).get("f:data", {})}
         for entry in live["metadata"]["managedFields"]

@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from bertjob_testing.cluster.controlplane import EXIT_CODE_ANNOTATION, NODES, ControlPlane
+from bertjob_testing.cluster.catalog import versions
+from bertjob_testing.cluster.controlplane import ControlPlane
+from bertjob_testing.cluster.nodes import EXIT_CODE_ANNOTATION, NODES
 from bertjob_testing.cluster.operator import wait_until
-from bertjob_testing.cluster.versions import versions
 
 WAIT_S = 60.0
 
@@ -28,7 +29,7 @@ def test_the_server_reports_the_pinned_version(control_plane: ControlPlane) -> N
 
 
 def test_fake_nodes_offer_cpus_gpus_and_gaudis(control_plane: ControlPlane) -> None:
-    nodes = {node["metadata"]["name"]: node for node in control_plane.get("nodes")["items"]}
+    nodes = {node["metadata"]["name"]: node for node in control_plane.kubectl.get("nodes")["items"]}
     assert set(NODES) <= set(nodes)
     assert nodes["gpu-0"]["status"]["allocatable"]["nvidia.com/gpu"] == "8"
     assert nodes["gaudi-0"]["status"]["allocatable"]["habana.ai/gaudi"] == "8"
@@ -56,7 +57,7 @@ def test_a_gpu_pod_is_scheduled_runs_and_fails_with_the_chosen_exit_code(
     running = wait_until(
         "the pod to run",
         lambda: (
-            (found := control_plane.get("pod", "gpu", "-n", namespace))
+            (found := control_plane.kubectl.get("pod", "gpu", "-n", namespace))
             and found["status"].get("phase") == "Running"
             and found
         ),
@@ -66,7 +67,7 @@ def test_a_gpu_pod_is_scheduled_runs_and_fails_with_the_chosen_exit_code(
     failed = wait_until(
         "the pod to fail",
         lambda: (
-            (found := control_plane.get("pod", "gpu", "-n", namespace))
+            (found := control_plane.kubectl.get("pod", "gpu", "-n", namespace))
             and found["status"].get("phase") == "Failed"
             and found
         ),
@@ -86,7 +87,7 @@ def test_a_pod_asking_for_more_gpus_than_a_node_has_stays_pending(
         lambda: [
             condition
             for condition in (
-                control_plane.get("pod", "big", "-n", namespace)["status"].get("conditions") or []
+                control_plane.kubectl.get("pod", "big", "-n", namespace)["status"].get("conditions") or []
             )
             if condition["type"] == "PodScheduled" and condition.get("reason") == "Unschedulable"
         ],
@@ -108,7 +109,7 @@ def test_the_job_controller_completes_a_job_whose_pod_succeeded(
         "the Job's pod to run",
         lambda: [
             item["metadata"]["name"]
-            for item in control_plane.get("pods", "-n", namespace, "-l", "job-name=prepare")["items"]
+            for item in control_plane.kubectl.get("pods", "-n", namespace, "-l", "job-name=prepare")["items"]
             if item["status"].get("phase") == "Running"
         ],
     )
@@ -117,7 +118,9 @@ def test_the_job_controller_completes_a_job_whose_pod_succeeded(
         "the Job to complete",
         lambda: any(
             condition["type"] == "Complete" and condition["status"] == "True"
-            for condition in control_plane.get("job", "prepare", "-n", namespace)["status"].get("conditions")
+            for condition in control_plane.kubectl.get("job", "prepare", "-n", namespace)["status"].get(
+                "conditions"
+            )
             or []
         ),
     )
@@ -127,7 +130,7 @@ def test_the_garbage_collector_deletes_what_an_owner_leaves(
     control_plane: ControlPlane, namespace: str
 ) -> None:
     control_plane.kubectl("create", "configmap", "owner", "-n", namespace)
-    owner = control_plane.get("configmap", "owner", "-n", namespace)
+    owner = control_plane.kubectl.get("configmap", "owner", "-n", namespace)
     child = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -141,7 +144,8 @@ def test_the_garbage_collector_deletes_what_an_owner_leaves(
     control_plane.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(child))
     control_plane.kubectl("delete", "configmap", "owner", "-n", namespace)
     wait_until(
-        "the child to be collected", lambda: control_plane.get("configmap", "child", "-n", namespace) is None
+        "the child to be collected",
+        lambda: control_plane.kubectl.get("configmap", "child", "-n", namespace) is None,
     )
 
 
@@ -149,7 +153,7 @@ def test_a_namespace_is_deleted_with_what_it_holds(control_plane: ControlPlane) 
     control_plane.kubectl("create", "namespace", "cp-doomed")
     control_plane.kubectl("create", "configmap", "inside", "-n", "cp-doomed")
     control_plane.kubectl("delete", "namespace", "cp-doomed", "--wait=false")
-    wait_until("the namespace to go", lambda: control_plane.get("namespace", "cp-doomed") is None)
+    wait_until("the namespace to go", lambda: control_plane.kubectl.get("namespace", "cp-doomed") is None)
 
 
 def test_a_service_account_token_is_held_to_its_role(
@@ -168,7 +172,7 @@ def test_a_service_account_token_is_held_to_its_role(
         "--role=reader",
         f"--serviceaccount={namespace}:reader",
     )
-    token = control_plane.service_account_token(namespace, "reader")
+    token = control_plane.kubectl.service_account_token(namespace, "reader")
     config = control_plane.kubeconfig_for_token(tmp_path / "reader.kubeconfig", token)
     allowed = control_plane.kubectl("get", "configmaps", "-n", namespace, kubeconfig=config, check=False)
     assert allowed.returncode == 0, allowed.stderr

@@ -29,9 +29,9 @@ import yaml
 from kubernetes.client import CustomObjectsApi
 
 from bertjob_api.contract import GROUP, KIND, PLURAL, VERSION
+from bertjob_testing.cluster.catalog import REPO
 from bertjob_testing.cluster.controlplane import ControlPlane
 from bertjob_testing.cluster.operator import RealCluster
-from bertjob_testing.cluster.versions import REPO
 from tests.bertjob.e2e import children_of, home
 from tests.bertjob.e2e import named_job as current_job
 
@@ -106,7 +106,7 @@ def _replace_crd(cluster: RealCluster, crd: dict[str, Any], probe: dict[str, Any
     plane = cluster.plane
     assert plane is not None
     plane.kubectl("replace", "-f", "-", input=json.dumps(crd))
-    plane.wait_established()
+    plane.kubectl.wait_established()
     cluster.wait_for(
         f"the {'old' if old else 'current'} CRD served",
         lambda: _serves(plane, home(cluster), probe, strict_ok=old),

@@ -21,7 +21,8 @@ from bertjob_api.contract import PLURAL
 from bertjob_api.crd import resource_schema
 from bertjob_testing import cel
 from bertjob_testing.admission_cases import JOB_CASES
-from bertjob_testing.cluster.controlplane import EXIT_CODE_ANNOTATION, ControlPlane
+from bertjob_testing.cluster.controlplane import ControlPlane
+from bertjob_testing.cluster.nodes import EXIT_CODE_ANNOTATION
 from bertjob_testing.cluster.operator import NAMESPACE, OPERATOR, RealCluster, wait_until
 from tests.bertjob.e2e import named_job
 from tests.kubeflow_env import kubeflow_condition
@@ -46,7 +47,7 @@ def forbidden(cluster: RealCluster) -> list[str]:
 
 def test_the_crd_is_served_with_its_cel_rules(operator: RealCluster) -> None:
     assert operator.plane is not None
-    crd = operator.plane.get("crd", f"{PLURAL}.bertjob.dev")
+    crd = operator.plane.kubectl.get("crd", f"{PLURAL}.bertjob.dev")
     conditions = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
     assert conditions["Established"] == "True" and conditions["NamesAccepted"] == "True"
     rules = json.dumps(crd["spec"]["versions"]).count('"rule"')
@@ -88,7 +89,7 @@ def _stand_in_for_the_training_operator(plane: ControlPlane, namespace: str, nam
     """What Kubeflow's training operator does with a PyTorchJob, as far as these tests need it:
     one pod per replica from each replica type's template, owned by the PyTorchJob, named as it
     names them (``<job>-master-0``, ``<job>-worker-<i>``). Returns the pods' names."""
-    child = plane.get("pytorchjob", name, "-n", namespace)
+    child = plane.kubectl.get("pytorchjob", name, "-n", namespace)
     owner = {
         "apiVersion": child["apiVersion"],
         "kind": child["kind"],
@@ -146,9 +147,11 @@ def _phase(operator: RealCluster, namespace: str, name: str, phase: str) -> dict
     try:
         return wait_until(  # type: ignore[no-any-return]
             f"{name} to be {phase}",
-            lambda: (job := plane.get(PLURAL, name, "-n", namespace))
-            and (job.get("status") or {}).get("phase") == phase
-            and job["status"],
+            lambda: (
+                (job := plane.kubectl.get(PLURAL, name, "-n", namespace))
+                and (job.get("status") or {}).get("phase") == phase
+                and job["status"]
+            ),
         )
     except AssertionError as error:
         refused = "\n".join(forbidden(operator)) or "none"
@@ -168,7 +171,7 @@ def test_a_job_runs_its_lifecycle_under_the_charts_rbac_and_its_children_are_col
     running = wait_until(
         "the pods to run",
         lambda: (
-            (found := [plane.get("pod", pod, "-n", namespace) for pod in pods])
+            (found := [plane.kubectl.get("pod", pod, "-n", namespace) for pod in pods])
             and all(pod["status"].get("phase") == "Running" for pod in found)
             and found
         ),
@@ -187,7 +190,8 @@ def test_a_job_runs_its_lifecycle_under_the_charts_rbac_and_its_children_are_col
     wait_until(
         "the pods to succeed",
         lambda: all(
-            plane.get("pod", pod, "-n", namespace)["status"].get("phase") == "Succeeded" for pod in pods
+            plane.kubectl.get("pod", pod, "-n", namespace)["status"].get("phase") == "Succeeded"
+            for pod in pods
         ),
     )
     _report(plane, namespace, name, "Created", "Running", "Succeeded")
@@ -196,7 +200,7 @@ def test_a_job_runs_its_lifecycle_under_the_charts_rbac_and_its_children_are_col
     assert ready and ready[0]["status"] == "True", status["conditions"]
 
     labelled = f"{JOB_LABEL}={name}"
-    before = {kind: plane.get(kind, "-n", namespace, "-l", labelled)["items"] for kind in CHILDREN}
+    before = {kind: plane.kubectl.get(kind, "-n", namespace, "-l", labelled)["items"] for kind in CHILDREN}
     assert all(
         before[kind] for kind in ("configmaps", "serviceaccounts", "roles", "rolebindings", "pytorchjobs")
     )
@@ -204,8 +208,8 @@ def test_a_job_runs_its_lifecycle_under_the_charts_rbac_and_its_children_are_col
     wait_until(
         "the garbage collector to delete every child",
         lambda: (
-            not any(plane.get(kind, "-n", namespace, "-l", labelled)["items"] for kind in CHILDREN)
-            and not any(plane.get("pod", pod, "-n", namespace) for pod in pods)
+            not any(plane.kubectl.get(kind, "-n", namespace, "-l", labelled)["items"] for kind in CHILDREN)
+            and not any(plane.kubectl.get("pod", pod, "-n", namespace) for pod in pods)
         ),
     )
     assert not forbidden(operator), "the API server refused the operator:\n" + "\n".join(forbidden(operator))

@@ -9,7 +9,6 @@ refuses the CRD, so the floor cannot be lower than 1.28 without dropping it.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from collections.abc import Iterator
@@ -19,8 +18,8 @@ import pytest
 import yaml
 
 from bertjob_testing.admission_cases import JOB_CASES
+from bertjob_testing.cluster.catalog import REPO, versions
 from bertjob_testing.cluster.controlplane import ControlPlane
-from bertjob_testing.cluster.versions import REPO, binaries, versions
 
 FLOOR = versions()["KUBERNETES_FLOOR_VERSION"]
 FLOOR_MINOR = ".".join(FLOOR.lstrip("v").split(".")[:2])
@@ -40,11 +39,9 @@ def test_the_readmes_claim_the_tested_floor(readme: str) -> None:
 @pytest.fixture(scope="module")
 def floor_api_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """etcd and an API server of the floor version (no controllers, no nodes)."""
-    tools = binaries()
-    floor = dataclasses.replace(tools, kube_apiserver=tools.kube_apiserver_floor, kubernetes_version=FLOOR)
-    plane = ControlPlane(tmp_path_factory.mktemp("floor"))
+    plane = ControlPlane(tmp_path_factory.mktemp("floor"), apiserver="kube-apiserver")
     try:
-        plane.start(floor, api_only=True)
+        plane.start(api_only=True)
         yield plane
     finally:
         plane.stop()
@@ -57,7 +54,7 @@ def floor_with_crd(floor_api_server: ControlPlane) -> ControlPlane:
     version = json.loads(plane.kubectl("version", "-o", "json").stdout)["serverVersion"]["gitVersion"]
     assert version == FLOOR
     plane.kubectl("apply", "--server-side", "-f", str(REPO / "manifests" / "crd.yaml"))
-    plane.wait_established()
+    plane.kubectl.wait_established()
     return plane
 
 

@@ -76,7 +76,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     funcargs = getattr(item, "funcargs", {})
     started = funcargs.get("controllers")
     if report.failed and isinstance(started, Controllers):
-        report.sections.append(("controllers plane events", started.plane.events()))
+        report.sections.append(("controllers plane events", started.plane.kubectl.events()))
         report.sections.append(("controllers plane logs", started.plane.logs(40)))
     cluster = funcargs.get("cluster") or funcargs.get("operator")
     if report.failed and isinstance(cluster, RealCluster) and cluster.log.exists():

@@ -149,7 +149,9 @@ def test_kubectl_logs_on_the_master_pod_shows_the_trainers_lines(
     child = cluster.object(PYTORCHJOBS, name)
     assert child is not None and list(child["spec"]["pytorchReplicaSpecs"]) == ["Master"]
     [volume] = [v for v in master["spec"]["volumes"] if v["name"] == JOB_CONFIG_VOLUME]
-    configmap = cluster.plane.get("configmap", volume["configMap"]["name"], "-n", cluster.default_namespace)
+    configmap = cluster.plane.kubectl.get(
+        "configmap", volume["configMap"]["name"], "-n", cluster.default_namespace
+    )
     assert configmap is not None
     assert any(m["mountPath"] == CONFIG_DIR for m in pods.container(master, CONTAINER)["volumeMounts"])
 

@@ -43,7 +43,7 @@ def test_an_mpijob_runs_mpirun_over_its_workers_and_succeeds(cluster: RealCluste
     assert {"/etc/mpi", child["spec"]["sshAuthMountPath"]} <= mounts, mounts
     assert launcher["metadata"]["labels"][JOB_LABEL] == name
     assert cluster.plane is not None
-    hostfile = cluster.plane.get("configmap", f"{name}-config", "-n", cluster.default_namespace)
+    hostfile = cluster.plane.kubectl.get("configmap", f"{name}-config", "-n", cluster.default_namespace)
     assert hostfile is not None
     lines = hostfile["data"]["hostfile"].split()
     assert lines == [

@@ -30,7 +30,7 @@ JOBSETS = "jobset.x-k8s.io/v1alpha2/jobsets"
 
 def _runtime(cluster: RealCluster, name: str) -> dict[str, Any]:
     assert cluster.plane is not None
-    found = cluster.plane.get("clustertrainingruntime", name)
+    found = cluster.plane.kubectl.get("clustertrainingruntime", name)
     assert found is not None, f"the chart's ClusterTrainingRuntime {name}"
     return dict(found)
 

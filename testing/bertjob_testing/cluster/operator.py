@@ -32,9 +32,11 @@ from kubernetes.config import new_client_from_config
 
 from bertjob.admission import ADDRESS_ENV, CERT_DIR_ENV, PORT_ENV
 from bertjob_api.contract import KIND
-from bertjob_testing.cluster.controlplane import EXIT_CODE_ANNOTATION, ControlPlane
+from bertjob_testing.cluster.build import crds
+from bertjob_testing.cluster.catalog import REPO
+from bertjob_testing.cluster.controlplane import ControlPlane
+from bertjob_testing.cluster.nodes import EXIT_CODE_ANNOTATION
 from bertjob_testing.cluster.process import free_port
-from bertjob_testing.cluster.versions import REPO, UPSTREAM_CRDS, upstream_crd
 from bertjob_testing.kube_emulator import Cluster
 
 CHART = REPO / "charts" / "bertjob"
@@ -211,12 +213,17 @@ def helm(plane: ControlPlane, *args: str, check: bool = True) -> subprocess.Comp
     return result
 
 
+# The components of the catalog whose CRDs are the children our operator makes.
+KUBEFLOW = ("training-operator", "mpi-operator", "trainer")
+
+
 def apply_upstream_crds(plane: ControlPlane) -> None:
-    """Apply every Kubeflow CRD of :data:`UPSTREAM_CRDS` (server-side, as Kubeflow's install
+    """Apply the CRDs the catalog lists for :data:`KUBEFLOW` (server-side, as Kubeflow's install
     does) and wait until the server serves them."""
-    for filename in UPSTREAM_CRDS:
-        plane.kubectl("apply", "--server-side", "-f", str(upstream_crd(filename)))
-    plane.wait_established()
+    for name in KUBEFLOW:
+        for path in crds(name):
+            plane.kubectl("apply", "--server-side", "-f", str(path))
+    plane.kubectl.wait_established()
 
 
 def install(plane: ControlPlane, workdir: Path, *values: str) -> RealCluster:
@@ -238,17 +245,19 @@ def install(plane: ControlPlane, workdir: Path, *values: str) -> RealCluster:
         "--set=webhook.enabled=true",
         *(f"--set={value}" for value in values),
     )
-    plane.wait_established()
+    plane.kubectl.wait_established()
     port = free_port()
     certs = workdir / "webhook-certs"
-    assert plane.mount_secret(NAMESPACE, WEBHOOK_SECRET, certs), f"the chart's Secret {WEBHOOK_SECRET}"
-    plane.route_service_to_localhost(NAMESPACE, WEBHOOK_SERVICE)
+    assert plane.kubectl.mount_secret(NAMESPACE, WEBHOOK_SECRET, certs), (
+        f"the chart's Secret {WEBHOOK_SECRET}"
+    )
+    plane.kubectl.route_service_to_localhost(NAMESPACE, WEBHOOK_SERVICE)
     route_webhook_port(plane, port)
     deployment = json.loads(
         plane.kubectl("get", "deployment", OPERATOR, "-n", NAMESPACE, "-o", "json").stdout
     )
     account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
-    token = plane.service_account_token(NAMESPACE, account, seconds=6 * 3600)
+    token = plane.kubectl.service_account_token(NAMESPACE, account, seconds=6 * 3600)
     cluster = RealCluster(
         new_client_from_config(config_file=str(plane.admin)),
         None,  # type: ignore[arg-type]

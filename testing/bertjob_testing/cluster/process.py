@@ -2,13 +2,18 @@
 file, ready when a probe says so, and always stopped (SIGTERM to its process group, then SIGKILL).
 
 As controller-runtime's envtest keeps one small type per process
-(``pkg/internal/testing/process``), each component of :mod:`bertjob_testing.cluster.controlplane`
-is one of these with its command.
+(``pkg/internal/testing/process``), each kind of component (:mod:`bertjob_testing.cluster.components`)
+is a :class:`Component`: its command with its flags, its probe and its ``extra_args``. A started one
+is a :class:`Process`, written into the cluster's :class:`Registry` before its probe runs, so that
+nothing started is ever left running: :func:`stop_all` stops what a registry holds and reports
+every error, and the reaper (:mod:`bertjob_testing.cluster.reaper`) does the same when the test run
+dies without stopping it (pytest killed with SIGKILL).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -18,10 +23,15 @@ import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 # What a component that lost the race for its port prints; the component is then started again
 # on other ports.
 PORT_TAKEN = ("address already in use", "bind: address already in use")
+PR_SET_PDEATHSIG = 1
+# Looked up once here: a child between fork and exec must not call into the dynamic loader, whose
+# lock another thread of the parent may have held at the fork.
+_prctl = ctypes.CDLL(None, use_errno=True).prctl
 
 
 class StartError(RuntimeError):
@@ -30,6 +40,25 @@ class StartError(RuntimeError):
 
 class PortTakenError(StartError):
     """A component exited because one of its ports was taken meanwhile."""
+
+
+def die_with_parent() -> None:
+    """For ``preexec_fn``: the child gets SIGKILL when the thread that started it ends (Linux's
+    parent-death signal), so a process the tests start in their own session-less way does not
+    outlive a test run killed with SIGKILL. (The cluster's processes, which must outlive the
+    worker that started them, are the reaper's instead.)"""
+    if _prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+        raise OSError("prctl(PR_SET_PDEATHSIG) failed")
+
+
+def with_testing_on_path(environment: dict[str, str] | None = None) -> dict[str, str]:
+    """``environment`` (this process's when None) with this package's folder first on
+    ``PYTHONPATH``, for the helpers run as ``python -m bertjob_testing...`` (the package is the
+    tests', not installed)."""
+    environment = dict(os.environ if environment is None else environment)
+    folder = str(Path(__file__).resolve().parents[2])
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [folder, environment.get("PYTHONPATH")]))
+    return environment
 
 
 def free_port() -> int:
@@ -157,3 +186,101 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
     except (FileNotFoundError, IndexError):
         return True
+
+
+class Component(Protocol):
+    """One kind of process (a module of :mod:`bertjob_testing.cluster.components`).
+
+    ``name`` names it in messages and logs, ``version`` is the pinned version, ``extra_args`` are
+    appended to its command (a later flag wins over an earlier one of the same name, as the Go
+    flag packages parse them).
+    """
+
+    name: str
+    extra_args: list[str]
+
+    @property
+    def version(self) -> str:
+        """The pinned version it runs."""
+        ...
+
+    def command(self) -> list[str]:
+        """The executable and its flags, with ports chosen anew at each call (a try after a port
+        was taken gets others)."""
+        ...
+
+    def environment(self) -> dict[str, str] | None:
+        """Its environment (None: the caller's)."""
+        ...
+
+    def ready(self) -> bool:
+        """Whether it is ready (the probe :meth:`Process.wait_ready` polls)."""
+        ...
+
+
+class StopError(RuntimeError):
+    """Some processes could not be stopped; the message lists each with its error."""
+
+
+class Registry:
+    """The process groups a cluster started, one file each in ``directory``, written before the
+    process's probe runs and removed once it is stopped: what :func:`stop_all` and the reaper
+    stop. Files rather than memory, so that another process (xdist's controller, the reaper) sees
+    what a worker started."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def add(self, name: str, pid: int) -> None:
+        """Record process group ``pid`` as ``name`` (to a temporary name, then renamed)."""
+        temporary = self.directory / f".{name}.tmp"
+        temporary.write_text(str(pid))
+        temporary.rename(self.directory / name)
+
+    def remove(self, name: str) -> None:
+        """Forget ``name`` (stopped)."""
+        (self.directory / name).unlink(missing_ok=True)
+
+    def groups(self) -> dict[str, int]:
+        """Each recorded name and its process group, in the order they were recorded."""
+        found = []
+        for path in self.directory.iterdir():
+            if path.name.startswith("."):
+                continue
+            try:
+                found.append((path.stat().st_mtime_ns, path.name, int(path.read_text())))
+            except (FileNotFoundError, ValueError):
+                continue
+        return {name: pid for _, name, pid in sorted(found)}
+
+
+def launch(component: Component, log: Path, registry: Registry) -> Process:
+    """Start ``component`` (its command and ``extra_args``) and record it in ``registry`` before
+    anything can fail: the caller then waits with :meth:`Process.wait_ready`."""
+    process = Process(
+        f"{component.name} {component.version}",
+        [*component.command(), *component.extra_args],
+        log,
+        env=component.environment(),
+    )
+    registry.add(component.name, process.pid)
+    return process
+
+
+def stop_all(registry: Registry, timeout_s: float = 10.0) -> None:
+    """Stop every process group of ``registry``, the last recorded first, each forgotten once
+    stopped; every one is tried whatever happened to the others.
+
+    Raises:
+        StopError: some could not be stopped, naming each and its error.
+    """
+    errors = []
+    for name, pid in reversed(list(registry.groups().items())):
+        try:
+            stop_group(pid, timeout_s)
+            registry.remove(name)
+        except Exception as error:
+            errors.append(f"{name} (process group {pid}): {error!r}")
+    if errors:
+        raise StopError("could not stop: " + "; ".join(errors))

@@ -18,16 +18,20 @@ from pathlib import Path
 from filelock import FileLock
 
 from bertjob_testing.cluster.controlplane import STATE_FILE, ControlPlane
+from bertjob_testing.cluster.process import StopError
+from bertjob_testing.cluster.reaper import OWNER_ENV
 
 ROOT_ENV = "BERTJOB_CLUSTER_ROOT"
 FAILED_FILE = "failed"
 
 
 def configure() -> Path:
-    """Name the run's cluster directory in the environment (the workers inherit it); called once
-    by the controller, before the workers start."""
+    """Name the run's cluster directory and the run's owner (this process: the clusters' reapers
+    stop them when it ends) in the environment, which the workers inherit; called once by the
+    controller, before the workers start."""
     root = Path(tempfile.mkdtemp(prefix="bertjob-cluster-"))
     os.environ[ROOT_ENV] = str(root)
+    os.environ[OWNER_ENV] = str(os.getpid())
     return root
 
 
@@ -47,7 +51,7 @@ def control_plane() -> ControlPlane:
     """The run's control plane: started by the first caller, attached to by the others.
 
     Raises:
-        bertjob_testing.cluster.versions.BuildError, bertjob_testing.cluster.process.StartError:
+        bertjob_testing.cluster.build.BuildError, bertjob_testing.cluster.process.StartError:
             as :meth:`ControlPlane.start`; the next caller tries again.
     """
     workdir = root() / "cluster"
@@ -84,7 +88,11 @@ def finish() -> str | None:
         return None
     plane = existing()
     if plane is not None:
-        plane.stop()
+        try:
+            plane.stop()
+        except StopError as error:
+            print(f"\nthe test cluster did not stop whole: {error}")
+            mark_failed()
     if (Path(directory) / FAILED_FILE).exists():
         return directory
     shutil.rmtree(directory, ignore_errors=True)

@@ -1,0 +1,112 @@
+"""kube-apiserver for the test control plane, on 127.0.0.1 (envtest's flags, and what our tests
+add: RBAC with client-certificate users, a service-account signing key for ``TokenRequest``, the
+kubelet API for ``kubectl logs`` on kwok's nodes, and an audit log of the training jobs' changes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bertjob_testing.cluster import pki
+from bertjob_testing.cluster.build import executable
+from bertjob_testing.cluster.catalog import component
+from bertjob_testing.cluster.process import answers, free_port, insecure
+
+SERVICE_CIDR = "10.96.0.0/16"
+AUDIT_LOG = "audit.log"
+# What the audit log records: the training jobs' changes, with their bodies (who wrote what to a
+# child, which the status alone does not tell: a write that another controller undoes at once
+# leaves no trace there).
+AUDIT_POLICY: dict[str, Any] = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {
+            "level": "Request",
+            "verbs": ["create", "update", "patch"],
+            "resources": [
+                {"group": "kubeflow.org", "resources": ["pytorchjobs", "mpijobs"]},
+                {"group": "trainer.kubeflow.org", "resources": ["trainjobs"]},
+            ],
+        },
+        {"level": "None"},
+    ],
+}
+
+
+@dataclass
+class APIServer:
+    """kube-apiserver over ``etcd`` (its client URL), with certificates of ``authority`` and
+    service-account keys ``keys``; ``url`` is where it serves once started, ``admin`` a client
+    certificate of ``system:masters`` to probe it with.
+
+    ``component_name`` picks the catalog's build: ``kubernetes``, or ``kube-apiserver`` for the
+    oldest version the chart claims.
+    """
+
+    workdir: Path
+    etcd: str
+    authority: pki.CertificateAuthority
+    keys: pki.KeyPair
+    admin: pki.KeyPair
+    component_name: str = "kubernetes"
+    extra_args: list[str] = field(default_factory=list)
+    name: str = "kube-apiserver"
+    url: str = ""
+
+    @property
+    def version(self) -> str:
+        """The version of the catalog's build it runs."""
+        return component(self.component_name).version
+
+    def command(self) -> list[str]:
+        """kube-apiserver's command with a fresh secure port."""
+        port = free_port()
+        serving = self.authority.issue(
+            "apiserver",
+            "kube-apiserver",
+            hosts=("127.0.0.1", "localhost", "kubernetes.default.svc"),
+            server=True,
+        )
+        self.url = f"https://127.0.0.1:{port}"
+        policy = self.workdir / "audit-policy.yaml"
+        policy.write_text(yaml.safe_dump(AUDIT_POLICY))
+        return [
+            str(executable(self.component_name, "kube-apiserver")),
+            f"--etcd-servers={self.etcd}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--tls-cert-file={serving.cert}",
+            f"--tls-private-key-file={serving.key}",
+            f"--client-ca-file={self.authority.cert}",
+            "--authorization-mode=RBAC",
+            f"--service-account-issuer={self.url}",
+            f"--service-account-key-file={self.keys.cert}",
+            f"--service-account-signing-key-file={self.keys.key}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--allow-privileged=true",
+            "--endpoint-reconciler-type=none",
+            # `kubectl logs`: the API server dials the node's InternalIP (127.0.0.1) at its
+            # kubelet port, where kwok serves the pod's Logs (its serving certificate is ours).
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--kubelet-certificate-authority={self.authority.cert}",
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={self.workdir / AUDIT_LOG}",
+            "--v=1",
+        ]
+
+    def environment(self) -> dict[str, str] | None:
+        """The caller's."""
+        return None
+
+    def ready(self) -> bool:
+        """Its /readyz answers the admin."""
+        context = insecure()
+        context.load_cert_chain(self.admin.cert, self.admin.key)
+        return answers(f"{self.url}/readyz", context)

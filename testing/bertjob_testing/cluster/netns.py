@@ -1,0 +1,138 @@
+"""Run a command in a network namespace of its own whose loopback forwards chosen ports to this
+machine's 127.0.0.1: for a controller that listens on a fixed port (mpi-operator's health
+endpoint is a constant ``:8080``), so that two test runs on one machine do not fight over it,
+while it still reaches the API server at the address in its kubeconfig.
+
+    python -m bertjob_testing.cluster.netns --forward PORT [--forward PORT ...] -- COMMAND ...
+
+The namespace needs CAP_SYS_ADMIN (root, as CI runs the tests); without it the command runs in
+this machine's namespace, as before, and says so on stderr. The exit status is the command's;
+SIGTERM and SIGINT are passed on to it. A connection to a forwarded port of the namespace is
+piped to the same port of the host's 127.0.0.1 by threads of this process, which stays in the
+host's namespace (a namespace is a thread's: the listening sockets are made in the new one, then
+this process returns, and only the command's child enters it before exec).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import fcntl
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+
+CLONE_NEWNET = 0x40000000
+SIOCGIFFLAGS = 0x8913
+SIOCSIFFLAGS = 0x8914
+IFF_UP = 0x1
+_libc = ctypes.CDLL(None, use_errno=True)
+# Looked up once here: the command's child calls setns between fork and exec, where it must not
+# call into the dynamic loader (another thread may have held its lock at the fork).
+_setns = _libc.setns
+_unshare = _libc.unshare
+
+
+def _check(result: int, call: str) -> None:
+    if result != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"{call}: {os.strerror(error)}")
+
+
+def _loopback_up() -> None:
+    """Bring ``lo`` of the current namespace up (as ``ip link set lo up``, without iproute2)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        request = struct.pack("16sH14s", b"lo", 0, b"")
+        flags = struct.unpack("16sH14s", fcntl.ioctl(probe, SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(probe, SIOCSIFFLAGS, struct.pack("16sH14s", b"lo", flags | IFF_UP, b""))
+
+
+def private_namespace(ports: Sequence[int]) -> tuple[int, list[socket.socket]]:
+    """A new network namespace with loopback up and a socket listening on each of ``ports`` of its
+    127.0.0.1; a descriptor of the namespace and the sockets. The calling thread is back in its
+    own namespace on return.
+
+    Raises:
+        OSError: the namespace could not be made (no CAP_SYS_ADMIN: EPERM).
+    """
+    host = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        _check(_unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+        try:
+            private = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+            _loopback_up()
+            listeners = []
+            for port in ports:
+                listener = socket.socket()
+                listener.bind(("127.0.0.1", port))
+                listener.listen(64)
+                listeners.append(listener)
+        finally:
+            _check(_setns(host, CLONE_NEWNET), "setns(host)")
+    finally:
+        os.close(host)
+    return private, listeners
+
+
+def _pipe(source: socket.socket, target: socket.socket) -> None:
+    try:
+        while data := source.recv(65536):
+            target.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for end in (source, target):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+
+
+def _forward(listener: socket.socket) -> None:
+    """Accept on ``listener`` (in the namespace) and pipe each connection to the same port of the
+    host's 127.0.0.1, both ways."""
+    port = listener.getsockname()[1]
+    while True:
+        inside, _ = listener.accept()
+        try:
+            outside = socket.create_connection(("127.0.0.1", port), timeout=10)
+            outside.settimeout(None)
+        except OSError:
+            inside.close()
+            continue
+        for source, target in ((inside, outside), (outside, inside)):
+            threading.Thread(target=_pipe, args=(source, target), daemon=True).start()
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run the command as the module docstring says; its exit status."""
+    parser = argparse.ArgumentParser(prog="python -m bertjob_testing.cluster.netns")
+    parser.add_argument("--forward", type=int, action="append", default=[], metavar="PORT")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command after --")
+    try:
+        private, listeners = private_namespace(args.forward)
+    except OSError as error:
+        print(f"netns: {error}; running {command[0]} in this machine's network namespace", file=sys.stderr)
+        return subprocess.call(command)
+    for listener in listeners:
+        threading.Thread(target=_forward, args=(listener,), daemon=True).start()
+
+    def enter() -> None:
+        _check(_setns(private, CLONE_NEWNET), "setns(private)")
+
+    child = subprocess.Popen(command, preexec_fn=enter, pass_fds=(private,))
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, lambda received, _frame: child.send_signal(received))
+    return child.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
