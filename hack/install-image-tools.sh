@@ -3,6 +3,7 @@
 #   buildah, mmdebstrap       build and run the images in tests/images (hack/build-images.sh --local)
 #   libopenmpi-dev, openmpi-bin  Horovod's MPI controller (mpicxx) and mpirun for the MPIJob tests
 #   cmake, g++, make          compile Horovod (trainer_image/build_horovod.sh)
+#   runc, iptables            the real node's OCI runtime (containerd's shim runs it) and kube-proxy's rules
 #
 #   hack/install-image-tools.sh
 #
@@ -12,7 +13,7 @@
 # podman is not needed: buildah imports the Debian base and runs the images itself.
 set -uo pipefail
 
-PACKAGES=(buildah mmdebstrap libopenmpi-dev openmpi-bin cmake g++ make)
+PACKAGES=(buildah mmdebstrap libopenmpi-dev openmpi-bin cmake g++ make runc iptables)
 
 missing=()
 for package in "${PACKAGES[@]}"; do

@@ -5,7 +5,8 @@
 - the reaper stops a cluster whose test run died without stopping it, and a pytest run killed with
   SIGKILL leaves no process of its control plane behind;
 - two runs on one machine share no fixed port or directory: mpi-operator's constant ``:8080`` is
-  inside a network namespace of its own, training-operator's certificates in a TMPDIR of its own;
+  inside a network namespace of its own, training-operator's fixed certificate directory is a
+  directory of the run's, mounted in a mount namespace of its own;
 - the build script and the Python side read one table of components.
 """
 
@@ -24,7 +25,6 @@ from pathlib import Path
 import pytest
 
 from bertjob_testing.cluster import catalog, process, reaper
-from bertjob_testing.cluster.components import training_operator
 from bertjob_testing.cluster.controlplane import ControlPlane
 from bertjob_testing.cluster.process import Registry, StopError, stop_all, with_testing_on_path
 
@@ -221,7 +221,7 @@ def test_two_processes_hold_the_same_fixed_port_in_namespaces_of_their_own(tmp_p
             [
                 sys.executable,
                 "-m",
-                "bertjob_testing.cluster.netns",
+                "bertjob_testing.cluster.namespaces",
                 f"--forward={port}",
                 "--",
                 sys.executable,
@@ -242,14 +242,31 @@ def test_two_processes_hold_the_same_fixed_port_in_namespaces_of_their_own(tmp_p
         assert out.split() == ["host", "1"], out
 
 
-def test_training_operator_certificates_stay_in_the_runs_own_directory(tmp_path: Path) -> None:
-    rotator = tmp_path / "fixed" / "serving-certs"
-    training_operator.placeholder_certificate(rotator)
-    first = (rotator / "tls.crt").read_text()
-    (rotator / "tls.crt").write_text("another run's")
-    training_operator.placeholder_certificate(rotator)
-    assert (rotator / "tls.crt").read_text() == "another run's", "never replaced or removed"
-    assert "not a certificate" in first
+@pytest.mark.skipif(os.geteuid() != 0, reason=NETNS_ROOT.replace("network", "mount"))
+def test_a_bound_directory_is_seen_at_the_fixed_path_by_the_command_alone(tmp_path: Path) -> None:
+    """What training-operator's fixed /tmp/k8s-webhook-server needs: the run's directory there,
+    for the command only."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "tls.crt").write_text("this run's")
+    fixed = tmp_path / "fixed"
+    inside = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bertjob_testing.cluster.namespaces",
+            f"--bind={tmp_path / 'run'}:{fixed}",
+            "--",
+            "cat",
+            str(fixed / "tls.crt"),
+        ],
+        env=with_testing_on_path(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (inside.returncode, inside.stdout) == (0, "this run's"), inside.stderr
+    assert list(fixed.iterdir()) == [], "outside, the fixed path is an empty mount point"
+    assert str(fixed) not in Path("/proc/self/mountinfo").read_text()
 
 
 def test_the_build_script_reads_the_catalog(tmp_path: Path) -> None:

@@ -57,7 +57,9 @@ def test_two_runs_hold_the_fixed_port_and_directory_side_by_side(two_runs: list[
         assert alive(pids["mpi-operator"]) and alive(pids["training-operator"]), plane.logs()
         lease = plane.kubectl.get("lease", "mpi-operator", "-n", LOCK_NAMESPACE)
         assert lease["spec"]["holderIdentity"], "each mpi-operator leads on its own plane"
-    first, second = (plane.workdir / "controllers" / "training-operator-tmp" for plane in two_runs)
-    assert (first / "k8s-webhook-server" / "serving-certs" / "tls.crt").read_bytes() != (
-        second / "k8s-webhook-server" / "serving-certs" / "tls.crt"
-    ).read_bytes(), "each training-operator serves its own run's certificate"
+    first, second = (
+        plane.workdir / "controllers" / "training-operator" / "serving-certs" for plane in two_runs
+    )
+    assert (first / "tls.crt").read_bytes() != (second / "tls.crt").read_bytes(), (
+        "each training-operator serves its own run's certificate"
+    )

@@ -76,7 +76,9 @@ COMPONENTS = (
         "kubernetes",
         "KUBERNETES_VERSION",
         "k8s.io/kubernetes",
-        _kubernetes("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"),
+        _kubernetes(
+            "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kubelet", "kube-proxy"
+        ),
         kubernetes=True,
     ),
     Component(
@@ -99,6 +101,33 @@ COMPONENTS = (
         "k8s.io/kubernetes",
         _kubernetes("kube-apiserver"),
         kubernetes=True,
+    ),
+    # The real node: containerd (with its runc shim and ctr), the CNI plugins its pods' network is
+    # made with, and CoreDNS as the cluster's DNS (kubelet and kube-proxy are the Kubernetes build's).
+    Component(
+        "containerd",
+        "CONTAINERD_VERSION",
+        "github.com/containerd/containerd/v2",
+        tuple(
+            (command, f"github.com/containerd/containerd/v2/cmd/{command}")
+            for command in ("containerd", "containerd-shim-runc-v2", "ctr")
+        ),
+        ldflags="-X github.com/containerd/containerd/v2/version.Version={version}",
+    ),
+    Component(
+        "cni-plugins",
+        "CNI_PLUGINS_VERSION",
+        "github.com/containernetworking/plugins",
+        tuple(
+            (plugin.rpartition("/")[2], f"github.com/containernetworking/plugins/plugins/{plugin}")
+            for plugin in ("main/bridge", "main/loopback", "ipam/host-local", "meta/portmap")
+        ),
+    ),
+    Component(
+        "coredns",
+        "COREDNS_VERSION",
+        "github.com/coredns/coredns",
+        (("coredns", "github.com/coredns/coredns"),),
     ),
     # The controllers, each from its own tools module: their go.mod files pin different k8s.io/*
     # and controller-runtime versions, and one module would force one set on all of them.

@@ -36,10 +36,11 @@ def _write_key(path: Path, key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) 
 
 
 class CertificateAuthority:
-    """A self-signed CA in ``directory`` (``ca.crt``, ``ca.key``) that issues the others."""
+    """A self-signed CA in ``directory`` (made if missing: ``ca.crt``, ``ca.key``) that issues the others."""
 
     def __init__(self, directory: Path, name: str = "bertjob-test-ca") -> None:
         self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
         self._key = ec.generate_private_key(ec.SECP256R1())
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
         now = datetime.datetime.now(datetime.UTC)
@@ -71,6 +72,23 @@ class CertificateAuthority:
         self.cert = directory / "ca.crt"
         self.cert.write_bytes(self._cert.public_bytes(serialization.Encoding.PEM))
         _write_key(directory / "ca.key", self._key)
+
+    @classmethod
+    def load(cls, directory: Path) -> CertificateAuthority:
+        """The CA another object made in ``directory`` (its ``ca.crt`` and ``ca.key``), to issue
+        more certificates of it (the real node's kubelet, under the control plane's CA).
+
+        Raises:
+            FileNotFoundError: no CA there.
+        """
+        authority = cls.__new__(cls)
+        authority.directory = directory
+        authority.cert = directory / "ca.crt"
+        authority._cert = x509.load_pem_x509_certificate(authority.cert.read_bytes())
+        key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), password=None)
+        assert isinstance(key, ec.EllipticCurvePrivateKey)
+        authority._key = key
+        return authority
 
     def issue(
         self,

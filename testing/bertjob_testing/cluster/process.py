@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import signal
 import socket
@@ -29,6 +30,8 @@ from typing import Protocol
 # on other ports.
 PORT_TAKEN = ("address already in use", "bind: address already in use")
 PR_SET_PDEATHSIG = 1
+# The registry's folder of clean-up commands.
+CLEANUPS = "cleanups"
 # Looked up once here: a child between fork and exec must not call into the dynamic loader, whose
 # lock another thread of the parent may have held at the fork.
 _prctl = ctypes.CDLL(None, use_errno=True).prctl
@@ -242,11 +245,29 @@ class Registry:
         """Forget ``name`` (stopped)."""
         (self.directory / name).unlink(missing_ok=True)
 
+    def add_cleanup(self, name: str, command: Sequence[str]) -> None:
+        """Record ``command`` (an argv) to run once every process group is stopped: what undoes
+        what the processes made on the machine (mounts, cgroups, interfaces)."""
+        directory = self.directory / CLEANUPS
+        directory.mkdir(exist_ok=True)
+        temporary = directory / f".{name}.tmp"
+        temporary.write_text(json.dumps(list(command)))
+        temporary.rename(directory / name)
+
+    def cleanups(self) -> dict[str, list[str]]:
+        """Each recorded clean-up's name and command, in the order they were recorded."""
+        directory = self.directory / CLEANUPS
+        found = []
+        for path in directory.iterdir() if directory.is_dir() else ():
+            if not path.name.startswith("."):
+                found.append((path.stat().st_mtime_ns, path.name, json.loads(path.read_text())))
+        return {name: command for _, name, command in sorted(found)}
+
     def groups(self) -> dict[str, int]:
         """Each recorded name and its process group, in the order they were recorded."""
         found = []
         for path in self.directory.iterdir():
-            if path.name.startswith("."):
+            if path.name.startswith(".") or path.is_dir():
                 continue
             try:
                 found.append((path.stat().st_mtime_ns, path.name, int(path.read_text())))
@@ -269,8 +290,9 @@ def launch(component: Component, log: Path, registry: Registry) -> Process:
 
 
 def stop_all(registry: Registry, timeout_s: float = 10.0) -> None:
-    """Stop every process group of ``registry``, the last recorded first, each forgotten once
-    stopped; every one is tried whatever happened to the others.
+    """Stop every process group of ``registry``, the last recorded first, then run its clean-ups,
+    the last recorded first; each is forgotten once done, and every one is tried whatever
+    happened to the others.
 
     Raises:
         StopError: some could not be stopped, naming each and its error.
@@ -280,7 +302,14 @@ def stop_all(registry: Registry, timeout_s: float = 10.0) -> None:
         try:
             stop_group(pid, timeout_s)
             registry.remove(name)
-        except Exception as error:
+        except Exception as error:  # every group is tried; all errors are reported
             errors.append(f"{name} (process group {pid}): {error!r}")
+    for name, command in reversed(list(registry.cleanups().items())):
+        environment = with_testing_on_path()
+        done = subprocess.run(command, capture_output=True, text=True, env=environment, check=False)
+        if done.returncode == 0:
+            (registry.directory / CLEANUPS / name).unlink(missing_ok=True)
+        else:
+            errors.append(f"clean-up {name} (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
     if errors:
         raise StopError("could not stop: " + "; ".join(errors))

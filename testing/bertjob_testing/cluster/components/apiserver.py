@@ -74,6 +74,9 @@ class APIServer:
             server=True,
         )
         self.url = f"https://127.0.0.1:{port}"
+        kubelet_client = self.authority.issue(
+            "apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",)
+        )
         policy = self.workdir / "audit-policy.yaml"
         policy.write_text(yaml.safe_dump(AUDIT_POLICY))
         return [
@@ -85,7 +88,8 @@ class APIServer:
             f"--tls-cert-file={serving.cert}",
             f"--tls-private-key-file={serving.key}",
             f"--client-ca-file={self.authority.cert}",
-            "--authorization-mode=RBAC",
+            # Node: the real node's kubelet (system:node:<name>) reads and writes its own objects.
+            "--authorization-mode=Node,RBAC",
             f"--service-account-issuer={self.url}",
             f"--service-account-key-file={self.keys.cert}",
             f"--service-account-signing-key-file={self.keys.key}",
@@ -96,6 +100,9 @@ class APIServer:
             # kubelet port, where kwok serves the pod's Logs (its serving certificate is ours).
             "--kubelet-preferred-address-types=InternalIP",
             f"--kubelet-certificate-authority={self.authority.cert}",
+            # What the API server shows a kubelet that checks its clients (the real node's).
+            f"--kubelet-client-certificate={kubelet_client.cert}",
+            f"--kubelet-client-key={kubelet_client.key}",
             f"--audit-policy-file={policy}",
             f"--audit-log-path={self.workdir / AUDIT_LOG}",
             "--v=1",

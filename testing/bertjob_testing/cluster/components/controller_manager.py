@@ -21,6 +21,9 @@ CONTROLLERS = (
     # Binds a claim to a matching PersistentVolume (the examples' claims), without which the
     # scheduler leaves a pod that mounts one Pending.
     "persistentvolume-binder-controller",
+    # Publishes kube-root-ca.crt in every namespace, which every pod's service-account token volume
+    # mounts (the real node's pods do not start without it).
+    "root-ca-certificate-publisher-controller",
 )
 
 

@@ -1,7 +1,7 @@
 """mpi-operator (MPIJob v2beta1). Its leader election is always on (its lock namespace is created
 by :class:`bertjob_testing.cluster.controllers.Controllers`), so it is ready once it holds its lease.
 Its health endpoint listens on ``:8080``, a constant of ``cmd/mpi-operator/app/server.go``: it runs
-in a network namespace of its own (:mod:`bertjob_testing.cluster.netns`) that forwards only the API
+in a network namespace of its own (:mod:`bertjob_testing.cluster.namespaces`) that forwards only the API
 server's port, so that two runs on one machine do not collide there.
 """
 
@@ -35,7 +35,7 @@ class MPIOperator:
         return [
             sys.executable,
             "-m",
-            "bertjob_testing.cluster.netns",
+            "bertjob_testing.cluster.namespaces",
             f"--forward={api_port}",
             "--",
             str(executable("mpi-operator", "mpi-operator")),

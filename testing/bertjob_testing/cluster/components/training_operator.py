@@ -3,25 +3,27 @@ mpi-operator's v2beta1).
 
 Its certificate rotator (cert-controller, ``pkg/cert/cert.go``) fills a Secret, then waits until a
 ``tls.crt`` exists in the fixed ``/tmp/k8s-webhook-server/serving-certs``, where a pod would mount
-that Secret; it only looks whether the file exists. Its webhook server, controller-runtime's, reads
-``$TMPDIR/k8s-webhook-server/serving-certs``. So each run gives it a ``TMPDIR`` of its own and writes
-the filled Secret there, and the fixed path only needs some ``tls.crt``: one is made there once, when
-missing, and never removed or read, so that two runs on one machine do not touch each other's
-certificates.
+that Secret, and its webhook server reads the same directory. So it runs in a mount namespace of
+its own (:mod:`bertjob_testing.cluster.namespaces`) where a directory of the run's is mounted on
+``/tmp/k8s-webhook-server``, and the harness writes the filled Secret there as a kubelet mounts a
+Secret volume: two runs on one machine never see each other's certificates. Without root (no mount
+namespace) it uses the fixed directory itself, shared by every run of the machine.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bertjob_testing.cluster.build import executable, source
 from bertjob_testing.cluster.catalog import component
-from bertjob_testing.cluster.process import answers, free_port
+from bertjob_testing.cluster.process import answers, free_port, with_testing_on_path
 from bertjob_testing.cluster.webhooks import Site, Webhooks, empty_secret, register
 
-# Where the rotator looks for a mounted certificate (pkg/cert/cert.go's certDir).
-ROTATOR_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
+# Where the rotator and the webhook server look for the mounted certificate (pkg/cert/cert.go).
+FIXED_DIR = Path("/tmp/k8s-webhook-server")
 NAMESPACE = "kubeflow"
 SECRET = "training-operator-webhook-cert"
 WEBHOOKS = Webhooks(
@@ -33,22 +35,15 @@ WEBHOOKS = Webhooks(
 )
 
 
-def placeholder_certificate(directory: Path = ROTATOR_CERT_DIR) -> None:
-    """A ``tls.crt`` in ``directory`` for the rotator's existence check, made once (to a
-    temporary name, then renamed) when none is there; never the certificate served."""
-    target = directory / "tls.crt"
-    if target.exists():
-        return
-    directory.mkdir(parents=True, exist_ok=True)
-    temporary = directory / f".tls.crt.{free_port()}.tmp"
-    temporary.write_text("# not a certificate: the test cluster's training-operator only checks it exists\n")
-    temporary.replace(target)
+def own_mount_namespace() -> bool:
+    """Whether it gets a mount namespace of its own (root, as CI runs the tests)."""
+    return os.geteuid() == 0
 
 
 @dataclass
 class TrainingOperator:
-    """training-operator with its webhook on a port of its own and its certificates in
-    ``site``'s ``training-operator-tmp``."""
+    """training-operator with its webhook on a port of its own and its certificates in a
+    directory of the run's (``site``'s ``training-operator``), seen by it at :data:`FIXED_DIR`."""
 
     site: Site
     extra_args: list[str] = field(default_factory=list)
@@ -57,17 +52,30 @@ class TrainingOperator:
     probe_port: int = 0
 
     @property
-    def certs(self) -> Path:
-        """Where its webhook server reads its certificate (``$TMPDIR/k8s-webhook-server/...``)."""
-        return self.site.directory("training-operator-tmp") / "k8s-webhook-server" / "serving-certs"
+    def webhook_dir(self) -> Path:
+        """What it sees as :data:`FIXED_DIR`."""
+        return self.site.directory("training-operator") if own_mount_namespace() else FIXED_DIR
 
     def command(self) -> list[str]:
-        """Register its webhook for a fresh port, prepare its certificates; its command."""
+        """Register its webhook for a fresh port and make the Secret its rotator fills; its
+        command, in a mount namespace of its own."""
         webhook, self.probe_port = free_port(), free_port()
         register(self.site.kubectl, source("training-operator"), WEBHOOKS, webhook, ca=None)
-        placeholder_certificate()
         empty_secret(self.site.kubectl, NAMESPACE, SECRET)
+        # A previous run's certificate would be served until the rotator's is written.
+        for stale in (self.webhook_dir / "serving-certs").glob("*"):
+            stale.unlink()
+        wrapper = []
+        if own_mount_namespace():
+            wrapper = [
+                sys.executable,
+                "-m",
+                "bertjob_testing.cluster.namespaces",
+                f"--bind={self.webhook_dir}:{FIXED_DIR}",
+                "--",
+            ]
         return [
+            *wrapper,
             str(executable("training-operator", "training-operator")),
             "--enable-scheme=pytorchjob",
             f"--metrics-bind-address=127.0.0.1:{free_port()}",
@@ -79,12 +87,13 @@ class TrainingOperator:
         ]
 
     def environment(self) -> dict[str, str] | None:
-        """Its namespace (the rotator's Secret's) and its own TMPDIR."""
-        return self.site.environment(MY_POD_NAMESPACE=NAMESPACE, TMPDIR=str(self.certs.parents[1]))
+        """Its namespace (the rotator's Secret's) and TMPDIR /tmp: its webhook server reads
+        ``$TMPDIR/k8s-webhook-server``, the rotator the fixed path; both must be the mount."""
+        return with_testing_on_path(self.site.environment(MY_POD_NAMESPACE=NAMESPACE, TMPDIR="/tmp"))
 
     def ready(self) -> bool:
-        """The rotator filled the Secret (written where the webhook server reads it) and the
-        readiness endpoint answers."""
-        return self.site.kubectl.mount_secret(NAMESPACE, SECRET, self.certs) and answers(
-            f"http://127.0.0.1:{self.probe_port}/readyz"
-        )
+        """The rotator filled the Secret (written where it reads it) and the readiness endpoint
+        answers."""
+        return self.site.kubectl.mount_secret(
+            NAMESPACE, SECRET, self.webhook_dir / "serving-certs"
+        ) and answers(f"http://127.0.0.1:{self.probe_port}/readyz")

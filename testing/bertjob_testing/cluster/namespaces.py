@@ -1,12 +1,17 @@
-"""Run a command in a network namespace of its own whose loopback forwards chosen ports to this
-machine's 127.0.0.1: for a controller that listens on a fixed port (mpi-operator's health
-endpoint is a constant ``:8080``), so that two test runs on one machine do not fight over it,
-while it still reaches the API server at the address in its kubeconfig.
+"""Run a command in namespaces of its own, for the controllers that insist on a fixed port or path,
+so that two test runs on one machine do not fight over them:
 
-    python -m bertjob_testing.cluster.netns --forward PORT [--forward PORT ...] -- COMMAND ...
+    python -m bertjob_testing.cluster.namespaces [--forward PORT ...] [--bind SOURCE:TARGET ...] \
+        -- COMMAND ...
 
-The namespace needs CAP_SYS_ADMIN (root, as CI runs the tests); without it the command runs in
-this machine's namespace, as before, and says so on stderr. The exit status is the command's;
+``--forward``: a network namespace of its own whose loopback forwards PORT to this machine's
+127.0.0.1 (mpi-operator's health endpoint is a constant ``:8080``; it still reaches the API server
+at the address in its kubeconfig). ``--bind``: a mount namespace of its own where directory SOURCE
+is mounted on TARGET (training-operator's certificates are read from the fixed
+``/tmp/k8s-webhook-server``), as a kubelet mounts a volume; TARGET is made, empty, when missing.
+
+The namespaces need CAP_SYS_ADMIN (root, as CI runs the tests); without it the command runs in
+this machine's namespaces and says so on stderr. The exit status is the command's;
 SIGTERM and SIGINT are passed on to it. A connection to a forwarded port of the namespace is
 piped to the same port of the host's 127.0.0.1 by threads of this process, which stays in the
 host's namespace (a namespace is a thread's: the listening sockets are made in the new one, then
@@ -27,8 +32,13 @@ import subprocess
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 CLONE_NEWNET = 0x40000000
+CLONE_NEWNS = 0x00020000
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
 IFF_UP = 0x1
@@ -37,6 +47,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 # call into the dynamic loader (another thread may have held its lock at the fork).
 _setns = _libc.setns
 _unshare = _libc.unshare
+_mount = _libc.mount
 
 
 def _check(result: int, call: str) -> None:
@@ -108,27 +119,57 @@ def _forward(listener: socket.socket) -> None:
             threading.Thread(target=_pipe, args=(source, target), daemon=True).start()
 
 
+def bind_in_own_mount_namespace(binds: Sequence[tuple[str, str]]) -> None:
+    """In the calling process (a child between fork and exec, which has one thread, as
+    ``unshare(CLONE_NEWNS)`` requires): a mount namespace of its own, nothing propagating back, with
+    each (source, target) directory bind-mounted."""
+    _check(_unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    _check(_mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+    for source, target in binds:
+        _check(
+            _mount(source.encode(), target.encode(), None, MS_BIND, None), f"mount --bind {source} {target}"
+        )
+
+
 def main(argv: Sequence[str]) -> int:
     """Run the command as the module docstring says; its exit status."""
-    parser = argparse.ArgumentParser(prog="python -m bertjob_testing.cluster.netns")
+    parser = argparse.ArgumentParser(prog="python -m bertjob_testing.cluster.namespaces")
     parser.add_argument("--forward", type=int, action="append", default=[], metavar="PORT")
+    parser.add_argument("--bind", action="append", default=[], metavar="SOURCE:TARGET")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command after --")
+    binds = [tuple(pair.split(":", 1)) for pair in args.bind]
+    for _, target in binds:
+        Path(target).mkdir(parents=True, exist_ok=True)
+    private = -1
     try:
-        private, listeners = private_namespace(args.forward)
-    except OSError as error:
-        print(f"netns: {error}; running {command[0]} in this machine's network namespace", file=sys.stderr)
+        if args.forward:
+            private, listeners = private_namespace(args.forward)
+            for listener in listeners:
+                threading.Thread(target=_forward, args=(listener,), daemon=True).start()
+        if binds:
+            # Tried here first, in a child of our own: a refusal is then said, not an exec failure.
+            probe = subprocess.run(
+                [sys.executable, "-c", "import sys; sys.exit(0)"],
+                preexec_fn=lambda: bind_in_own_mount_namespace([]),
+                check=False,
+            )
+            if probe.returncode != 0:
+                raise OSError(1, "a mount namespace could not be made")
+    except (OSError, subprocess.SubprocessError) as error:
+        print(f"namespaces: {error}; running {command[0]} in this machine's namespaces", file=sys.stderr)
         return subprocess.call(command)
-    for listener in listeners:
-        threading.Thread(target=_forward, args=(listener,), daemon=True).start()
 
     def enter() -> None:
-        _check(_setns(private, CLONE_NEWNET), "setns(private)")
+        if private >= 0:
+            _check(_setns(private, CLONE_NEWNET), "setns(private)")
+        if binds:
+            bind_in_own_mount_namespace(binds)  # type: ignore[arg-type]
 
-    child = subprocess.Popen(command, preexec_fn=enter, pass_fds=(private,))
+    child = subprocess.Popen(command, preexec_fn=enter, pass_fds=(private,) if private >= 0 else ())
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, lambda received, _frame: child.send_signal(received))
     return child.wait()
