@@ -1,12 +1,18 @@
 """The real node (:mod:`bertjob_testing.cluster.node`): a pod placed there really runs, from an image
 imported into containerd with no registry, its output is what ``kubectl logs`` serves through the
-API server and the kubelet, a deleted pod's container gets SIGTERM and is gone, and stopping the
-plane leaves nothing of the node on the machine: no process, mount, cgroup or interface.
+API server and the kubelet, a deleted pod's container gets SIGTERM and is gone; a pod resolves a
+Service's name through CoreDNS and reaches it through kube-proxy's rules, and reaches the API server
+through the ``kubernetes`` Service; stopping the plane leaves nothing of the node on the machine: no
+process, mount, cgroup, network namespace, interface or route.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,8 +22,12 @@ from bertjob_testing.cluster.node import TOLERATION, RealNode
 from bertjob_testing.cluster.nodecleanup import cgroup_processes, hierarchies, mounts_under, naming
 from bertjob_testing.cluster.oci import PAUSE_IMAGE
 from bertjob_testing.cluster.operator import wait_until
+from bertjob_testing.cluster.process import with_testing_on_path
+from bertjob_testing.cluster.reaper import OWNER_ENV
+from tests.cluster.test_harness import alive
 
 WAIT_S = 90.0
+REPO = Path(__file__).resolve().parents[2]
 
 
 def pod(node: RealNode, name: str, command: list[str]) -> dict[str, Any]:
@@ -49,6 +59,41 @@ def test_the_node_is_ready_with_its_address_and_taint(real_node: RealNode) -> No
     assert addresses["InternalIP"] == real_node.address
     assert {"key": "bertjob.dev/real-node", "value": "true", "effect": "NoSchedule"} in node["spec"]["taints"]
     assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://2.")
+    assert node["status"]["nodeInfo"]["kubeProxyVersion"] in ("", real_node.plane.version)
+
+
+def logs(plane: ControlPlane, name: str, namespace: str) -> str:
+    """The output of pod ``name`` once it ended (asserting it Succeeded)."""
+    wait_until(f"pod {name} to end", lambda: phase(plane, name, namespace) in ("Succeeded", "Failed"), WAIT_S)
+    output = plane.kubectl("logs", name, "-n", namespace).stdout
+    assert phase(plane, name, namespace) == "Succeeded", output
+    return output
+
+
+def test_a_pod_finds_a_service_by_name_and_reaches_it_and_the_api_server(
+    real_node: RealNode, namespace: str
+) -> None:
+    plane = real_node.plane
+    server = pod(real_node, "server", ["/probe", "serve", "8080"])
+    server["metadata"]["labels"] = {"app": "echo"}
+    plane.kubectl.apply(server, "-n", namespace)
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "echo"},
+        "spec": {"selector": {"app": "echo"}, "ports": [{"port": 80, "targetPort": 8080}]},
+    }
+    plane.kubectl.apply(service, "-n", namespace)
+    wait_until("the server to run", lambda: phase(plane, "server", namespace) == "Running", WAIT_S)
+    cluster_ip = plane.kubectl.get("service", "echo", "-n", namespace)["spec"]["clusterIP"]
+    name = f"echo.{namespace}.svc.cluster.local"
+    plane.kubectl.apply(pod(real_node, "lookup", ["/probe", "lookup", name]), "-n", namespace)
+    assert logs(plane, "lookup", namespace).split() == [cluster_ip], "CoreDNS answers the Service's ClusterIP"
+    plane.kubectl.apply(pod(real_node, "connect", ["/probe", "connect", f"{name}:80"]), "-n", namespace)
+    assert logs(plane, "connect", namespace) == "connected\n", "kube-proxy's rules lead to the server pod"
+    api = "kubernetes.default.svc.cluster.local:443"
+    plane.kubectl.apply(pod(real_node, "api", ["/probe", "connect", api]), "-n", namespace)
+    assert logs(plane, "api", namespace) == "connected\n", "the kubernetes Service leads to the API server"
 
 
 def test_a_pod_runs_there_and_kubectl_logs_shows_its_output(real_node: RealNode, namespace: str) -> None:
@@ -91,11 +136,71 @@ def test_stopping_the_plane_leaves_nothing_of_the_node(tmp_path: Path) -> None:
         plane.kubectl.apply(pod(node, "left-running", ["/pause"]), "-n", "default")
         wait_until("the pod to run", lambda: phase(plane, "left-running", "default") == "Running", WAIT_S)
         assert mounts_under(node.workdir) and cgroup_processes(node.cgroup_root)
-        assert Path(f"/sys/class/net/{node.bridge}").exists()
+        assert node.netns_path.exists() and Path(f"/sys/class/net/bjh{node.token}").exists()
     finally:
         plane.stop()
     assert naming(node.workdir) == set(), "no containerd, shim, kubelet or container process"
     assert mounts_under(node.workdir) == []
     assert not [h for h in hierarchies() if (h / node.cgroup_root.lstrip("/")).exists()]
-    assert not Path(f"/sys/class/net/{node.bridge}").exists()
+    assert not node.netns_path.exists(), "the namespace, with the bridge and kube-proxy's rules"
+    assert not Path(f"/sys/class/net/bjh{node.token}").exists(), "this machine's end of the link"
+    routes = subprocess.run(["ip", "route"], capture_output=True, text=True, check=True).stdout
+    assert str(node.pods) not in routes
     assert json.loads(json.dumps(plane.pids)) == {}
+
+
+# A test run that starts a control plane with a real node running a pod, then waits to be killed:
+# what it made goes to a file the outer test reads.
+HOLDER = """
+import json, os, time
+from pathlib import Path
+from bertjob_testing.cluster.controlplane import ControlPlane
+from bertjob_testing.cluster.node import RealNode
+from tests.node.test_real_node import phase, pod
+
+def test_hold(tmp_path):
+    plane = ControlPlane(tmp_path / "plane")
+    plane.workdir.mkdir()
+    plane.start()
+    node = RealNode(plane, tmp_path / "node")
+    node.start()
+    plane.kubectl.apply(pod(node, "held", ["/pause"]), "-n", "default")
+    while phase(plane, "held", "default") != "Running":
+        time.sleep(0.2)
+    made = {"workdir": str(node.workdir), "netns": str(node.netns_path), "cgroup": node.cgroup_root,
+            "pids": [*plane.pids.values(), plane.reaper]}
+    Path(os.environ["HOLDER_STATE"]).write_text(json.dumps(made))
+    time.sleep(600)
+"""
+
+
+def test_a_test_run_killed_with_sigkill_leaves_nothing_of_its_node(
+    real_node: RealNode, tmp_path: Path
+) -> None:
+    """The reaper of a killed run undoes its node too (``real_node`` only asks for root)."""
+    (tmp_path / "test_holder.py").write_text(HOLDER)
+    state = tmp_path / "state.json"
+    environment = {**with_testing_on_path(), "HOLDER_STATE": str(state)}
+    environment["PYTHONPATH"] = os.pathsep.join([str(REPO), environment["PYTHONPATH"]])
+    for inherited in (OWNER_ENV, "BERTJOB_CLUSTER_ROOT"):
+        environment.pop(inherited, None)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", str(tmp_path)],
+        cwd=tmp_path,
+        env=environment,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until("the inner run's node and pod", lambda: state.exists() or run.poll() is not None, 180)
+        assert run.poll() is None, "the inner test run ended before its node ran a pod"
+        made = json.loads(state.read_text())
+    finally:
+        run.send_signal(signal.SIGKILL)
+        run.wait()
+    workdir = Path(made["workdir"])
+    wait_until("the reaper to undo the node", lambda: not Path(made["netns"]).exists(), 60)
+    assert naming(workdir) == set()
+    assert mounts_under(workdir) == []
+    assert not [h for h in hierarchies() if (h / made["cgroup"].lstrip("/")).exists()]
+    assert not [pid for pid in made["pids"] if alive(pid)]

@@ -2,13 +2,20 @@
 so that two test runs on one machine do not fight over them:
 
     python -m bertjob_testing.cluster.namespaces [--forward PORT ...] [--bind SOURCE:TARGET ...] \
-        -- COMMAND ...
+        [--netns PATH] -- COMMAND ...
+    python -m bertjob_testing.cluster.namespaces --relay ADDRESS:PORT:TARGET_PORT
 
 ``--forward``: a network namespace of its own whose loopback forwards PORT to this machine's
 127.0.0.1 (mpi-operator's health endpoint is a constant ``:8080``; it still reaches the API server
 at the address in its kubeconfig). ``--bind``: a mount namespace of its own where directory SOURCE
 is mounted on TARGET (training-operator's certificates are read from the fixed
 ``/tmp/k8s-webhook-server``), as a kubelet mounts a volume; TARGET is made, empty, when missing.
+
+``--netns``: the network namespace at PATH (``/run/netns/NAME``), made by the caller: the real
+node's containerd, kubelet, kube-proxy and CoreDNS run in one of the run's own. ``--relay``: no
+command; relay connections to ADDRESS:PORT (an address of this machine's namespace) to
+127.0.0.1:TARGET_PORT, until killed: the real node's way to the API server, which listens on
+loopback alone.
 
 The namespaces need CAP_SYS_ADMIN (root, as CI runs the tests); without it the command runs in
 this machine's namespaces and says so on stderr. The exit status is the command's;
@@ -103,10 +110,10 @@ def _pipe(source: socket.socket, target: socket.socket) -> None:
                 end.shutdown(socket.SHUT_RDWR)
 
 
-def _forward(listener: socket.socket) -> None:
-    """Accept on ``listener`` (in the namespace) and pipe each connection to the same port of the
-    host's 127.0.0.1, both ways."""
-    port = listener.getsockname()[1]
+def _forward(listener: socket.socket, port: int | None = None) -> None:
+    """Accept on ``listener`` and pipe each connection to ``port`` (by default the same port) of
+    this machine's 127.0.0.1, both ways."""
+    port = port or listener.getsockname()[1]
     while True:
         inside, _ = listener.accept()
         try:
@@ -136,9 +143,19 @@ def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bertjob_testing.cluster.namespaces")
     parser.add_argument("--forward", type=int, action="append", default=[], metavar="PORT")
     parser.add_argument("--bind", action="append", default=[], metavar="SOURCE:TARGET")
+    parser.add_argument("--netns", type=Path, metavar="PATH")
+    parser.add_argument("--relay", metavar="ADDRESS:PORT:TARGET_PORT")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.relay:
+        address, port, target = args.relay.rsplit(":", 2)
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((address, int(port)))
+        listener.listen(64)
+        _forward(listener, int(target))
+        return 0
     if not command:
         parser.error("no command after --")
     binds = [tuple(pair.split(":", 1)) for pair in args.bind]
@@ -146,7 +163,9 @@ def main(argv: Sequence[str]) -> int:
         Path(target).mkdir(parents=True, exist_ok=True)
     private = -1
     try:
-        if args.forward:
+        if args.netns:
+            private = os.open(args.netns, os.O_RDONLY)
+        elif args.forward:
             private, listeners = private_namespace(args.forward)
             for listener in listeners:
                 threading.Thread(target=_forward, args=(listener,), daemon=True).start()

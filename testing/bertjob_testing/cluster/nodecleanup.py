@@ -1,14 +1,15 @@
 """Undo what the test cluster's real node made on this machine, whatever state it was left in:
 
     python -m bertjob_testing.cluster.nodecleanup --workdir DIR --cgroup-root /NAME \
-        --bridge NAME --network NAME
+        --netns NAME --network NAME
 
 In order: every process in the node's cgroups (the pods' containers) and every process whose command
 line names the node's directory (containerd's shims, which leave containerd's session) is killed;
 every mount under the directory is detached (the containers' overlays, the pods' volumes and
-network namespaces), the deepest first; the cgroups are removed, the deepest first; the pods'
-bridge and libcni's cached results for the node's network are deleted. Run by the cluster's stop
-and by its reaper (:mod:`bertjob_testing.cluster.process`'s registry), after containerd and the
+network namespaces), the deepest first; the cgroups are removed, the deepest first; the node's
+network namespace (with its bridge, its end of the link and kube-proxy's rules; this machine's end
+and route go with it) and libcni's cached results for the node's network are deleted. Run by the
+cluster's stop and by its reaper (:mod:`bertjob_testing.cluster.process`'s registry), after containerd and the
 kubelet themselves were stopped. Standard library only; exit 1 naming what could not be undone.
 """
 
@@ -115,7 +116,7 @@ def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bertjob_testing.cluster.nodecleanup")
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--cgroup-root", required=True)
-    parser.add_argument("--bridge", required=True)
+    parser.add_argument("--netns", required=True)
     parser.add_argument("--network", required=True)
     args = parser.parse_args(argv)
     problems = []
@@ -138,10 +139,10 @@ def main(argv: Sequence[str]) -> int:
     stayed = remove_cgroups(args.cgroup_root)
     if stayed:
         problems.append(f"cgroups left: {stayed}")
-    if Path(f"/sys/class/net/{args.bridge}").exists():
-        deleted = subprocess.run(["ip", "link", "delete", args.bridge], capture_output=True, text=True)
+    if Path(f"/run/netns/{args.netns}").exists():
+        deleted = subprocess.run(["ip", "netns", "delete", args.netns], capture_output=True, text=True)
         if deleted.returncode != 0:
-            problems.append(f"ip link delete {args.bridge}: {deleted.stderr.strip()}")
+            problems.append(f"ip netns delete {args.netns}: {deleted.stderr.strip()}")
     for cached in CNI_CACHE.glob(f"{args.network}-*") if CNI_CACHE.is_dir() else ():
         cached.unlink(missing_ok=True)
     if problems:

@@ -1,5 +1,6 @@
 """OCI image archives written here, for images the test node needs that no registry can give it:
-the pause image of every pod sandbox, built from Kubernetes' own ``build/pause/linux/pause.c``.
+the pause image of every pod sandbox, built from Kubernetes' own ``build/pause/linux/pause.c``,
+with the tests' own probe of a pod's network beside it (``probe/main.go``).
 
 An archive is an OCI image layout in a tar (``oci-layout``, ``index.json``, ``blobs/sha256/``, as
 the OCI image-spec's ``image-layout.md`` lays it out), which ``ctr images import`` takes. Layers are
@@ -12,6 +13,7 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import subprocess
 import tarfile
 from dataclasses import dataclass
@@ -111,10 +113,12 @@ def write_archive(path: Path, name: str, files: dict[str, tuple[bytes, int]], en
 
 def pause_archive(directory: Path) -> Path:
     """The pause image (:data:`PAUSE_IMAGE`) as an OCI archive in ``directory``: Kubernetes'
-    pause.c of the pinned version, compiled statically here (``cc``).
+    pause.c of the pinned version, compiled statically here (``cc``), and ``/probe``, the tests'
+    probe (``probe lookup NAME``, ``probe connect HOST:PORT``, ``probe serve PORT``), built with
+    Go's standard library alone.
 
     Raises:
-        subprocess.CalledProcessError: the compiler failed.
+        subprocess.CalledProcessError: a compiler failed (its stderr in the error).
     """
     directory.mkdir(parents=True, exist_ok=True)
     binary = directory / "pause"
@@ -124,6 +128,21 @@ def pause_archive(directory: Path) -> Path:
         check=True,
         capture_output=True,
     )
-    return write_archive(
-        directory / "pause.tar", PAUSE_IMAGE, {"/pause": (binary.read_bytes(), 0o755)}, ["/pause"]
+    probe = directory / "probe"
+    subprocess.run(
+        [
+            "go",
+            "build",
+            "-trimpath",
+            "-ldflags=-s",
+            "-o",
+            str(probe),
+            str(Path(__file__).with_name("probe") / "main.go"),
+        ],
+        check=True,
+        capture_output=True,
+        env={**os.environ, "CGO_ENABLED": "0", "GOTOOLCHAIN": "local", "GOFLAGS": ""},
+        cwd=directory,
     )
+    files = {"/pause": (binary.read_bytes(), 0o755), "/probe": (probe.read_bytes(), 0o755)}
+    return write_archive(directory / "pause.tar", PAUSE_IMAGE, files, ["/pause"])

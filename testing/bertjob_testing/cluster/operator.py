@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -36,7 +35,7 @@ from bertjob_testing.cluster.build import crds
 from bertjob_testing.cluster.catalog import REPO
 from bertjob_testing.cluster.controlplane import ControlPlane
 from bertjob_testing.cluster.nodes import EXIT_CODE_ANNOTATION
-from bertjob_testing.cluster.process import free_port
+from bertjob_testing.cluster.process import free_port, takes_connections
 from bertjob_testing.kube_emulator import Cluster
 
 CHART = REPO / "charts" / "bertjob"
@@ -94,7 +93,7 @@ class RealCluster(Cluster):
         liveness endpoint, and a job applied in between is refused (failurePolicy: Fail)."""
         super().start()
         if port := self.env.get(PORT_ENV):
-            self.wait_for("the webhook's port", lambda: takes_connections(int(port)))
+            self.wait_for("the webhook's port", lambda: takes_connections("127.0.0.1", int(port)))
 
     def create_job(self, document: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
         """Create a BertPretrainJob; the object as stored."""
@@ -175,15 +174,6 @@ class RealCluster(Cluster):
             if error.status == 404:
                 return []
             raise
-
-
-def takes_connections(port: int) -> bool:
-    """Whether something listens on ``port`` of 127.0.0.1."""
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-    except OSError:
-        return False
-    return True
 
 
 def helm_binary() -> str:

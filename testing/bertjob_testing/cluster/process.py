@@ -72,6 +72,15 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def takes_connections(address: str, port: int) -> bool:
+    """Whether something listens on ``address``:``port``."""
+    try:
+        socket.create_connection((address, port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
 def answers(url: str, context: ssl.SSLContext | None = None, timeout_s: float = 2.0) -> bool:
     """Whether ``url`` answers 200 (HTTPS with ``context``)."""
     try:

@@ -5,6 +5,7 @@ kubelet API for ``kubectl logs`` on kwok's nodes, and an audit log of the traini
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ from bertjob_testing.cluster.catalog import component
 from bertjob_testing.cluster.process import answers, free_port, insecure
 
 SERVICE_CIDR = "10.96.0.0/16"
+# The kubernetes Service's ClusterIP: the first of the range.
+SERVICE_IP = ipaddress.ip_network(SERVICE_CIDR).network_address + 1
 AUDIT_LOG = "audit.log"
 # What the audit log records: the training jobs' changes, with their bodies (who wrote what to a
 # child, which the status alone does not tell: a write that another controller undoes at once
@@ -70,7 +73,15 @@ class APIServer:
         serving = self.authority.issue(
             "apiserver",
             "kube-apiserver",
-            hosts=("127.0.0.1", "localhost", "kubernetes.default.svc"),
+            # The kubernetes Service's ClusterIP and names: the real node's pods dial them.
+            hosts=(
+                "127.0.0.1",
+                "localhost",
+                str(SERVICE_IP),
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+            ),
             server=True,
         )
         self.url = f"https://127.0.0.1:{port}"

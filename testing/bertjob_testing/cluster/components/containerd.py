@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bertjob_testing.cluster.build import executable
 from bertjob_testing.cluster.catalog import component
 from bertjob_testing.cluster.oci import PAUSE_IMAGE
+from bertjob_testing.cluster.process import with_testing_on_path
 
 # Plugins that would only fail or log here: other snapshotters, tracing.
 DISABLED_PLUGINS = (
@@ -39,11 +41,12 @@ def _toml(value: object) -> str:
 
 @dataclass
 class Containerd:
-    """containerd with its files under ``workdir``, the CNI plugins of ``cni_bin`` and the network
-    configurations of ``cni_conf``; ``socket`` is its CRI and API endpoint."""
+    """containerd in the node's network namespace ``netns`` with its files under ``workdir`` and
+    the network configurations of ``cni_conf``; ``socket`` is its CRI and API endpoint."""
 
     workdir: Path
     cni_conf: Path
+    netns: Path
     extra_args: list[str] = field(default_factory=list)
     name: str = "containerd"
     version: str = field(default_factory=lambda: component("containerd").version)
@@ -111,12 +114,23 @@ class Containerd:
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "config.toml"
         config.write_text(self.config())
-        return [str(executable("containerd", "containerd")), f"--config={config}", "--log-level=info"]
+        return [
+            sys.executable,
+            "-m",
+            "bertjob_testing.cluster.namespaces",
+            f"--netns={self.netns}",
+            "--",
+            str(executable("containerd", "containerd")),
+            f"--config={config}",
+            "--log-level=info",
+        ]
 
     def environment(self) -> dict[str, str] | None:
         """Its shim beside it on the PATH (containerd starts ``containerd-shim-runc-v2`` from there)."""
         shim = executable("containerd", "containerd-shim-runc-v2").parent
-        return {**os.environ, "PATH": os.pathsep.join([str(shim), os.environ.get("PATH", "")])}
+        return with_testing_on_path(
+            {**os.environ, "PATH": os.pathsep.join([str(shim), os.environ.get("PATH", "")])}
+        )
 
     def ready(self) -> bool:
         """Its socket is there."""

@@ -24,6 +24,8 @@ CONTROLLERS = (
     # Publishes kube-root-ca.crt in every namespace, which every pod's service-account token volume
     # mounts (the real node's pods do not start without it).
     "root-ca-certificate-publisher-controller",
+    # A Service's EndpointSlices, which kube-proxy and CoreDNS read on the real node.
+    "endpointslice-controller",
 )
 
 

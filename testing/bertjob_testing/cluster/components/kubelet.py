@@ -8,6 +8,7 @@ trip.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,14 +17,15 @@ import yaml
 from bertjob_testing.cluster import pki
 from bertjob_testing.cluster.build import executable
 from bertjob_testing.cluster.catalog import component
-from bertjob_testing.cluster.process import answers, free_port
+from bertjob_testing.cluster.process import answers, free_port, with_testing_on_path
 
 
 @dataclass
 class Kubelet:
-    """kubelet of node ``node_name`` as ``kubeconfig``'s user (``system:node:<name>``), serving
-    its API on the node's ``address`` with ``serving`` (of the cluster's CA ``ca``), its pods' cgroups under
-    ``cgroup_root``, its files under ``workdir``."""
+    """kubelet of node ``node_name`` as ``kubeconfig``'s user (``system:node:<name>``), in the
+    node's network namespace ``netns``, serving its API on the node's ``address`` with ``serving``
+    (of the cluster's CA ``ca``), its pods' cgroups under ``cgroup_root``, its files under
+    ``workdir``."""
 
     workdir: Path
     node_name: str
@@ -33,6 +35,7 @@ class Kubelet:
     runtime_socket: Path
     cgroup_root: str
     address: str
+    netns: Path
     cluster_dns: list[str] = field(default_factory=list)
     extra_args: list[str] = field(default_factory=list)
     name: str = "kubelet"
@@ -47,7 +50,7 @@ class Kubelet:
             "address": self.address,
             "port": port,
             "readOnlyPort": 0,
-            "healthzBindAddress": "127.0.0.1",
+            "healthzBindAddress": self.address,
             "healthzPort": self.healthz_port,
             "tlsCertFile": str(self.serving.cert),
             "tlsPrivateKeyFile": str(self.serving.key),
@@ -90,6 +93,11 @@ class Kubelet:
         config = self.workdir / "kubelet-config.yaml"
         config.write_text(yaml.safe_dump(self.configuration(port)))
         return [
+            sys.executable,
+            "-m",
+            "bertjob_testing.cluster.namespaces",
+            f"--netns={self.netns}",
+            "--",
             str(executable("kubernetes", "kubelet")),
             f"--config={config}",
             f"--kubeconfig={self.kubeconfig}",
@@ -100,9 +108,9 @@ class Kubelet:
         ]
 
     def environment(self) -> dict[str, str] | None:
-        """The caller's."""
-        return None
+        """This package on the path (for the namespace's helper)."""
+        return with_testing_on_path()
 
     def ready(self) -> bool:
         """Its /healthz answers."""
-        return answers(f"http://127.0.0.1:{self.healthz_port}/healthz")
+        return answers(f"http://{self.address}:{self.healthz_port}/healthz")

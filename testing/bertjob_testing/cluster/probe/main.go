@@ -1,0 +1,61 @@
+// Command probe is what the real node's tests run in a pod to see its network: the Go standard
+// library's resolver and dialer, built statically (no libc, no NSS) into the test image.
+//
+//	probe lookup NAME         print NAME's addresses, one a line (the pod's /etc/resolv.conf)
+//	probe connect HOST:PORT   connect over TCP; print "connected" and exit 0, else exit 1
+//	probe serve PORT          answer every TCP connection with "probe" and a newline
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"time"
+)
+
+func main() {
+	if len(os.Args) != 3 {
+		fmt.Fprintln(os.Stderr, "usage: probe lookup NAME | connect HOST:PORT | serve PORT")
+		os.Exit(2)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	switch os.Args[1] {
+	case "lookup":
+		addresses, err := net.DefaultResolver.LookupHost(ctx, os.Args[2])
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		for _, address := range addresses {
+			fmt.Println(address)
+		}
+	case "connect":
+		var dialer net.Dialer
+		connection, err := dialer.DialContext(ctx, "tcp", os.Args[2])
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		connection.Close()
+		fmt.Println("connected")
+	case "serve":
+		listener, err := net.Listen("tcp", ":"+os.Args[2])
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		for {
+			connection, err := listener.Accept()
+			if err != nil {
+				continue
+			}
+			fmt.Fprintln(connection, "probe")
+			connection.Close()
+		}
+	default:
+		fmt.Fprintln(os.Stderr, "unknown command", os.Args[1])
+		os.Exit(2)
+	}
+}
