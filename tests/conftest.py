@@ -17,6 +17,9 @@ from bertjob_testing.cluster.controlplane import ControlPlane
 from bertjob_testing.kube_emulator import Cluster, cluster_crds, running_cluster
 from tests.k8s_schema import load_crd_schema
 
+# The images' fixtures (buildah, operator_image, xeon_image) serve tests/images and tests/node.
+pytest_plugins = ["tests.images.image_fixtures"]
+
 # bertjob_testing (testing/) is the tests' own, not installed with the package: pytest finds it
 # through its pythonpath setting, and the subprocesses the tests start through PYTHONPATH.
 TESTING = str(Path(__file__).resolve().parents[1] / "testing")

@@ -167,9 +167,7 @@ def _violation(found: Import) -> str | None:
             f"only {', '.join(PREPARATION_USERS)} and data preparation itself import {PREPARATION} "
             "(the training loop reads shards through bertpretrain.data.load and bertpretrain.data.format)"
         )
-    if _within(module, "bertpretrain.data.format") and _within(
-        target, "bertpretrain.data.load", PREPARATION
-    ):
+    if _within(module, "bertpretrain.data.format") and _within(target, "bertpretrain.data.load", PREPARATION):
         return "bertpretrain.data.format imports neither bertpretrain.data.load nor bertpretrain.data.prepare"
     part = _trainer_part(module)
     if part in TRAINER_STAGES or part == "common":

@@ -133,7 +133,7 @@ def test_make_test_runs_as_root_on_the_runner() -> None:
     words = _make_test(workflow)
 
     # Tests that skip, and so fail under CI=true, unless they run as root.
-    assert "os.geteuid() != 0" in (REPO / "tests" / "images" / "conftest.py").read_text()
+    assert "os.geteuid() != 0" in (REPO / "tests" / "images" / "image_fixtures.py").read_text()
     assert '"mount", "-t", "tmpfs"' in (REPO / "tests" / "bertpretrain" / "test_volumes.py").read_text()
     assert str(job["runs-on"]).startswith("ubuntu-") and "container" not in job
     assert words[:3] == ["sudo", "-E", "env"], (

@@ -19,8 +19,10 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -150,18 +152,21 @@ def test_hold(tmp_path):
     plane = ControlPlane(tmp_path / "plane")
     plane.start(api_only=True)
     pids = {**plane.pids, "reaper": plane.reaper}
-    Path(os.environ["HOLDER_PIDS"]).write_text(json.dumps(pids))
+    Path(os.environ["HOLDER_STATE"]).write_text(json.dumps(pids))
     time.sleep(600)
 """
 
 
-@pytest.mark.slow
-def test_a_test_run_killed_with_sigkill_leaves_no_process(tmp_path: Path) -> None:
-    (tmp_path / "test_holder.py").write_text(textwrap.dedent(HOLDER))
-    pids_file = tmp_path / "pids.json"
-    environment = {**with_testing_on_path(), "HOLDER_PIDS": str(pids_file)}
-    environment.pop(reaper.OWNER_ENV, None)
-    environment.pop("BERTJOB_CLUSTER_ROOT", None)
+def killed_holder(tmp_path: Path, source: str, check: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Run pytest on test module ``source`` in ``tmp_path``, outside this run (no owner, no shared
+    cluster of ours), until it writes its JSON state to ``$HOLDER_STATE``; ``check`` it, then kill
+    the run with SIGKILL (whatever ``check`` did); the state."""
+    (tmp_path / "test_holder.py").write_text(textwrap.dedent(source))
+    state = tmp_path / "state.json"
+    environment = {**with_testing_on_path(), "HOLDER_STATE": str(state)}
+    environment["PYTHONPATH"] = os.pathsep.join([str(REPO), environment["PYTHONPATH"]])
+    for inherited in (reaper.OWNER_ENV, "BERTJOB_CLUSTER_ROOT"):
+        environment.pop(inherited, None)
     run = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", str(tmp_path)],
         cwd=tmp_path,
@@ -171,16 +176,25 @@ def test_a_test_run_killed_with_sigkill_leaves_no_process(tmp_path: Path) -> Non
     )
     try:
         deadline = time.monotonic() + 180
-        while not pids_file.exists():
-            assert run.poll() is None, "the inner test run ended before its control plane was up"
-            assert time.monotonic() < deadline, "no control plane in 180 s"
+        while not state.exists():
+            assert run.poll() is None, "the inner test run ended before it was up"
+            assert time.monotonic() < deadline, "the inner test run was not up in 180 s"
             time.sleep(0.2)
-        pids = json.loads(pids_file.read_text())
-        assert {"etcd", "kube-apiserver", "reaper"} <= set(pids)
-        assert all(alive(pid) for pid in pids.values())
+        found: dict[str, Any] = json.loads(state.read_text())
+        check(found)
     finally:
         run.send_signal(signal.SIGKILL)
         run.wait()
+    return found
+
+
+@pytest.mark.slow
+def test_a_test_run_killed_with_sigkill_leaves_no_process(tmp_path: Path) -> None:
+    def up(pids: dict[str, Any]) -> None:
+        assert {"etcd", "kube-apiserver", "reaper"} <= set(pids)
+        assert all(alive(pid) for pid in pids.values())
+
+    pids = killed_holder(tmp_path, HOLDER, up)
     left = wait_gone(list(pids.values()))
     for pid in left:  # not to leave them to the rest of the run when this fails
         os.killpg(pid, signal.SIGKILL)

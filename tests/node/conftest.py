@@ -23,7 +23,11 @@ def real_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNode]:
     if os.geteuid() != 0:
         pytest.skip(NEEDS_ROOT)
     workdir = tmp_path_factory.mktemp("node-plane")
-    plane = ControlPlane(workdir / "plane")
+    # The API server calls a webhook's Service through its endpoints (the pod's address, routed to
+    # the node), not its ClusterIP, which only kube-proxy's rules inside the node's namespace lead.
+    plane = ControlPlane(
+        workdir / "plane", extra_args={"kube-apiserver": ["--enable-aggregator-routing=true"]}
+    )
     plane.workdir.mkdir()
     try:
         plane.start()

@@ -9,10 +9,7 @@ process, mount, cgroup, network namespace, interface or route.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,12 +19,9 @@ from bertjob_testing.cluster.node import TOLERATION, RealNode
 from bertjob_testing.cluster.nodecleanup import cgroup_processes, hierarchies, mounts_under, naming
 from bertjob_testing.cluster.oci import PAUSE_IMAGE
 from bertjob_testing.cluster.operator import wait_until
-from bertjob_testing.cluster.process import with_testing_on_path
-from bertjob_testing.cluster.reaper import OWNER_ENV
-from tests.cluster.test_harness import alive
+from tests.cluster.test_harness import alive, killed_holder
 
 WAIT_S = 90.0
-REPO = Path(__file__).resolve().parents[2]
 
 
 def pod(node: RealNode, name: str, command: list[str]) -> dict[str, Any]:
@@ -136,14 +130,14 @@ def test_stopping_the_plane_leaves_nothing_of_the_node(tmp_path: Path) -> None:
         plane.kubectl.apply(pod(node, "left-running", ["/pause"]), "-n", "default")
         wait_until("the pod to run", lambda: phase(plane, "left-running", "default") == "Running", WAIT_S)
         assert mounts_under(node.workdir) and cgroup_processes(node.cgroup_root)
-        assert node.netns_path.exists() and Path(f"/sys/class/net/bjh{node.token}").exists()
+        assert node.netns_path.exists() and Path(f"/sys/class/net/{node.host_link}").exists()
     finally:
         plane.stop()
     assert naming(node.workdir) == set(), "no containerd, shim, kubelet or container process"
     assert mounts_under(node.workdir) == []
     assert not [h for h in hierarchies() if (h / node.cgroup_root.lstrip("/")).exists()]
     assert not node.netns_path.exists(), "the namespace, with the bridge and kube-proxy's rules"
-    assert not Path(f"/sys/class/net/bjh{node.token}").exists(), "this machine's end of the link"
+    assert not Path(f"/sys/class/net/{node.host_link}").exists(), "this machine's end of the link"
     routes = subprocess.run(["ip", "route"], capture_output=True, text=True, check=True).stdout
     assert str(node.pods) not in routes
     assert json.loads(json.dumps(plane.pids)) == {}
@@ -178,26 +172,7 @@ def test_a_test_run_killed_with_sigkill_leaves_nothing_of_its_node(
     real_node: RealNode, tmp_path: Path
 ) -> None:
     """The reaper of a killed run undoes its node too (``real_node`` only asks for root)."""
-    (tmp_path / "test_holder.py").write_text(HOLDER)
-    state = tmp_path / "state.json"
-    environment = {**with_testing_on_path(), "HOLDER_STATE": str(state)}
-    environment["PYTHONPATH"] = os.pathsep.join([str(REPO), environment["PYTHONPATH"]])
-    for inherited in (OWNER_ENV, "BERTJOB_CLUSTER_ROOT"):
-        environment.pop(inherited, None)
-    run = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", str(tmp_path)],
-        cwd=tmp_path,
-        env=environment,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_until("the inner run's node and pod", lambda: state.exists() or run.poll() is not None, 180)
-        assert run.poll() is None, "the inner test run ended before its node ran a pod"
-        made = json.loads(state.read_text())
-    finally:
-        run.send_signal(signal.SIGKILL)
-        run.wait()
+    made = killed_holder(tmp_path, HOLDER, lambda _: None)
     workdir = Path(made["workdir"])
     wait_until("the reaper to undo the node", lambda: not Path(made["netns"]).exists(), 60)
     assert naming(workdir) == set()

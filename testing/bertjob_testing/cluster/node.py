@@ -127,6 +127,11 @@ class RealNode:
         return f"bertjob-{self.token}"
 
     @property
+    def host_link(self) -> str:
+        """This machine's end of the node's link (a veth)."""
+        return f"bjh{self.token}"
+
+    @property
     def host_address(self) -> str:
         """This machine's end of the node's link."""
         assert self.link is not None, "start the node first"
@@ -164,6 +169,7 @@ class RealNode:
                 f"--workdir={self.workdir}",
                 f"--cgroup-root={self.cgroup_root}",
                 f"--netns={self.netns}",
+                f"--link={self.host_link}",
                 f"--network={self.network}",
             ],
         )
@@ -249,7 +255,7 @@ class RealNode:
         forwarding on in the namespace, and bridged traffic through its iptables (kube-proxy's
         rules must see a pod reaching a Service whose endpoint is on the same bridge)."""
         assert self.link is not None and self.pods is not None
-        host_end, node_end = f"bjh{self.token}", f"bjn{self.token}"
+        host_end, node_end = self.host_link, f"bjn{self.token}"
         inside = ("-n", self.netns)
         ip("netns", "add", self.netns)
         ip("link", "add", host_end, "type", "veth", "peer", "name", node_end, "netns", self.netns)

@@ -1,7 +1,7 @@
 """Undo what the test cluster's real node made on this machine, whatever state it was left in:
 
     python -m bertjob_testing.cluster.nodecleanup --workdir DIR --cgroup-root /NAME \
-        --netns NAME --network NAME
+        --netns NAME --link NAME --network NAME
 
 In order: every process in the node's cgroups (the pods' containers) and every process whose command
 line names the node's directory (containerd's shims, which leave containerd's session) is killed;
@@ -117,6 +117,7 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--cgroup-root", required=True)
     parser.add_argument("--netns", required=True)
+    parser.add_argument("--link", required=True)
     parser.add_argument("--network", required=True)
     args = parser.parse_args(argv)
     problems = []
@@ -139,6 +140,12 @@ def main(argv: Sequence[str]) -> int:
     stayed = remove_cgroups(args.cgroup_root)
     if stayed:
         problems.append(f"cgroups left: {stayed}")
+    # This machine's end of the node's link, deleted here with its peer and its route: a deleted
+    # namespace's interfaces go later, from the kernel's own work queue.
+    if Path(f"/sys/class/net/{args.link}").exists():
+        deleted = subprocess.run(["ip", "link", "delete", args.link], capture_output=True, text=True)
+        if deleted.returncode != 0:
+            problems.append(f"ip link delete {args.link}: {deleted.stderr.strip()}")
     if Path(f"/run/netns/{args.netns}").exists():
         deleted = subprocess.run(["ip", "netns", "delete", args.netns], capture_output=True, text=True)
         if deleted.returncode != 0:

@@ -216,13 +216,11 @@ def apply_upstream_crds(plane: ControlPlane) -> None:
     plane.kubectl.wait_established()
 
 
-def install(plane: ControlPlane, workdir: Path, *values: str) -> RealCluster:
-    """Install the chart (webhook on, ``values`` as ``--set`` arguments) and start the operator
-    under the chart's ServiceAccount; the returned cluster's operator is running.
+def install_chart(plane: ControlPlane, *flags: str) -> None:
+    """Kubeflow's CRDs, then ``helm install`` of the chart with its webhook on and ``flags``.
 
     Raises:
         AssertionError: helm or kubectl failed.
-        bertjob_testing.kube_emulator.WaitTimeoutError: the operator did not start.
     """
     apply_upstream_crds(plane)
     helm(
@@ -233,8 +231,19 @@ def install(plane: ControlPlane, workdir: Path, *values: str) -> RealCluster:
         f"--namespace={NAMESPACE}",
         "--create-namespace",
         "--set=webhook.enabled=true",
-        *(f"--set={value}" for value in values),
+        *flags,
     )
+
+
+def install(plane: ControlPlane, workdir: Path, *values: str) -> RealCluster:
+    """Install the chart (webhook on, ``values`` as ``--set`` arguments) and start the operator
+    under the chart's ServiceAccount; the returned cluster's operator is running.
+
+    Raises:
+        AssertionError: helm or kubectl failed.
+        bertjob_testing.kube_emulator.WaitTimeoutError: the operator did not start.
+    """
+    install_chart(plane, *(f"--set={value}" for value in values))
     plane.kubectl.wait_established()
     port = free_port()
     certs = workdir / "webhook-certs"

@@ -20,6 +20,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -62,6 +63,13 @@ def with_testing_on_path(environment: dict[str, str] | None = None) -> dict[str,
     folder = str(Path(__file__).resolve().parents[2])
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [folder, environment.get("PYTHONPATH")]))
     return environment
+
+
+def in_namespaces(*options: str) -> list[str]:
+    """The command prefix that runs what follows it under :mod:`bertjob_testing.cluster.namespaces`
+    with ``options`` (``--netns=PATH``, ``--forward=PORT``, ``--bind=SOURCE:TARGET``); its
+    environment needs :func:`with_testing_on_path`."""
+    return [sys.executable, "-m", "bertjob_testing.cluster.namespaces", *options, "--"]
 
 
 def free_port() -> int:

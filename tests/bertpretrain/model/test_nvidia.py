@@ -54,6 +54,7 @@ def _model(config: BertConfig, seed: int) -> BertForPreTraining:
             parameter.add_(0.02 * torch.randn(parameter.shape, generator=generator))
     return model.eval()
 
+
 def _saved(model: BertForPreTraining, root: Path, phase_index: int, step: int) -> Path:
     """A checkpoint of this trainer holding ``model`` (with a throw-away optimizer and schedule)."""
     optimizer = torch.optim.SGD(model.parameters())
@@ -67,7 +68,6 @@ def _saved(model: BertForPreTraining, root: Path, phase_index: int, step: int) -
         scaler=torch.amp.GradScaler("cpu", enabled=False),
         keep=1,
     )
-
 
 
 def _logits(model: BertForPreTraining) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bertjob_testing.cluster.build import executable
 from bertjob_testing.cluster.catalog import component
 from bertjob_testing.cluster.oci import PAUSE_IMAGE
-from bertjob_testing.cluster.process import with_testing_on_path
+from bertjob_testing.cluster.process import in_namespaces, with_testing_on_path
 
 # Plugins that would only fail or log here: other snapshotters, tracing.
 DISABLED_PLUGINS = (
@@ -115,11 +114,7 @@ class Containerd:
         config = self.workdir / "config.toml"
         config.write_text(self.config())
         return [
-            sys.executable,
-            "-m",
-            "bertjob_testing.cluster.namespaces",
-            f"--netns={self.netns}",
-            "--",
+            *in_namespaces(f"--netns={self.netns}"),
             str(executable("containerd", "containerd")),
             f"--config={config}",
             "--log-level=info",

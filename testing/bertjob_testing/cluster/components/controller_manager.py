@@ -24,8 +24,13 @@ CONTROLLERS = (
     # Publishes kube-root-ca.crt in every namespace, which every pod's service-account token volume
     # mounts (the real node's pods do not start without it).
     "root-ca-certificate-publisher-controller",
-    # A Service's EndpointSlices, which kube-proxy and CoreDNS read on the real node.
+    # A Service's EndpointSlices, which kube-proxy and CoreDNS read on the real node, and its
+    # Endpoints, through which the API server reaches a webhook's pod there.
     "endpointslice-controller",
+    "endpoints-controller",
+    # The chart's Deployment: its pods run on the real node.
+    "deployment-controller",
+    "replicaset-controller",
 )
 
 

@@ -5,13 +5,12 @@ namespace, which is the kubelet's ``clusterDNS``."""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bertjob_testing.cluster.build import executable
 from bertjob_testing.cluster.catalog import component
-from bertjob_testing.cluster.process import answers, free_port, with_testing_on_path
+from bertjob_testing.cluster.process import answers, free_port, in_namespaces, with_testing_on_path
 
 
 @dataclass
@@ -50,11 +49,7 @@ class CoreDNS:
         corefile = self.workdir / "Corefile"
         corefile.write_text(self.corefile())
         return [
-            sys.executable,
-            "-m",
-            "bertjob_testing.cluster.namespaces",
-            f"--netns={self.netns}",
-            "--",
+            *in_namespaces(f"--netns={self.netns}"),
             str(executable("coredns", "coredns")),
             f"-conf={corefile}",
         ]

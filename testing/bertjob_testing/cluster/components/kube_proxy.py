@@ -6,7 +6,6 @@ are (kind's settings: ``maxPerCore: 0`` and zero timeouts), since they are not t
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import yaml
 
 from bertjob_testing.cluster.build import executable
 from bertjob_testing.cluster.catalog import component
-from bertjob_testing.cluster.process import answers, free_port, with_testing_on_path
+from bertjob_testing.cluster.process import answers, free_port, in_namespaces, with_testing_on_path
 
 POD_NETWORK = "10.244.0.0/16"
 
@@ -60,11 +59,7 @@ class KubeProxy:
             )
         )
         return [
-            sys.executable,
-            "-m",
-            "bertjob_testing.cluster.namespaces",
-            f"--netns={self.netns}",
-            "--",
+            *in_namespaces(f"--netns={self.netns}"),
             str(executable("kubernetes", "kube-proxy")),
             f"--config={config}",
             "--v=1",

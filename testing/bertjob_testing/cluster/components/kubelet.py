@@ -8,7 +8,6 @@ trip.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import yaml
 from bertjob_testing.cluster import pki
 from bertjob_testing.cluster.build import executable
 from bertjob_testing.cluster.catalog import component
-from bertjob_testing.cluster.process import answers, free_port, with_testing_on_path
+from bertjob_testing.cluster.process import answers, free_port, in_namespaces, with_testing_on_path
 
 
 @dataclass
@@ -93,11 +92,7 @@ class Kubelet:
         config = self.workdir / "kubelet-config.yaml"
         config.write_text(yaml.safe_dump(self.configuration(port)))
         return [
-            sys.executable,
-            "-m",
-            "bertjob_testing.cluster.namespaces",
-            f"--netns={self.netns}",
-            "--",
+            *in_namespaces(f"--netns={self.netns}"),
             str(executable("kubernetes", "kubelet")),
             f"--config={config}",
             f"--kubeconfig={self.kubeconfig}",

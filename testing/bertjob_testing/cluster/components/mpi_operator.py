@@ -7,13 +7,12 @@ server's port, so that two runs on one machine do not collide there.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from bertjob_testing.cluster.build import executable
 from bertjob_testing.cluster.catalog import component
-from bertjob_testing.cluster.process import free_port, with_testing_on_path
+from bertjob_testing.cluster.process import free_port, in_namespaces, with_testing_on_path
 from bertjob_testing.cluster.webhooks import Site
 
 LOCK_NAMESPACE = "mpi-operator"
@@ -33,11 +32,7 @@ class MPIOperator:
         """Its command, inside a network namespace of its own."""
         api_port = urlsplit(self.server).port
         return [
-            sys.executable,
-            "-m",
-            "bertjob_testing.cluster.namespaces",
-            f"--forward={api_port}",
-            "--",
+            *in_namespaces(f"--forward={api_port}"),
             str(executable("mpi-operator", "mpi-operator")),
             f"--kubeConfig={self.site.kubectl.kubeconfig}",
             f"--lock-namespace={LOCK_NAMESPACE}",

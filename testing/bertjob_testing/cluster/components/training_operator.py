@@ -13,13 +13,12 @@ namespace) it uses the fixed directory itself, shared by every run of the machin
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bertjob_testing.cluster.build import executable, source
 from bertjob_testing.cluster.catalog import component
-from bertjob_testing.cluster.process import answers, free_port, with_testing_on_path
+from bertjob_testing.cluster.process import answers, free_port, in_namespaces, with_testing_on_path
 from bertjob_testing.cluster.webhooks import Site, Webhooks, empty_secret, register
 
 # Where the rotator and the webhook server look for the mounted certificate (pkg/cert/cert.go).
@@ -67,13 +66,7 @@ class TrainingOperator:
             stale.unlink()
         wrapper = []
         if own_mount_namespace():
-            wrapper = [
-                sys.executable,
-                "-m",
-                "bertjob_testing.cluster.namespaces",
-                f"--bind={self.webhook_dir}:{FIXED_DIR}",
-                "--",
-            ]
+            wrapper = in_namespaces(f"--bind={self.webhook_dir}:{FIXED_DIR}")
         return [
             *wrapper,
             str(executable("training-operator", "training-operator")),

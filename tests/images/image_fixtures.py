@@ -1,4 +1,6 @@
-"""The images built for real, once per session, and run as a cluster would run them.
+"""The images built for real, once per session, and run as a cluster would run them: fixtures of
+every folder (tests/conftest.py loads this as a plugin), since the real node's tests run the images
+too.
 
 ``hack/build-images.sh --local`` builds the operator and the Xeon trainer image with buildah on a
 Debian bookworm made here (no image registry is needed); buildah's storage and the base tarball

@@ -1,0 +1,134 @@
+"""The operator as the chart runs it, on the real node: its image (built by hack/build-images.sh, as
+tests/images builds it) imported into containerd with no registry, the chart's Deployment's pod
+running it with in-cluster configuration and its ServiceAccount's mounted token, and the API server
+calling its webhook through the chart's Service and the pod's endpoint (no ExternalName rewrite):
+a job only the webhook refuses is refused at ``kubectl apply``; with the Deployment scaled to 0,
+the chart's ``failurePolicy: Fail`` refuses every job.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from bertjob_testing.admission_cases import JOB_CASES
+from bertjob_testing.cluster.node import TOLERATION, RealNode
+from bertjob_testing.cluster.operator import NAMESPACE, OPERATOR, RELEASE, helm, install_chart
+from bertjob_testing.jobs import valid_job, with_value
+from tests.images.buildah_images import Buildah, Built
+
+WEBHOOK_DENIED = 'admission webhook "bertpretrainjobs.bertjob.dev" denied the request'
+UNREACHABLE = 'failed calling webhook "bertpretrainjobs.bertjob.dev"'
+# Jobs the CRD's schema and CEL rules let through and only the webhook refuses, and the field each
+# refusal names: a checkpoint on no writable volume; the local example, whose volumes are this
+# machine's directories.
+WEBHOOK_ONLY = {
+    "checkpoint-on-no-volume": (
+        with_value(valid_job(), "spec.checkpoint.path", "/ckpt"),
+        "spec.checkpoint.path",
+    ),
+    "the-local-example": (
+        next(case for case in JOB_CASES if case["id"] == "example-bert-tiny-local")["document"],
+        next(case for case in JOB_CASES if case["id"] == "example-bert-tiny-local")["fields"][0],
+    ),
+}
+ROLLOUT_S = 180
+
+
+@pytest.fixture(scope="module")
+def chart_on_node(
+    real_node: RealNode,
+    buildah: Buildah,
+    operator_image: Built,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[RealNode]:
+    """The operator image imported into the node and the chart installed (webhook on) with its
+    pod placed there; uninstalled after."""
+    plane = real_node.plane
+    archive = tmp_path_factory.mktemp("operator-image") / "operator.tar"
+    buildah("push", operator_image.name, f"docker-archive:{archive}:{operator_image.name}", timeout_s=600)
+    real_node.import_image(archive)
+    registry, _, rest = operator_image.name.partition("/")
+    repository, _, tag = rest.partition(":")
+    install_chart(
+        plane,
+        f"--set=image.registry={registry}",
+        f"--set=image.repository={repository}",
+        f"--set=image.tag={tag}",
+        f"--set-json=tolerations={json.dumps([TOLERATION])}",
+        f"--set-json=nodeSelector={json.dumps({'kubernetes.io/hostname': real_node.name})}",
+    )
+    try:
+        rollout(real_node)
+        yield real_node
+    finally:
+        helm(plane, "uninstall", RELEASE, f"--namespace={NAMESPACE}", "--wait", check=False)
+
+
+def rollout(node: RealNode) -> None:
+    """Wait until the chart's Deployment has its replicas ready (the webhook is served)."""
+    node.plane.kubectl(
+        "rollout",
+        "status",
+        f"deployment/{OPERATOR}",
+        "-n",
+        NAMESPACE,
+        f"--timeout={ROLLOUT_S}s",
+        timeout_s=ROLLOUT_S + 10,
+    )
+
+
+def apply(node: RealNode, document: dict[str, Any], namespace: str) -> subprocess.CompletedProcess[str]:
+    """``kubectl apply`` of a job in ``namespace`` (whatever namespace it names), not checked."""
+    document = {**document, "metadata": {**document["metadata"], "namespace": namespace}}
+    return node.plane.kubectl("apply", "-f", "-", input=json.dumps(document), check=False)
+
+
+def test_the_operator_runs_from_its_image_on_the_real_node(chart_on_node: RealNode) -> None:
+    pods = chart_on_node.plane.kubectl.get("pods", "-n", NAMESPACE)["items"]
+    [pod] = [p for p in pods if p["metadata"]["name"].startswith(OPERATOR)]
+    assert pod["spec"]["nodeName"] == chart_on_node.name
+    assert pod["status"]["phase"] == "Running"
+    [status] = pod["status"]["containerStatuses"]
+    assert status["ready"] and status["containerID"].startswith("containerd://")
+
+
+@pytest.mark.parametrize("case", sorted(WEBHOOK_ONLY))
+def test_the_webhook_in_the_pod_refuses_a_bad_job_at_apply(
+    chart_on_node: RealNode, namespace: str, case: str
+) -> None:
+    document, field = WEBHOOK_ONLY[case]
+    refused = apply(chart_on_node, document, namespace)
+    assert refused.returncode != 0, f"{case} was stored"
+    assert WEBHOOK_DENIED in refused.stderr and field in refused.stderr, refused.stderr
+
+
+def test_with_no_operator_pod_the_charts_failure_policy_refuses_every_job(
+    chart_on_node: RealNode, namespace: str
+) -> None:
+    plane = chart_on_node.plane
+    plane.kubectl("scale", f"deployment/{OPERATOR}", "-n", NAMESPACE, "--replicas=0")
+    try:
+        plane.kubectl(
+            "wait",
+            "--for=delete",
+            "pod",
+            "-l",
+            "app.kubernetes.io/name=bertjob",
+            "-n",
+            NAMESPACE,
+            "--timeout=60s",
+            check=False,
+            timeout_s=70,
+        )
+        refused = apply(chart_on_node, valid_job(), namespace)
+        assert refused.returncode != 0 and UNREACHABLE in refused.stderr, refused.stderr
+    finally:
+        plane.kubectl("scale", f"deployment/{OPERATOR}", "-n", NAMESPACE, "--replicas=1")
+        rollout(chart_on_node)
+    allowed = apply(chart_on_node, valid_job(), namespace)
+    assert allowed.returncode == 0, allowed.stderr
