@@ -14,8 +14,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bertjob_testing.cluster.controlplane import ControlPlane
-from bertjob_testing.cluster.node import TOLERATION, RealNode
+from bertjob_testing.cluster.node import TOLERATION, PodError, RealNode
 from bertjob_testing.cluster.nodecleanup import cgroup_processes, hierarchies, mounts_under, naming
 from bertjob_testing.cluster.oci import PAUSE_IMAGE
 from bertjob_testing.cluster.operator import wait_until
@@ -78,7 +80,7 @@ def test_a_pod_finds_a_service_by_name_and_reaches_it_and_the_api_server(
         "spec": {"selector": {"app": "echo"}, "ports": [{"port": 80, "targetPort": 8080}]},
     }
     plane.kubectl.apply(service, "-n", namespace)
-    wait_until("the server to run", lambda: phase(plane, "server", namespace) == "Running", WAIT_S)
+    real_node.wait_for_pod("server", namespace, wait_s=WAIT_S)
     cluster_ip = plane.kubectl.get("service", "echo", "-n", namespace)["spec"]["clusterIP"]
     name = f"echo.{namespace}.svc.cluster.local"
     plane.kubectl.apply(pod(real_node, "lookup", ["/probe", "lookup", name]), "-n", namespace)
@@ -108,7 +110,7 @@ def test_a_pod_runs_there_and_kubectl_logs_shows_its_output(real_node: RealNode,
 def test_a_deleted_pod_is_stopped_and_its_processes_are_gone(real_node: RealNode, namespace: str) -> None:
     plane = real_node.plane
     plane.kubectl.apply(pod(real_node, "sleeper", ["/pause"]), "-n", namespace)
-    wait_until("the pod to run", lambda: phase(plane, "sleeper", namespace) == "Running", WAIT_S)
+    real_node.wait_for_pod("sleeper", namespace, wait_s=WAIT_S)
     running = cgroup_processes(real_node.cgroup_root)
     assert running, "the pod's processes are in the node's cgroups"
     started = time.monotonic()
@@ -120,6 +122,29 @@ def test_a_deleted_pod_is_stopped_and_its_processes_are_gone(real_node: RealNode
     )
 
 
+def test_a_pod_whose_image_is_not_on_the_node_is_named_with_the_import_command(
+    real_node: RealNode, namespace: str
+) -> None:
+    missing = pod(real_node, "missing", ["/pause"])
+    missing["spec"]["containers"][0]["image"] = "bertjob.dev/test/not-imported:1"
+    real_node.plane.kubectl.apply(missing, "-n", namespace)
+    with pytest.raises(PodError) as stuck:
+        real_node.wait_for_pod("missing", namespace, wait_s=60)
+    message = str(stuck.value)
+    assert "bertjob.dev/test/not-imported:1" in message and "images import" in message, message
+
+
+def test_a_pod_stuck_creating_reports_its_events(real_node: RealNode, namespace: str) -> None:
+    stuck = pod(real_node, "stuck", ["/pause"])
+    stuck["spec"]["volumes"] = [{"name": "absent", "configMap": {"name": "no-such-configmap"}}]
+    stuck["spec"]["containers"][0]["volumeMounts"] = [{"name": "absent", "mountPath": "/absent"}]
+    real_node.plane.kubectl.apply(stuck, "-n", namespace)
+    with pytest.raises(PodError) as waited:
+        real_node.wait_for_pod("stuck", namespace, wait_s=15)
+    message = str(waited.value)
+    assert "ContainerCreating" in message and "no-such-configmap" in message, message
+
+
 def test_stopping_the_plane_leaves_nothing_of_the_node(tmp_path: Path) -> None:
     plane = ControlPlane(tmp_path / "plane")
     plane.workdir.mkdir()
@@ -128,7 +153,7 @@ def test_stopping_the_plane_leaves_nothing_of_the_node(tmp_path: Path) -> None:
         plane.start()
         node.start()
         plane.kubectl.apply(pod(node, "left-running", ["/pause"]), "-n", "default")
-        wait_until("the pod to run", lambda: phase(plane, "left-running", "default") == "Running", WAIT_S)
+        node.wait_for_pod("left-running", "default", wait_s=WAIT_S)
         assert mounts_under(node.workdir) and cgroup_processes(node.cgroup_root)
         assert node.netns_path.exists() and Path(f"/sys/class/net/{node.host_link}").exists()
     finally:

@@ -29,6 +29,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -53,6 +54,10 @@ POD_NETWORK = ipaddress.ip_network("10.244.0.0/16")
 # The name the API server's certificate carries, which clients dialling the relay's address check.
 API_SERVER_NAME = "kubernetes.default.svc"
 READY_TIMEOUT_S = 120.0
+
+
+class PodError(AssertionError):
+    """A pod on the real node did not get where a test waited for it; the message says why."""
 
 
 def free_subnets(count: int) -> list[ipaddress.IPv4Network]:
@@ -238,6 +243,48 @@ class RealNode:
         )
         return result.stdout
 
+    def ctr_import_command(self, archive: str = "ARCHIVE") -> str:
+        """The command that imports an image archive into this node (for messages)."""
+        assert self.containerd is not None, "start the node first"
+        ctr = executable("containerd", "ctr")
+        return f"{ctr} --address={self.containerd.socket} --namespace=k8s.io images import {archive}"
+
+    def wait_for_pod(
+        self, name: str, namespace: str, phases: tuple[str, ...] = ("Running",), wait_s: float = 120.0
+    ) -> dict[str, Any]:
+        """Wait until pod ``namespace/name`` is in one of ``phases``; the pod.
+
+        Raises:
+            PodError: one of its images is not in the node's containerd (no registry can be
+                pulled from here): the message names the image and the command that imports it;
+                or it was not in ``phases`` in ``wait_s`` seconds: the message has its phase, its
+                containers' states and its Events.
+        """
+        deadline = time.monotonic() + wait_s
+        found: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            found = self.plane.kubectl.get("pod", name, "-n", namespace) or {}
+            status = found.get("status") or {}
+            if status.get("phase") in phases:
+                return found
+            for container in status.get("containerStatuses") or []:
+                waiting = (container.get("state") or {}).get("waiting") or {}
+                if waiting.get("reason") in ("ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull"):
+                    raise PodError(
+                        f"pod {namespace}/{name}: image {container['image']} is not on node {self.name} "
+                        f"(nothing can be pulled here); import it with: {self.ctr_import_command()}"
+                    )
+            time.sleep(0.5)
+        status = found.get("status") or {}
+        states = {c["name"]: c.get("state") for c in status.get("containerStatuses") or []}
+        events = self.plane.kubectl(
+            "get", "events", "-n", namespace, f"--field-selector=involvedObject.name={name}", check=False
+        ).stdout
+        raise PodError(
+            f"pod {namespace}/{name} was not {' or '.join(phases)} in {wait_s:.0f} s: phase "
+            f"{status.get('phase')}, containers {json.dumps(states)}\nits events:\n{events}"
+        )
+
     # --- the steps ---
 
     def _make_cgroup_root(self) -> None:
@@ -348,4 +395,4 @@ class RealNode:
         raise StartError(f"node {self.name} was not Ready in {READY_TIMEOUT_S:.0f} s:\n{log}")
 
 
-__all__ = ["SERVICE_CIDR", "TAINT", "TOLERATION", "RealNode"]
+__all__ = ["SERVICE_CIDR", "TAINT", "TOLERATION", "PodError", "RealNode"]
