@@ -28,27 +28,18 @@ import pytest
 
 from bertjob_testing.cluster import catalog, process, reaper
 from bertjob_testing.cluster.controlplane import ControlPlane
-from bertjob_testing.cluster.process import Registry, StopError, stop_all, with_testing_on_path
+from bertjob_testing.cluster.process import Registry, StopError, running, stop_all, with_testing_on_path
 
 REPO = Path(__file__).resolve().parents[2]
 GONE_WAIT_S = 30.0
 
 
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, ended but not yet reaped by its parent, does not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return False
-    return state != "Z"
-
-
 def wait_gone(pids: list[int], wait_s: float = GONE_WAIT_S) -> list[int]:
     """The pids of ``pids`` still alive after ``wait_s`` seconds (none, at once, when all end)."""
     deadline = time.monotonic() + wait_s
-    while (running := [pid for pid in pids if alive(pid)]) and time.monotonic() < deadline:
+    while (left := [pid for pid in pids if running(pid)]) and time.monotonic() < deadline:
         time.sleep(0.1)
-    return running
+    return left
 
 
 def sleeper() -> subprocess.Popen[bytes]:
@@ -82,7 +73,7 @@ def test_a_probe_that_raises_leaves_nothing_running(tmp_path: Path) -> None:
     with pytest.raises(ConnectionResetError):
         plane.start_component(Sleeper(ConnectionResetError("probe failed")))
     [pid] = plane.pids.values()
-    assert alive(pid), "registered before its probe ran"
+    assert running(pid), "registered before its probe ran"
     plane.stop()
     assert not wait_gone([pid])
     assert plane.pids == {}
@@ -192,7 +183,7 @@ def killed_holder(tmp_path: Path, source: str, check: Callable[[dict[str, Any]],
 def test_a_test_run_killed_with_sigkill_leaves_no_process(tmp_path: Path) -> None:
     def up(pids: dict[str, Any]) -> None:
         assert {"etcd", "kube-apiserver", "reaper"} <= set(pids)
-        assert all(alive(pid) for pid in pids.values())
+        assert all(running(pid) for pid in pids.values())
 
     pids = killed_holder(tmp_path, HOLDER, up)
     left = wait_gone(list(pids.values()))

@@ -16,8 +16,9 @@ from bertjob_testing.cluster.build import crds
 from bertjob_testing.cluster.components.mpi_operator import LOCK_NAMESPACE, MPIOperator
 from bertjob_testing.cluster.components.training_operator import NAMESPACE, TrainingOperator
 from bertjob_testing.cluster.controlplane import ControlPlane
+from bertjob_testing.cluster.process import running
 from bertjob_testing.cluster.webhooks import Site
-from tests.cluster.test_harness import NETNS_ROOT, alive
+from tests.cluster.test_harness import NETNS_ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +55,7 @@ def two_runs(tmp_path: Path) -> Iterator[list[ControlPlane]]:
 def test_two_runs_hold_the_fixed_port_and_directory_side_by_side(two_runs: list[ControlPlane]) -> None:
     for plane in two_runs:
         pids = plane.pids
-        assert alive(pids["mpi-operator"]) and alive(pids["training-operator"]), plane.logs()
+        assert running(pids["mpi-operator"]) and running(pids["training-operator"]), plane.logs()
         lease = plane.kubectl.get("lease", "mpi-operator", "-n", LOCK_NAMESPACE)
         assert lease["spec"]["holderIdentity"], "each mpi-operator leads on its own plane"
     first, second = (

@@ -21,7 +21,8 @@ from bertjob_testing.cluster.node import TOLERATION, PodError, RealNode
 from bertjob_testing.cluster.nodecleanup import cgroup_processes, hierarchies, mounts_under, naming
 from bertjob_testing.cluster.oci import PAUSE_IMAGE
 from bertjob_testing.cluster.operator import wait_until
-from tests.cluster.test_harness import alive, killed_holder
+from bertjob_testing.cluster.process import running
+from tests.cluster.test_harness import killed_holder
 
 WAIT_S = 90.0
 
@@ -203,4 +204,4 @@ def test_a_test_run_killed_with_sigkill_leaves_nothing_of_its_node(
     assert naming(workdir) == set()
     assert mounts_under(workdir) == []
     assert not [h for h in hierarchies() if (h / made["cgroup"].lstrip("/")).exists()]
-    assert not [pid for pid in made["pids"] if alive(pid)]
+    assert not [pid for pid in made["pids"] if running(pid)]

@@ -33,7 +33,7 @@ from bertjob_testing.cluster.components.controller_manager import ControllerMana
 from bertjob_testing.cluster.components.etcd import Etcd
 from bertjob_testing.cluster.components.kwok import Kwok
 from bertjob_testing.cluster.components.scheduler import Scheduler
-from bertjob_testing.cluster.kubectl import Kubectl, kubeconfig_text
+from bertjob_testing.cluster.kubectl import Kubectl, cert_user, kubeconfig_text
 from bertjob_testing.cluster.process import (
     Component,
     PortTakenError,
@@ -115,13 +115,13 @@ class ControlPlane:
             self.start_component(apiserver)
             self.server = apiserver.url
             self.admin = self.workdir / "admin.kubeconfig"
-            self.admin.write_text(kubeconfig_text(self.server, self.ca, _cert_user(admin)))
+            self.admin.write_text(kubeconfig_text(self.server, self.ca, cert_user(admin)))
             self.kubectl = Kubectl(executable("kubernetes", "kubectl"), self.admin)
             if api_only:
                 return
             user = authority.issue("components", "system:bertjob-test-components", ("system:masters",))
             config = self.workdir / "components.kubeconfig"
-            config.write_text(kubeconfig_text(self.server, self.ca, _cert_user(user)))
+            config.write_text(kubeconfig_text(self.server, self.ca, cert_user(user)))
             self.start_component(ControllerManager(config, self.ca, keys))
             self.start_component(Scheduler(config, self.ca))
             for path in crds("kwok"):
@@ -249,10 +249,6 @@ class ControlPlane:
             kubectl=Kubectl(Path(state["kubectl"]), admin),
             reaper=state["reaper"],
         )
-
-
-def _cert_user(pair: pki.KeyPair) -> dict[str, str]:
-    return {"client-certificate": str(pair.cert), "client-key": str(pair.key)}
 
 
 @contextlib.contextmanager

@@ -16,15 +16,26 @@ from typing import Any
 
 import yaml
 
+from bertjob_testing.cluster.pki import KeyPair
 
-def kubeconfig_text(server: str, ca: Path, user: Mapping[str, str]) -> str:
+
+def cert_user(pair: KeyPair) -> dict[str, str]:
+    """A kubeconfig user that authenticates with the client certificate ``pair``."""
+    return {"client-certificate": str(pair.cert), "client-key": str(pair.key)}
+
+
+def kubeconfig_text(server: str, ca: Path, user: Mapping[str, str], server_name: str = "") -> str:
     """A kubeconfig for ``server`` (trusting ``ca``) as ``user`` (``client-certificate`` and
-    ``client-key`` paths, or ``token``)."""
+    ``client-key`` paths, or ``token``); with ``server_name``, the name the server's certificate is
+    checked for (when ``server``'s address is not among its names)."""
+    cluster = {"server": server, "certificate-authority": str(ca)}
+    if server_name:
+        cluster["tls-server-name"] = server_name
     return yaml.safe_dump(
         {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "test", "cluster": {"server": server, "certificate-authority": str(ca)}}],
+            "clusters": [{"name": "test", "cluster": cluster}],
             "users": [{"name": "user", "user": dict(user)}],
             "contexts": [{"name": "test", "context": {"cluster": "test", "user": "user"}}],
             "current-context": "test",

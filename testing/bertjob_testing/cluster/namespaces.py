@@ -158,7 +158,7 @@ def main(argv: Sequence[str]) -> int:
         return 0
     if not command:
         parser.error("no command after --")
-    binds = [tuple(pair.split(":", 1)) for pair in args.bind]
+    binds = [(source, target) for source, _, target in (pair.partition(":") for pair in args.bind)]
     for _, target in binds:
         Path(target).mkdir(parents=True, exist_ok=True)
     private = -1
@@ -186,7 +186,7 @@ def main(argv: Sequence[str]) -> int:
         if private >= 0:
             _check(_setns(private, CLONE_NEWNET), "setns(private)")
         if binds:
-            bind_in_own_mount_namespace(binds)  # type: ignore[arg-type]
+            bind_in_own_mount_namespace(binds)
 
     child = subprocess.Popen(command, preexec_fn=enter, pass_fds=(private,) if private >= 0 else ())
     for number in (signal.SIGTERM, signal.SIGINT):

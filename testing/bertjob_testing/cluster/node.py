@@ -31,8 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from bertjob_testing.cluster import oci, pki
 from bertjob_testing.cluster.build import executable
 from bertjob_testing.cluster.components.apiserver import SERVICE_CIDR
@@ -42,15 +40,16 @@ from bertjob_testing.cluster.components.kube_proxy import KubeProxy
 from bertjob_testing.cluster.components.kubelet import Kubelet
 from bertjob_testing.cluster.components.relay import Relay
 from bertjob_testing.cluster.controlplane import ControlPlane
-from bertjob_testing.cluster.kubectl import kubeconfig_text
+from bertjob_testing.cluster.kubectl import cert_user, kubeconfig_text
 from bertjob_testing.cluster.nodecleanup import hierarchies
+from bertjob_testing.cluster.nodes import is_ready, lift_not_ready_taint
 from bertjob_testing.cluster.process import StartError, tail
 
 # Only pods that tolerate this run on the real node.
 TAINT = {"key": "bertjob.dev/real-node", "value": "true", "effect": "NoSchedule"}
 TOLERATION = {"key": TAINT["key"], "operator": "Equal", "value": TAINT["value"], "effect": TAINT["effect"]}
 # The node's link and its pods' addresses: a /24 of this /16 each, not routed on this machine yet.
-POD_NETWORK = ipaddress.ip_network("10.244.0.0/16")
+POD_NETWORK = ipaddress.IPv4Network("10.244.0.0/16")
 # The name the API server's certificate carries, which clients dialling the relay's address check.
 API_SERVER_NAME = "kubernetes.default.svc"
 READY_TIMEOUT_S = 120.0
@@ -78,7 +77,7 @@ def free_subnets(count: int) -> list[ipaddress.IPv4Network]:
     free = [s for s in subnets[start:] + subnets[:start] if not any(s.overlaps(route) for route in taken)]
     if len(free) < count:
         raise StartError(f"fewer than {count} /24s of {POD_NETWORK} are free of routes on this machine")
-    return free[:count]  # type: ignore[return-value]
+    return free[:count]
 
 
 def ip(*args: str) -> None:
@@ -349,12 +348,7 @@ class RealNode:
         """A kubeconfig for ``server`` (the relay) as ``user``, checking the API server's
         certificate for :data:`API_SERVER_NAME` (the relay's address is not among its names)."""
         path = self.workdir / f"{name}.kubeconfig"
-        text = kubeconfig_text(
-            server, self.plane.ca, {"client-certificate": str(user.cert), "client-key": str(user.key)}
-        )
-        document = yaml.safe_load(text)
-        document["clusters"][0]["cluster"]["tls-server-name"] = API_SERVER_NAME
-        path.write_text(json.dumps(document))
+        path.write_text(kubeconfig_text(server, self.plane.ca, cert_user(user), API_SERVER_NAME))
         return path
 
     def _cni_config(self) -> dict[str, object]:
@@ -383,12 +377,8 @@ class RealNode:
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
-            node = self.plane.kubectl.get("node", self.name)
-            conditions = ((node or {}).get("status") or {}).get("conditions") or []
-            if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
-                self.plane.kubectl(
-                    "taint", "node", self.name, "node.kubernetes.io/not-ready:NoSchedule-", check=False
-                )
+            if is_ready(self.plane.kubectl.get("node", self.name) or {}):
+                lift_not_ready_taint(self.plane.kubectl, self.name)
                 return
             time.sleep(0.5)
         log = tail(self.plane.workdir / "kubelet.log")

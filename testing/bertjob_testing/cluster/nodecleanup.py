@@ -9,8 +9,9 @@ every mount under the directory is detached (the containers' overlays, the pods'
 network namespaces), the deepest first; the cgroups are removed, the deepest first; the node's
 network namespace (with its bridge, its end of the link and kube-proxy's rules; this machine's end
 and route go with it) and libcni's cached results for the node's network are deleted. Run by the
-cluster's stop and by its reaper (:mod:`bertjob_testing.cluster.process`'s registry), after containerd and the
-kubelet themselves were stopped. Standard library only; exit 1 naming what could not be undone.
+cluster's stop and by its reaper (:mod:`bertjob_testing.cluster.process`'s registry), after
+containerd and the kubelet themselves were stopped. Standard library and
+:mod:`bertjob_testing.cluster.process` only; exit 1 naming what could not be undone.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+from bertjob_testing.cluster.process import running
 
 CGROUPS = Path("/sys/fs/cgroup")
 # libcni's cache of each attachment's result (containerd does not move it).
@@ -72,13 +75,6 @@ def naming(directory: Path) -> set[int]:
     return found
 
 
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
-
-
 def mounts_under(directory: Path) -> list[str]:
     """The mount points under ``directory``, the deepest first."""
     prefix = str(directory).rstrip("/") + "/"
@@ -123,17 +119,15 @@ def main(argv: Sequence[str]) -> int:
     problems = []
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
-        running = {
-            pid for pid in cgroup_processes(args.cgroup_root) | naming(args.workdir) if not _zombie(pid)
-        }
-        if not running:
+        left = {pid for pid in cgroup_processes(args.cgroup_root) | naming(args.workdir) if running(pid)}
+        if not left:
             break
-        for pid in running:
+        for pid in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.2)
     else:
-        problems.append(f"processes still running: {sorted(running)}")
+        problems.append(f"processes still running: {sorted(left)}")
     for point in mounts_under(args.workdir):
         if _umount2(point.encode(), MNT_DETACH) != 0:
             problems.append(f"umount {point}: {os.strerror(ctypes.get_errno())}")

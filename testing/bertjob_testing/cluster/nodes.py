@@ -9,6 +9,7 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from bertjob_testing.cluster.build import source
 from bertjob_testing.cluster.kubectl import Kubectl
@@ -66,6 +67,19 @@ def node(name: str) -> dict[str, object]:
     }
 
 
+def is_ready(node: dict[str, Any]) -> bool:
+    """Whether Node object ``node`` has the condition Ready=True."""
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def lift_not_ready_taint(kubectl: Kubectl, name: str) -> None:
+    """Remove the not-ready taint the API server puts on a new node (TaintNodesByCondition): the
+    node lifecycle controller, which would lift it, is not run (it would also need kwok's lease
+    heartbeats to keep the fake nodes Ready)."""
+    kubectl("taint", "node", name, "node.kubernetes.io/not-ready:NoSchedule-", check=False)
+
+
 def add_nodes(kubectl: Kubectl, kwok_log: Path, names: Sequence[str] = tuple(NODES)) -> float:
     """Create the fake nodes ``names`` and wait until kwok has made them Ready; then lift the
     not-ready taint the API server puts on a new node. The seconds it took.
@@ -82,17 +96,11 @@ def add_nodes(kubectl: Kubectl, kwok_log: Path, names: Sequence[str] = tuple(NOD
         ready = [
             found["metadata"]["name"]
             for found in listed
-            if found["metadata"]["name"] in names
-            and any(
-                c["type"] == "Ready" and c["status"] == "True" for c in found["status"].get("conditions", [])
-            )
+            if found["metadata"]["name"] in names and is_ready(found)
         ]
         if len(ready) == len(names):
-            # The API server taints a new node not-ready (TaintNodesByCondition); the node
-            # lifecycle controller, which would lift it, is not run: it would also need kwok's
-            # lease heartbeats to keep the nodes Ready.
             for name in names:
-                kubectl("taint", "node", name, "node.kubernetes.io/not-ready:NoSchedule-", check=False)
+                lift_not_ready_taint(kubectl, name)
             return time.monotonic() - started
         time.sleep(0.2)
     raise StartError(f"kwok made {len(ready)} of {len(names)} nodes Ready:\n{tail(kwok_log)}")

@@ -194,18 +194,19 @@ def stop_group(pid: int, timeout_s: float = 10.0) -> None:
             return
         # A child of ours is reaped by its Popen; one of another process (the xdist controller
         # stopping a worker's cluster) only by its parent: both count as gone once they are zombies.
-        if _zombie(pid):
+        if not running(pid):
             return
         time.sleep(0.05)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
 
 
-def _zombie(pid: int) -> bool:
+def running(pid: int) -> bool:
+    """Whether process ``pid`` runs: a zombie, ended but not yet reaped by its parent, does not."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
-    except (FileNotFoundError, IndexError):
-        return True
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 class Component(Protocol):

@@ -67,9 +67,10 @@ def main(argv: Sequence[str]) -> int:
     wait_for_exit(pid)
     if not directory.is_dir():
         return 0
-    groups = Registry(directory).groups()
+    registry = Registry(directory)
+    groups = registry.groups()
     try:
-        stop_all(Registry(directory), timeout_s=5.0)
+        stop_all(registry, timeout_s=5.0)
     except StopError as error:
         print(f"reaper: owner {pid} ended; {error}", file=sys.stderr)
         return 1

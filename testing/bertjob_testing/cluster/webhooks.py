@@ -7,7 +7,6 @@ processes), with serving certificates of the controllers' test CA.
 from __future__ import annotations
 
 import base64
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,11 +85,6 @@ def write_config(path: Path, document: dict[str, Any]) -> Path:
     """A controller's configuration file (YAML) at ``path``."""
     path.write_text(yaml.safe_dump(document))
     return path
-
-
-def json_list(documents: list[dict[str, Any]]) -> str:
-    """``documents`` as one ``kind: List`` for ``kubectl apply -f -``."""
-    return json.dumps({"apiVersion": "v1", "kind": "List", "items": documents})
 
 
 @dataclass(frozen=True)

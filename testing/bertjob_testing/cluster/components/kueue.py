@@ -15,7 +15,7 @@ import yaml
 from bertjob_testing.cluster.build import executable, source
 from bertjob_testing.cluster.catalog import component
 from bertjob_testing.cluster.process import answers, free_port
-from bertjob_testing.cluster.webhooks import Site, Webhooks, empty_secret, json_list, register, write_config
+from bertjob_testing.cluster.webhooks import Site, Webhooks, empty_secret, register, write_config
 
 NAMESPACE = "kueue-system"
 SERVICE = "kueue-webhook-service"
@@ -105,9 +105,8 @@ class Kueue:
             if reference is not None:
                 reference.update({"namespace": NAMESPACE, "name": SERVICE, "port": port})
             documents.append(document)
-        self.site.kubectl(
-            "apply", "--server-side", "--force-conflicts", "-f", "-", input=json_list(documents)
-        )
+        listed = {"apiVersion": "v1", "kind": "List", "items": documents}
+        self.site.kubectl.apply(listed, "--server-side", "--force-conflicts")
         self.site.kubectl.wait_established()
 
     def environment(self) -> dict[str, str] | None:
