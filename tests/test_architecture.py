@@ -18,6 +18,7 @@ other in a cycle.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -304,3 +305,30 @@ def test_every_module_says_first_what_it_is_for(module: str) -> None:
     docstring = ast.get_docstring(ast.parse(source))
     assert docstring, f"{module} has no module docstring saying what it is for"
     assert len(docstring.splitlines()[0]) > 20, f"{module}: its docstring's first line is not a sentence"
+
+
+# The kwok tiers (issue 45): pods there are kwok's fakes, or there are none; each test module says,
+# in a paragraph of its docstring that begins WHY_KWOK, why it is not on the real node (tests/node/).
+KWOK_TIERS = (ROOT / "tests" / "cluster", ROOT / "tests" / "controllers")
+WHY_KWOK = "Why kwok:"
+
+
+def _kwok_modules() -> list[Path]:
+    """Every test module of the kwok tiers."""
+    return sorted(path for folder in KWOK_TIERS for path in folder.glob("test_*.py"))
+
+
+def _says_why_kwok(path: Path) -> bool:
+    """Whether ``path``'s module docstring has a paragraph that begins with :data:`WHY_KWOK`."""
+    docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"), str(path))) or ""
+    return any(paragraph.startswith(WHY_KWOK) for paragraph in re.split(r"\n\s*\n", docstring))
+
+
+def test_every_kwok_tier_module_says_why_it_is_not_on_the_real_node() -> None:
+    """Each test module of tests/cluster and tests/controllers says why it runs on kwok's fake
+    nodes and pods, or on no pod at all, rather than on the real node: accelerators this machine
+    lacks, nodes lost on demand, scale, exit codes on demand, or no pod needed."""
+    modules = _kwok_modules()
+    assert len(modules) > 10, f"the scan found only {modules}"  # a guard for the guard
+    missing = [path.relative_to(ROOT).as_posix() for path in modules if not _says_why_kwok(path)]
+    assert not missing, f"no '{WHY_KWOK}' paragraph in the module docstring of:\n" + "\n".join(missing)

@@ -3,8 +3,8 @@ the operator would, into objects that Kubernetes and the Kubeflow operators acce
 
 The files are enumerated, so a new example is tested without being named here; only the local
 demo (``make demo``), whose paths are relative to this machine, is not a cluster job. One cluster
-example, the quickstart's first, must ask for nothing a small cluster lacks; its pod trains it in
-tests/controllers/test_logs.py.
+example, the quickstart's first, must ask for nothing a small cluster lacks; its pod trains it on
+the real node in tests/node/test_training.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,10 @@ every key of Argo CD's settings that another field manager owns (Argo CD's own i
 settings are applied server-side; ``kubectl edit`` is a manager too). Two cases show why the README
 says what it says: a client-side apply of the example removes the keys that the last client-side
 apply held; and keys that a client-side apply still owns are handed by kubectl to the manager of the
-first server-side apply, so the settings' owner applies them server-side first."""
+first server-side apply, so the settings' owner applies them server-side first.
+
+Why kwok: no pod needs to run: the API server alone merges each apply of the one ConfigMap and
+records its field managers; no node, fake or real, takes part."""
 
 from __future__ import annotations
 

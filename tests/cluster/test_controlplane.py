@@ -7,6 +7,10 @@ from it, each checked against the real components.
   controller then counts it;
 - the garbage collector deletes what an owner leaves behind, and a namespace is deleted whole;
 - a service account's token (TokenRequest) is a user whom RBAC holds to its Role.
+
+Why kwok: it checks kwok's fake nodes themselves, as the other kwok tests use them: GPUs and Gaudis
+this machine lacks, and a pod ended with the exit code a test picks; the rest needs no pod. The
+real node is checked in tests/node/test_real_node.py.
 """
 
 from __future__ import annotations

@@ -14,6 +14,9 @@ The chart's operator is stopped while the old CRD is served (the old operator is
 jobs, and ours writes statuses that the old schema refuses), and the jobs are stored in a
 namespace the webhook does not serve (it is down with the operator). Then the CRD as the chart
 installed it is put back, the operator starts, and each job is read and reconciled.
+
+Why kwok: no pod needs to run: the API server reads jobs stored under an old CRD and the operator
+reconciles them into children, which are checked as stored objects.
 """
 
 from __future__ import annotations

@@ -13,6 +13,10 @@ refusals after the fact (a job's status and Events) run in a namespace the webho
 (``unguarded``), as on a cluster with the chart's default, the webhook off; their invalid spec is
 one that only the operator refuses (a checkpoint on no writable volume), since CEL refuses the
 others before anything is stored.
+
+Why kwok: no training pod runs: the test writes the child's status as Kubeflow would, so each phase
+comes on demand; the data Job's one pod is kwok's, ended at once with the exit 0 or 1 the test
+needs (1 meets the data Job's podFailurePolicy), where a real one would first build the shards.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ and is then started again without the fault.
 On the real control plane: the chart's operator is stopped for this module and the faulty one
 runs in its place, under the same ServiceAccount and webhook (one operator at a time); the chart's
 own starts again after.
+
+Why kwok: no pod needs to run: the fault is the operator's own death at a chosen API call, and the
+test writes the child's Running and Succeeded as Kubeflow would.
 """
 
 from __future__ import annotations

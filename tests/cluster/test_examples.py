@@ -1,7 +1,11 @@
 """The examples meant for a cluster, applied as the README says (`kubectl apply -f`, each with its
 claims from examples/storage/), on the real API server with the chart installed: the server stores
 every job, the operator makes each one's children, and `kubectl get bertpretrainjobs` prints the
-CRD's printer columns with a row per job."""
+CRD's printer columns with a row per job.
+
+Why kwok: no pod needs to run: the server stores each example and the operator makes its children
+(no Kubeflow controller makes pods here), and five of the eight ask for GPUs or Gaudis this machine
+lacks; tests/node/test_training.py trains bert-tiny-cluster.yaml for real."""
 
 from __future__ import annotations
 

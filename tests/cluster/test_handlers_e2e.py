@@ -8,6 +8,9 @@ A bad spec reaches the operator only where the API server stores it: the cases h
 that the CRD's schema and CEL rules take and only the operator (and its webhook) refuses, in a
 namespace the webhook does not serve (``unguarded``); the others, which the real server refuses at
 create, are tested on the emulator (tests/bertjob/test_invalid_stored_job_e2e.py).
+
+Why kwok: no pod needs to run: these are the operator's handlers against a real API server; the
+test writes each child status (Running, Restarting, Succeeded, Failed) on demand as Kubeflow would.
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@
   inside a network namespace of its own, training-operator's fixed certificate directory is a
   directory of the run's, mounted in a mount namespace of its own;
 - the build script and the Python side read one table of components.
+
+Why kwok: no pod runs here, fake or real: these are the harness's own processes (sleepers, a bare
+API server, its reaper); tests/node/test_real_node.py checks that the real node leaves nothing.
 """
 
 from __future__ import annotations

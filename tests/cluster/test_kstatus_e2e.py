@@ -8,6 +8,9 @@ A job the operator fails or a change it refuses is one that only the operator (a
 refuses: a checkpoint on no writable volume, in a namespace the webhook does not serve
 (``unguarded``, the chart's default of no webhook); the CRD's CEL rules refuse an indivisible
 batch before it is stored.
+
+Why kwok: no pod needs to run: the test writes the child's conditions (Running, Succeeded, Failed)
+on demand, and each phase is judged on the job as the API server stores it.
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@ run by the real Job controller. In a namespace the webhook does not serve (``ung
 tests change a spec field the operator refuses (the image) and change a spec while the operator is
 away, both of which the chart's webhook refuses at apply (failurePolicy: Fail while it is away).
 Waits are bounded.
+
+Why kwok: no training pod runs: the test plays Kueue's admission and Kubeflow's reports, so it picks
+the moment of each; the data Job's pod is kwok's, ended with exit 0 at once. The real Kueue admits
+and preempts (on kwok's GPU nodes) in tests/controllers/test_kueue.py.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@ emulator (tests/bertjob/test_malformed_status_e2e.py): it cannot. Our CRD's stat
 every field, and the server refuses each junk status with 422, naming the fields, and keeps the
 status the operator wrote. Neither a JSON patch nor a merge patch of the status subresource gets
 it through, and a status written with the object itself is dropped (the status subresource is on).
+
+Why kwok: no pod needs to run: the API server alone refuses each junk write of the job's status
+subresource.
 """
 
 from __future__ import annotations

@@ -2,7 +2,10 @@
 900,000 characters, on two nodes) renders a PyTorchJob of about 1.8 MB. The real API server refuses
 to store it, and our validation refuses the job itself at ``kubectl apply`` (through the webhook, as
 the API server calls it), naming ``spec.image``, before the operator would accept it and fail to
-create its child."""
+create its child.
+
+Why kwok: no pod needs to run: etcd and the API server refuse the oversized child, and the webhook
+the job, before any pod could exist."""
 
 from __future__ import annotations
 

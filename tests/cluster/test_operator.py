@@ -7,6 +7,10 @@ the CRD is created, applies the CRD's schema, defaults and CEL rules at apply, c
 over TLS through its Service (checking the chart's certificate against the configuration's CA
 bundle), enforces the chart's RBAC on every call of the operator's, and deletes a job's children
 through the controller-manager's garbage collector.
+
+Why kwok: the lifecycle's pods ask for nvidia.com/gpu (kwok's GPU nodes), stand in for
+training-operator's and end with exit 0 on demand; the rest needs no pod. For real: the chart's pod
+in tests/node/test_operator_pod.py, a job under the chart's RBAC in tests/node/test_training.py.
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ its job).
 The jobs go to a namespace the webhook does not serve, so that they keep arriving while the
 operator is dead: where it serves, the chart's failurePolicy: Fail refuses a job until the operator
 is back (tests/cluster/test_e2e_lifecycle.py shows it).
+
+Why kwok: no pod needs to run: 50 jobs at once (scale), their children checked as stored objects;
+their pods, each asking for a GPU, could not run on this machine for real.
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ chart's RBAC), the chart's operator stopped for the module so that they are the 
 threads, held by a barrier at their first status patch so that each has read the status before
 either writes. In a namespace the webhook does not serve (``unguarded``): it is down with the
 operator (failurePolicy: Fail), and it would refuse the image change the race needs.
+
+Why kwok: no pod needs to run: two of the operator's writers race on one job's status against the
+real API server's resourceVersion check; the test writes the child's status.
 """
 
 from __future__ import annotations

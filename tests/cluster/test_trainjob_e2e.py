@@ -12,6 +12,10 @@ A change the webhook refuses (a deadline of a running TrainJob job) is refused a
 apply``; the operator's own refusal after the fact is tested in a namespace the webhook does not
 serve (``unguarded``, the chart's default of no webhook), as is a job created while the operator is
 away (the webhook's failurePolicy: Fail refuses it elsewhere).
+
+Why kwok: no training pod runs: the test writes the TrainJob's status as Trainer v2 would, so each
+condition comes on demand; the data Job's pod is kwok's, ended with exit 0 at once. A TrainJob
+trains for real through Trainer and JobSet in tests/node/test_distributed.py.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ with every CEL rule and decides a job at apply as the current one does.
 
 The CRD's CEL rules carry ``fieldPath``, which Kubernetes added in 1.28: an older API server
 refuses the CRD, so the floor cannot be lower than 1.28 without dropping it.
+
+Why kwok: no pod needs to run: an API server of the floor version alone, with no node of any kind,
+decides the CRD and each job at apply.
 """
 
 from __future__ import annotations

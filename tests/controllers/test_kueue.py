@@ -5,6 +5,9 @@ deletes its pods), and it runs again when readmitted. Our operator never unsuspe
 holds: not on a spec change, not after a restart.
 
 One test carries every check: each step needs the state the one before left (who holds the quota).
+
+Why kwok: Kueue's quota is of nvidia.com/gpu and each job's two pods ask for 4 GPUs, which this
+machine lacks; kwok's pods end with exit 0 when the test frees the quota, not after a real run.
 """
 
 from __future__ import annotations

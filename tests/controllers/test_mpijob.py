@@ -4,6 +4,10 @@ hostfile and the SSH keys mpi-operator mounts, and the job succeeds when the Lau
 
 kwok does not restart a container in place, so the Launcher's ``restartPolicy: OnFailure`` (a
 kubelet's restart) is not exercised here.
+
+Why kwok: the pods are checked as mpi-operator made them (hostfile, SSH keys, command) and the
+Launcher ends with exit 0 in milliseconds, where a real run takes minutes; an MPIJob's two ranks
+run over SSH for real in tests/node/test_distributed.py.
 """
 
 from __future__ import annotations

@@ -3,6 +3,10 @@ pods it makes carry what we rendered and the environment we assumed it adds
 (:mod:`tests.kubeflow_env`), they run on kwok's GPU nodes, and their exit codes drive the job:
 retried under ``restartPolicy: ExitCode`` for 128 and above, fatal below; a deleted node's pods are
 replaced; suspend and resume reach the pods.
+
+Why kwok: the pods ask for nvidia.com/gpu (kwok's gpu-0 and gpu-1), end with exit 143, 200, 201 or
+1 on demand for ``restartPolicy: ExitCode``, and a node is deleted under them; 143 (SIGTERM) and 1
+happen for real in tests/node/test_faults.py.
 """
 
 from __future__ import annotations

@@ -3,6 +3,10 @@ pods carry what we rendered and what our pod tests assume Trainer adds (:mod:`te
 and the runtimes' failure policy decides by exit code: a retryable code (201) restarts the JobSet,
 every pod together; a permanent one (1) fails it, and the job's status names the pod. The data
 Job's ``podFailurePolicy`` decides the same way through the real Job controller.
+
+Why kwok: the torch runtime's pods ask for nvidia.com/gpu, and exits 201 and 1 are set on demand to
+drive the JobSet's failure policy and the data Job's podFailurePolicy; a TrainJob's two ranks train
+for real in tests/node/test_distributed.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
 """Two test runs on one machine at once (CI's clone and a developer's) do not collide: the two
 controllers that would (mpi-operator's constant health port ``:8080``, training-operator's fixed
 certificate directory) run twice side by side, each on a control plane of its own, and both stay
-up. Not in the ``controllers`` group: it starts planes of its own."""
+up. Not in the ``controllers`` group: it starts planes of its own.
+
+Why kwok: no pod runs, fake or real: two API servers with training-operator and mpi-operator and no
+node show that the two controllers' fixed port and directory do not collide."""
 
 from __future__ import annotations
 

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from bertjob_testing.admission_cases import JOB_CASES
-from bertjob_testing.cluster.node import TOLERATION, RealNode
-from bertjob_testing.cluster.operator import NAMESPACE, OPERATOR, RELEASE, helm, install_chart
+from bertjob_testing.cluster.node import RealNode
+from bertjob_testing.cluster.operator import NAMESPACE, OPERATOR
 from bertjob_testing.jobs import valid_job, with_value
-from tests.images.buildah_images import Buildah, Built
+from tests.node.conftest import rollout
 
 WEBHOOK_DENIED = 'admission webhook "bertpretrainjobs.bertjob.dev" denied the request'
 UNREACHABLE = 'failed calling webhook "bertpretrainjobs.bertjob.dev"'
@@ -36,50 +35,6 @@ WEBHOOK_ONLY = {
         next(case for case in JOB_CASES if case["id"] == "example-bert-tiny-local")["fields"][0],
     ),
 }
-ROLLOUT_S = 180
-
-
-@pytest.fixture(scope="module")
-def chart_on_node(
-    real_node: RealNode,
-    buildah: Buildah,
-    operator_image: Built,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[RealNode]:
-    """The operator image imported into the node and the chart installed (webhook on) with its
-    pod placed there; uninstalled after."""
-    plane = real_node.plane
-    archive = tmp_path_factory.mktemp("operator-image") / "operator.tar"
-    buildah("push", operator_image.name, f"docker-archive:{archive}:{operator_image.name}", timeout_s=600)
-    real_node.import_image(archive)
-    registry, _, rest = operator_image.name.partition("/")
-    repository, _, tag = rest.partition(":")
-    install_chart(
-        plane,
-        f"--set=image.registry={registry}",
-        f"--set=image.repository={repository}",
-        f"--set=image.tag={tag}",
-        f"--set-json=tolerations={json.dumps([TOLERATION])}",
-        f"--set-json=nodeSelector={json.dumps({'kubernetes.io/hostname': real_node.name})}",
-    )
-    try:
-        rollout(real_node)
-        yield real_node
-    finally:
-        helm(plane, "uninstall", RELEASE, f"--namespace={NAMESPACE}", "--wait", check=False)
-
-
-def rollout(node: RealNode) -> None:
-    """Wait until the chart's Deployment has its replicas ready (the webhook is served)."""
-    node.plane.kubectl(
-        "rollout",
-        "status",
-        f"deployment/{OPERATOR}",
-        "-n",
-        NAMESPACE,
-        f"--timeout={ROLLOUT_S}s",
-        timeout_s=ROLLOUT_S + 10,
-    )
 
 
 def apply(node: RealNode, document: dict[str, Any], namespace: str) -> subprocess.CompletedProcess[str]:
@@ -132,3 +87,10 @@ def test_with_no_operator_pod_the_charts_failure_policy_refuses_every_job(
         rollout(chart_on_node)
     allowed = apply(chart_on_node, valid_job(), namespace)
     assert allowed.returncode == 0, allowed.stderr
+
+
+def test_the_metrics_endpoint_answers_through_its_service(chart_on_node: RealNode) -> None:
+    # The API server's service proxy dials one of the Service's endpoints: the pod, on the node.
+    path = f"/api/v1/namespaces/{NAMESPACE}/services/{OPERATOR}-metrics:metrics/proxy/metrics"
+    metrics = chart_on_node.plane.kubectl("get", "--raw", path).stdout
+    assert "# TYPE bertjob_reconcile_duration_seconds histogram" in metrics, metrics[:2000]

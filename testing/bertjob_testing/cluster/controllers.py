@@ -44,6 +44,9 @@ class Controllers:
 
     plane: ControlPlane
     workdir: Path
+    # Where the API server reaches their webhooks when it routes to endpoints
+    # (:class:`bertjob_testing.cluster.webhooks.Site`): an address of this machine's, not loopback.
+    address: str | None = None
     # Seconds from each controller's start to ready.
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -61,7 +64,10 @@ class Controllers:
         self.workdir.mkdir(parents=True, exist_ok=True)
         kubectl = self.plane.kubectl
         site = Site(
-            kubectl, self.workdir, pki.CertificateAuthority(self.workdir / "pki", "bertjob-test-webhook-ca")
+            kubectl,
+            self.workdir,
+            pki.CertificateAuthority(self.workdir / "pki", "bertjob-test-webhook-ca"),
+            self.address,
         )
         for namespace in NAMESPACES:
             kubectl("create", "namespace", namespace)

@@ -193,21 +193,30 @@ class ControlPlane:
         path.write_text(kubeconfig_text(self.server, self.ca, {"token": token}))
         return path
 
-    def audited_changes(self, resource: str, namespace: str, name: str) -> list[dict[str, Any]]:
+    def audited_changes(
+        self, resource: str, namespace: str, name: str, subresource: str | None = None
+    ) -> list[dict[str, Any]]:
         """The audit events of every change (create, update, patch) of training job ``name`` of
         ``resource`` (its plural: ``pytorchjobs``) in ``namespace`` that the API server took, in
-        order: who (``user.username``), the verb and the request body (``requestObject``)."""
+        order: who (``user.username``), the verb and the request body (``requestObject``); with
+        ``subresource``, the changes of that subresource (``bertpretrainjobs``' ``status``
+        patches)."""
         found = []
         log = self.workdir / AUDIT_LOG
         for line in log.read_text().splitlines() if log.exists() else []:
             event = json.loads(line)
             target = event.get("objectRef") or {}
             taken = 200 <= (event.get("responseStatus") or {}).get("code", 0) < 300
-            if (target.get("resource"), target.get("namespace"), target.get("name")) == (
-                resource,
-                namespace,
-                name,
-            ) and taken:
+            if (
+                (target.get("resource"), target.get("namespace"), target.get("name"))
+                == (
+                    resource,
+                    namespace,
+                    name,
+                )
+                and taken
+                and target.get("subresource") == subresource
+            ):
                 found.append(event)
         return found
 

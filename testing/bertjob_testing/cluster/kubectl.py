@@ -65,7 +65,7 @@ class Kubectl:
             subprocess.TimeoutExpired: it ran over ``timeout_s`` seconds.
         """
         result = subprocess.run(
-            [str(self.binary), f"--kubeconfig={kubeconfig or self.kubeconfig}", *args],
+            self.argv(*args, kubeconfig=kubeconfig),
             input=input,
             capture_output=True,
             text=True,
@@ -74,6 +74,10 @@ class Kubectl:
         if check and result.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({result.returncode}): {result.stderr}")
         return result
+
+    def argv(self, *args: str, kubeconfig: Path | None = None) -> list[str]:
+        """The command line of kubectl ``args`` (for a command that runs on, as ``--watch``)."""
+        return [str(self.binary), f"--kubeconfig={kubeconfig or self.kubeconfig}", *args]
 
     def get(self, *args: str) -> Any:
         """``kubectl get ARGS -o json`` as a document; None when kubectl fails (not found)."""

@@ -2,6 +2,12 @@
 each controller's own kustomize component in its module, pointed at the controller's local port
 through a Service made ``type: ExternalName`` to ``localhost`` (as kwokctl reaches local
 processes), with serving certificates of the controllers' test CA.
+
+An API server that routes webhook calls to a Service's endpoints (``--enable-aggregator-routing``,
+as the real node's plane runs, so that it reaches a webhook served by a pod) refuses an
+ExternalName Service. On such a plane the :class:`Site` has an ``address`` of this machine's, not
+loopback (an EndpointSlice may not hold a loopback address): the controllers listen there, and
+their Service has that address as its one endpoint.
 """
 
 from __future__ import annotations
@@ -32,10 +38,11 @@ class Webhooks:
     keep: frozenset[str] | None = None
 
 
-def register(kubectl: Kubectl, module: Path, webhooks: Webhooks, port: int, ca: Path | None) -> None:
+def register(site: Site, module: Path, webhooks: Webhooks, port: int, ca: Path | None) -> None:
     """Register the webhook configurations of ``webhooks.component`` (kustomized as upstream
-    builds it) for a process listening on ``port``; with ``ca`` as their ``caBundle`` when given
-    (else the controller injects its own)."""
+    builds it) for a process listening on ``port`` at ``site.host``; with ``ca`` as their
+    ``caBundle`` when given (else the controller injects its own)."""
+    kubectl = site.kubectl
     rendered = kubectl("kustomize", str(module / webhooks.component)).stdout
     bundle = base64.b64encode(ca.read_bytes()).decode() if ca else ""
     for document in yaml.safe_load_all(rendered):
@@ -51,12 +58,29 @@ def register(kubectl: Kubectl, module: Path, webhooks: Webhooks, port: int, ca: 
         if document["metadata"]["name"].endswith("-webhook-configuration"):
             document["metadata"]["name"] = webhooks.prefix + document["metadata"]["name"]
         kubectl.apply(document, "--server-side", "--force-conflicts")
+    metadata = {"name": webhooks.service, "namespace": webhooks.namespace}
+    if site.address is None:
+        spec: dict[str, Any] = {"type": "ExternalName", "externalName": "localhost"}
+        kubectl.apply({"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": spec})
+        return
+    ports = [{"name": "https", "port": port, "protocol": "TCP"}]
+    spec = {"type": "ClusterIP", "ports": [{**ports[0], "targetPort": port}]}
+    kubectl.apply({"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": spec})
     kubectl.apply(
         {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": webhooks.service, "namespace": webhooks.namespace},
-            "spec": {"type": "ExternalName", "externalName": "localhost"},
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": webhooks.service,
+                "namespace": webhooks.namespace,
+                "labels": {
+                    "kubernetes.io/service-name": webhooks.service,
+                    "endpointslice.kubernetes.io/managed-by": "test-controllers.bertjob.dev",
+                },
+            },
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [site.address], "conditions": {"ready": True}}],
+            "ports": ports,
         }
     )
 
@@ -96,6 +120,14 @@ class Site:
     kubectl: Kubectl
     workdir: Path
     authority: pki.CertificateAuthority
+    # Where the API server reaches the controllers' webhooks, when not through ExternalName to
+    # localhost (see the module's docstring).
+    address: str | None = None
+
+    @property
+    def host(self) -> str:
+        """The address the controllers' webhook servers listen on."""
+        return self.address or "127.0.0.1"
 
     def directory(self, name: str) -> Path:
         """``workdir/name``, made if missing."""

@@ -23,7 +23,8 @@ SERVICE_IP = ipaddress.ip_network(SERVICE_CIDR).network_address + 1
 AUDIT_LOG = "audit.log"
 # What the audit log records: the training jobs' changes, with their bodies (who wrote what to a
 # child, which the status alone does not tell: a write that another controller undoes at once
-# leaves no trace there).
+# leaves no trace there), and who patched a BertPretrainJob's status (the trainer pod's progress,
+# under its own service account, or the operator).
 AUDIT_POLICY: dict[str, Any] = {
     "apiVersion": "audit.k8s.io/v1",
     "kind": "Policy",
@@ -36,6 +37,11 @@ AUDIT_POLICY: dict[str, Any] = {
                 {"group": "kubeflow.org", "resources": ["pytorchjobs", "mpijobs"]},
                 {"group": "trainer.kubeflow.org", "resources": ["trainjobs"]},
             ],
+        },
+        {
+            "level": "Request",
+            "verbs": ["patch"],
+            "resources": [{"group": "bertjob.dev", "resources": ["bertpretrainjobs/status"]}],
         },
         {"level": "None"},
     ],

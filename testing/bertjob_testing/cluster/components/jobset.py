@@ -30,13 +30,13 @@ class JobSet:
         certs = serving_certs(
             self.site.authority, "jobset", WEBHOOKS.service, NAMESPACE, self.site.directory("jobset-certs")
         )
-        register(self.site.kubectl, source("jobset"), WEBHOOKS, webhook, ca=self.site.authority.cert)
+        register(self.site, source("jobset"), WEBHOOKS, webhook, ca=self.site.authority.cert)
         config = write_config(
             self.site.workdir / "jobset-config.yaml",
             {
                 "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
                 "kind": "Configuration",
-                "webhook": {"port": webhook, "host": "127.0.0.1", "certDir": str(certs)},
+                "webhook": {"port": webhook, "host": self.site.host, "certDir": str(certs)},
                 "metrics": {"bindAddress": f"127.0.0.1:{free_port()}"},
                 "health": {"healthProbeBindAddress": f"127.0.0.1:{self.probe_port}"},
                 "leaderElection": {"leaderElect": False},

@@ -68,7 +68,7 @@ class Kueue:
         file; its command."""
         webhook, self.probe_port = free_port(), free_port()
         self._apply_crds(webhook)
-        register(self.site.kubectl, source("kueue"), WEBHOOKS, webhook, ca=None)
+        register(self.site, source("kueue"), WEBHOOKS, webhook, ca=None)
         empty_secret(self.site.kubectl, NAMESPACE, SECRET)
         config = write_config(
             self.site.workdir / "kueue-config.yaml",
@@ -76,7 +76,7 @@ class Kueue:
                 "apiVersion": "config.kueue.x-k8s.io/v1beta2",
                 "kind": "Configuration",
                 "namespace": NAMESPACE,
-                "webhook": {"port": webhook, "host": "127.0.0.1", "certDir": str(self.certs)},
+                "webhook": {"port": webhook, "host": self.site.host, "certDir": str(self.certs)},
                 "metrics": {"bindAddress": f"127.0.0.1:{free_port()}"},
                 "health": {"healthProbeBindAddress": f"127.0.0.1:{self.probe_port}"},
                 "leaderElection": {"leaderElect": False},

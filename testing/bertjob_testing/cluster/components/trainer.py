@@ -37,13 +37,13 @@ class Trainer:
             NAMESPACE,
             tmpdir / "k8s-webhook-server" / "serving-certs",
         )
-        register(self.site.kubectl, source("trainer"), WEBHOOKS, webhook, ca=self.site.authority.cert)
+        register(self.site, source("trainer"), WEBHOOKS, webhook, ca=self.site.authority.cert)
         config = write_config(
             self.site.workdir / "trainer-config.yaml",
             {
                 "apiVersion": "config.trainer.kubeflow.org/v1alpha1",
                 "kind": "Configuration",
-                "webhook": {"port": webhook, "host": "127.0.0.1"},
+                "webhook": {"port": webhook, "host": self.site.host},
                 "metrics": {"bindAddress": f"127.0.0.1:{free_port()}", "secureServing": False},
                 "health": {"healthProbeBindAddress": f"127.0.0.1:{self.probe_port}"},
                 "leaderElection": {"leaderElect": False},

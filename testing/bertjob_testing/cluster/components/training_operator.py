@@ -18,6 +18,7 @@ from pathlib import Path
 
 from bertjob_testing.cluster.build import executable, source
 from bertjob_testing.cluster.catalog import component
+from bertjob_testing.cluster.oci import PAUSE_IMAGE
 from bertjob_testing.cluster.process import answers, free_port, in_namespaces, with_testing_on_path
 from bertjob_testing.cluster.webhooks import Site, Webhooks, empty_secret, register
 
@@ -37,6 +38,21 @@ WEBHOOKS = Webhooks(
 def own_mount_namespace() -> bool:
     """Whether it gets a mount namespace of its own (root, as CI runs the tests)."""
     return os.geteuid() == 0
+
+
+# A Worker pod's init container, which waits until the Master's Service name resolves. Upstream's
+# runs `nslookup` in a loop in alpine:3.10, pulled from Docker Hub; the real node pulls nothing, so
+# it runs the tests' probe from the pause image instead, with the same tries two seconds apart (an
+# air-gapped cluster sets the same two flags: docs/launchers.md). kwok's pods ignore it.
+INIT_CONTAINER = """\
+- name: init-pytorch
+  image: {{.InitContainerImage}}
+  imagePullPolicy: IfNotPresent
+  resources:
+    limits: {cpu: 100m, memory: 20Mi}
+    requests: {cpu: 50m, memory: 10Mi}
+  command: ['/probe', 'await', '{{.MasterAddr}}', '{{.MaxTries}}']
+"""
 
 
 @dataclass
@@ -59,11 +75,13 @@ class TrainingOperator:
         """Register its webhook for a fresh port and make the Secret its rotator fills; its
         command, in a mount namespace of its own."""
         webhook, self.probe_port = free_port(), free_port()
-        register(self.site.kubectl, source("training-operator"), WEBHOOKS, webhook, ca=None)
+        register(self.site, source("training-operator"), WEBHOOKS, webhook, ca=None)
         empty_secret(self.site.kubectl, NAMESPACE, SECRET)
         # A previous run's certificate would be served until the rotator's is written.
         for stale in (self.webhook_dir / "serving-certs").glob("*"):
             stale.unlink()
+        init = self.site.directory("training-operator-init") / "init-pytorch.yaml"
+        init.write_text(INIT_CONTAINER)
         wrapper = []
         if own_mount_namespace():
             wrapper = in_namespaces(f"--bind={self.webhook_dir}:{FIXED_DIR}")
@@ -77,6 +95,8 @@ class TrainingOperator:
             "--webhook-service-name=training-operator",
             "--kube-api-qps=100",
             "--kube-api-burst=200",
+            f"--pytorch-init-container-image={PAUSE_IMAGE}",
+            f"--pytorch-init-container-template-file={init}",
         ]
 
     def environment(self) -> dict[str, str] | None:

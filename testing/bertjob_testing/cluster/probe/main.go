@@ -4,6 +4,8 @@
 //	probe lookup NAME         print NAME's addresses, one a line (the pod's /etc/resolv.conf)
 //	probe connect HOST:PORT   connect over TCP; print "connected" and exit 0, else exit 1
 //	probe serve PORT          answer every TCP connection with "probe" and a newline
+//	probe await NAME TRIES    look NAME up until it resolves, TRIES times 2 s apart; print its
+//	                          addresses and exit 0, else exit 1 (training-operator's init container)
 package main
 
 import (
@@ -15,9 +17,12 @@ import (
 )
 
 func main() {
-	if len(os.Args) != 3 {
-		fmt.Fprintln(os.Stderr, "usage: probe lookup NAME | connect HOST:PORT | serve PORT")
+	if len(os.Args) < 2 || len(os.Args) != map[bool]int{true: 4, false: 3}[os.Args[1] == "await"] {
+		fmt.Fprintln(os.Stderr, "usage: probe lookup NAME | connect HOST:PORT | serve PORT | await NAME TRIES")
 		os.Exit(2)
+	}
+	if os.Args[1] == "await" {
+		os.Exit(await(os.Args[2], os.Args[3]))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -58,4 +63,27 @@ func main() {
 		fmt.Fprintln(os.Stderr, "unknown command", os.Args[1])
 		os.Exit(2)
 	}
+}
+
+// await looks name up until it resolves, at most tries times, 2 s apart; the exit code.
+func await(name, tries string) int {
+	var count int
+	if _, err := fmt.Sscan(tries, &count); err != nil || count < 1 {
+		fmt.Fprintln(os.Stderr, "TRIES must be a positive integer:", tries)
+		return 2
+	}
+	for try := 1; try <= count; try++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		addresses, err := net.DefaultResolver.LookupHost(ctx, name)
+		cancel()
+		if err == nil {
+			for _, address := range addresses {
+				fmt.Println(address)
+			}
+			return 0
+		}
+		fmt.Println("waiting for", name+":", err)
+		time.Sleep(2 * time.Second)
+	}
+	return 1
 }
