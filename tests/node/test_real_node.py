@@ -111,9 +111,11 @@ def test_a_pod_runs_there_and_kubectl_logs_shows_its_output(real_node: RealNode,
 def test_a_deleted_pod_is_stopped_and_its_processes_are_gone(real_node: RealNode, namespace: str) -> None:
     plane = real_node.plane
     plane.kubectl.apply(pod(real_node, "sleeper", ["/pause"]), "-n", namespace)
-    real_node.wait_for_pod("sleeper", namespace, wait_s=WAIT_S)
-    running = cgroup_processes(real_node.cgroup_root)
-    assert running, "the pod's processes are in the node's cgroups"
+    uid = real_node.wait_for_pod("sleeper", namespace, wait_s=WAIT_S)["metadata"]["uid"]
+    # The pod's own cgroup (cgroupfs: <root>/kubepods/<qos>/pod<uid>): other pods, the operator's
+    # among them, may run on the node meanwhile.
+    running = cgroup_processes(f"{real_node.cgroup_root}/kubepods/besteffort/pod{uid}")
+    assert running, "the pod's processes are in its cgroup under the node's"
     started = time.monotonic()
     plane.kubectl("delete", "pod", "sleeper", "-n", namespace, "--wait=true", timeout_s=WAIT_S)
     # pause exits on SIGTERM at once: well inside the 5 s grace period, no SIGKILL needed.

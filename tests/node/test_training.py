@@ -138,8 +138,7 @@ def test_the_cluster_example_trains_on_the_node_and_reports_under_the_pods_ident
     assert first[-1] < first[0] - 1.0, f"phase 1's masked-LM loss did not fall: {first}"
     assert second, output[-4000:]
 
-    # The progress kubectl showed, live, and who sent it.
-    assert len(progress) >= 2 and progress[-1]["step"] == progress[-1]["totalSteps"], progress
+    # Who sent the progress, and what kubectl showed of it, live.
     master = master_pod(node, name, namespace)
     assert master["spec"]["nodeName"] == node.name
     account = master["spec"]["serviceAccountName"]
@@ -149,9 +148,11 @@ def test_the_cluster_example_trains_on_the_node_and_reports_under_the_pods_ident
     assert by_trainer, (
         f"no status patch of {namespace}/{name} was taken from the trainer pod's account {account}: "
         f"the Role {name}-progress must grant it patch on {PLURAL}/status (patches by "
-        f"{sorted({p['user']['username'] for p in patches})})"
+        f"{sorted({p['user']['username'] for p in patches})}); the trainer said: "
+        f"{[line for line in output.splitlines() if 'progress' in line and 'report' in line]}"
     )
     assert all("progress" in p["requestObject"]["status"] for p in by_trainer)
+    assert len(progress) >= 2 and progress[-1]["step"] == progress[-1]["totalSteps"], progress
 
     # The export and the logs, on the volume; the export loads in transformers.
     import transformers  # the dev environment's; slow to import, so only here
