@@ -159,10 +159,12 @@ def test_stopping_the_plane_leaves_nothing_of_the_node(tmp_path: Path) -> None:
         node.wait_for_pod("left-running", "default", wait_s=WAIT_S)
         assert mounts_under(node.workdir) and cgroup_processes(node.cgroup_root)
         assert node.netns_path.exists() and Path(f"/sys/class/net/{node.host_link}").exists()
+        assert node.containerd_root.is_dir()
     finally:
         plane.stop()
     assert naming(node.workdir) == set(), "no containerd, shim, kubelet or container process"
     assert mounts_under(node.workdir) == []
+    assert not node.containerd_root.exists(), "containerd's images and snapshots (GBs) are deleted"
     assert not [h for h in hierarchies() if (h / node.cgroup_root.lstrip("/")).exists()]
     assert not node.netns_path.exists(), "the namespace, with the bridge and kube-proxy's rules"
     assert not Path(f"/sys/class/net/{node.host_link}").exists(), "this machine's end of the link"

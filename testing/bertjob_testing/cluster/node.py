@@ -121,6 +121,11 @@ class RealNode:
         return Path("/run/netns") / self.netns
 
     @property
+    def containerd_root(self) -> Path:
+        """containerd's root: the images' content and snapshots, deleted when the node stops."""
+        return self.workdir / "containerd" / "root"
+
+    @property
     def bridge(self) -> str:
         """The pods' bridge in its namespace (15 characters at most)."""
         return f"bjcni{self.token}"
@@ -175,6 +180,7 @@ class RealNode:
                 f"--netns={self.netns}",
                 f"--link={self.host_link}",
                 f"--network={self.network}",
+                f"--discard={self.containerd_root}",
             ],
         )
         self._make_cgroup_root()
@@ -188,7 +194,7 @@ class RealNode:
         conf = self.workdir / "cni" / "net.d"
         conf.mkdir(parents=True, exist_ok=True)
         (conf / "10-bertjob.conflist").write_text(json.dumps(self._cni_config()))
-        self.containerd = Containerd(self.workdir / "containerd", conf, netns=self.netns_path)
+        self.containerd = Containerd(self.containerd_root.parent, conf, netns=self.netns_path)
         self.plane.start_component(self.containerd)
         self.import_image(oci.pause_archive(self.workdir / "images"))
 

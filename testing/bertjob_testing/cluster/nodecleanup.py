@@ -1,14 +1,17 @@
 """Undo what the test cluster's real node made on this machine, whatever state it was left in:
 
     python -m bertjob_testing.cluster.nodecleanup --workdir DIR --cgroup-root /NAME \
-        --netns NAME --link NAME --network NAME
+        --netns NAME --link NAME --network NAME [--discard DIR ...]
 
 In order: every process in the node's cgroups (the pods' containers) and every process whose command
 line names the node's directory (containerd's shims, which leave containerd's session) is killed;
 every mount under the directory is detached (the containers' overlays, the pods' volumes and
 network namespaces), the deepest first; the cgroups are removed, the deepest first; the node's
 network namespace (with its bridge, its end of the link and kube-proxy's rules; this machine's end
-and route go with it) and libcni's cached results for the node's network are deleted. Run by the
+and route go with it) and libcni's cached results for the node's network are deleted; last, the
+``--discard`` directories (containerd's root: the images' content and unpacked snapshots, 13 GB
+with the trainer's image, which pytest's kept temporary directories would otherwise hold three
+times over). Run by the
 cluster's stop and by its reaper (:mod:`bertjob_testing.cluster.process`'s registry), after
 containerd and the kubelet themselves were stopped. Standard library and
 :mod:`bertjob_testing.cluster.process` only; exit 1 naming what could not be undone.
@@ -20,6 +23,7 @@ import argparse
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -115,6 +119,7 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--netns", required=True)
     parser.add_argument("--link", required=True)
     parser.add_argument("--network", required=True)
+    parser.add_argument("--discard", type=Path, action="append", default=[])
     args = parser.parse_args(argv)
     problems = []
     deadline = time.monotonic() + 15
@@ -146,6 +151,13 @@ def main(argv: Sequence[str]) -> int:
             problems.append(f"ip netns delete {args.netns}: {deleted.stderr.strip()}")
     for cached in CNI_CACHE.glob(f"{args.network}-*") if CNI_CACHE.is_dir() else ():
         cached.unlink(missing_ok=True)
+    for directory in args.discard:
+        if mounts_under(directory):
+            problems.append(f"{directory} kept: mounts are left under it")
+            continue
+        shutil.rmtree(directory, ignore_errors=True)
+        if directory.exists():
+            problems.append(f"{directory} could not be deleted")
     if problems:
         print("nodecleanup: " + "; ".join(problems), file=sys.stderr)
         return 1
