@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 from typing import Any
 
 import pytest
@@ -37,11 +38,15 @@ def job(node: RealNode, namespace: str, name: str, **spec: Any) -> dict[str, Any
 
 
 def json_stream(text: str) -> list[dict[str, Any]]:
-    """The JSON documents of ``text``, one after another (``kubectl get --watch -o json``)."""
+    """The JSON documents of ``text``, one after another (``kubectl get --watch -o json``); a last
+    one cut short (the watch stopped mid-write) is left out."""
     decoder, found, at = json.JSONDecoder(), [], 0
     text = text.strip()
     while at < len(text):
-        document, at = decoder.raw_decode(text, at)
+        try:
+            document, at = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:
+            break
         found.append(document)
         while at < len(text) and text[at].isspace():
             at += 1
@@ -94,6 +99,7 @@ def test_a_deleted_training_pod_checkpoints_and_its_replacement_resumes(
     try:
         kubectl("delete", "pod", pod, "-n", namespace, "--wait=true", timeout_s=120)
         stopped, _ = log.communicate(timeout=60)
+        time.sleep(2)  # the watch's last events (the pod's end, its deletion) written out
     finally:
         watch.terminate()
         log.kill()
