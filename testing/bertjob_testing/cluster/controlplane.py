@@ -207,16 +207,8 @@ class ControlPlane:
             event = json.loads(line)
             target = event.get("objectRef") or {}
             taken = 200 <= (event.get("responseStatus") or {}).get("code", 0) < 300
-            if (
-                (target.get("resource"), target.get("namespace"), target.get("name"))
-                == (
-                    resource,
-                    namespace,
-                    name,
-                )
-                and taken
-                and target.get("subresource") == subresource
-            ):
+            where = ("resource", "namespace", "name", "subresource")
+            if taken and tuple(target.get(key) for key in where) == (resource, namespace, name, subresource):
                 found.append(event)
         return found
 

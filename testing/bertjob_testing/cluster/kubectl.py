@@ -19,6 +19,28 @@ import yaml
 from bertjob_testing.cluster.pki import KeyPair
 
 
+def endpoint_slice(service: str, namespace: str, address: str, port: int, manager: str) -> dict[str, Any]:
+    """An EndpointSlice that gives Service ``namespace/service`` one ready endpoint, ``address``
+    on its port ``https`` = ``port``, written by hand: ``manager`` is its
+    ``endpointslice.kubernetes.io/managed-by`` label, which keeps the EndpointSlice controller off
+    it."""
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": service,
+            "namespace": namespace,
+            "labels": {
+                "kubernetes.io/service-name": service,
+                "endpointslice.kubernetes.io/managed-by": manager,
+            },
+        },
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
+        "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+    }
+
+
 def cert_user(pair: KeyPair) -> dict[str, str]:
     """A kubeconfig user that authenticates with the client certificate ``pair``."""
     return {"client-certificate": str(pair.cert), "client-key": str(pair.key)}

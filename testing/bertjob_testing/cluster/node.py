@@ -40,7 +40,7 @@ from bertjob_testing.cluster.components.kube_proxy import KubeProxy
 from bertjob_testing.cluster.components.kubelet import Kubelet
 from bertjob_testing.cluster.components.relay import Relay
 from bertjob_testing.cluster.controlplane import ControlPlane
-from bertjob_testing.cluster.kubectl import cert_user, kubeconfig_text
+from bertjob_testing.cluster.kubectl import cert_user, endpoint_slice, kubeconfig_text
 from bertjob_testing.cluster.nodecleanup import hierarchies
 from bertjob_testing.cluster.nodes import is_ready, lift_not_ready_taint
 from bertjob_testing.cluster.process import StartError, tail
@@ -333,21 +333,7 @@ class RealNode:
         """The ``kubernetes`` Service's endpoint: the relay (the API server reconciles none itself,
         ``--endpoint-reconciler-type=none``); the pods' in-cluster clients dial its ClusterIP."""
         self.plane.kubectl.apply(
-            {
-                "apiVersion": "discovery.k8s.io/v1",
-                "kind": "EndpointSlice",
-                "metadata": {
-                    "name": "kubernetes",
-                    "namespace": "default",
-                    "labels": {
-                        "kubernetes.io/service-name": "kubernetes",
-                        "endpointslice.kubernetes.io/managed-by": "test-node.bertjob.dev",
-                    },
-                },
-                "addressType": "IPv4",
-                "endpoints": [{"addresses": [self.host_address], "conditions": {"ready": True}}],
-                "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
-            }
+            endpoint_slice("kubernetes", "default", self.host_address, port, "test-node.bertjob.dev")
         )
 
     def _kubeconfig(self, name: str, server: str, user: pki.KeyPair) -> Path:

@@ -11,9 +11,8 @@ network namespace (with its bridge, its end of the link and kube-proxy's rules; 
 and route go with it) and libcni's cached results for the node's network are deleted; last, the
 ``--discard`` directories (containerd's root: the images' content and unpacked snapshots, 13 GB
 with the trainer's image, which pytest's kept temporary directories would otherwise hold three
-times over). Run by the
-cluster's stop and by its reaper (:mod:`bertjob_testing.cluster.process`'s registry), after
-containerd and the kubelet themselves were stopped. Standard library and
+times over). Run by the cluster's stop and by its reaper (:mod:`bertjob_testing.cluster.process`'s
+registry), after containerd and the kubelet themselves were stopped. Standard library and
 :mod:`bertjob_testing.cluster.process` only; exit 1 naming what could not be undone.
 """
 

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from bertjob_testing.cluster import pki
-from bertjob_testing.cluster.kubectl import Kubectl
+from bertjob_testing.cluster.kubectl import Kubectl, endpoint_slice
 
 
 @dataclass(frozen=True)
@@ -63,26 +63,10 @@ def register(site: Site, module: Path, webhooks: Webhooks, port: int, ca: Path |
         spec: dict[str, Any] = {"type": "ExternalName", "externalName": "localhost"}
         kubectl.apply({"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": spec})
         return
-    ports = [{"name": "https", "port": port, "protocol": "TCP"}]
-    spec = {"type": "ClusterIP", "ports": [{**ports[0], "targetPort": port}]}
+    spec = {"type": "ClusterIP", "ports": [{"name": "https", "port": port, "targetPort": port}]}
     kubectl.apply({"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": spec})
-    kubectl.apply(
-        {
-            "apiVersion": "discovery.k8s.io/v1",
-            "kind": "EndpointSlice",
-            "metadata": {
-                "name": webhooks.service,
-                "namespace": webhooks.namespace,
-                "labels": {
-                    "kubernetes.io/service-name": webhooks.service,
-                    "endpointslice.kubernetes.io/managed-by": "test-controllers.bertjob.dev",
-                },
-            },
-            "addressType": "IPv4",
-            "endpoints": [{"addresses": [site.address], "conditions": {"ready": True}}],
-            "ports": ports,
-        }
-    )
+    manager = "test-controllers.bertjob.dev"
+    kubectl.apply(endpoint_slice(webhooks.service, webhooks.namespace, site.address, port, manager))
 
 
 def serving_certs(

@@ -17,7 +17,11 @@ import (
 )
 
 func main() {
-	if len(os.Args) < 2 || len(os.Args) != map[bool]int{true: 4, false: 3}[os.Args[1] == "await"] {
+	arguments := 3
+	if len(os.Args) > 1 && os.Args[1] == "await" {
+		arguments = 4
+	}
+	if len(os.Args) != arguments {
 		fmt.Fprintln(os.Stderr, "usage: probe lookup NAME | connect HOST:PORT | serve PORT | await NAME TRIES")
 		os.Exit(2)
 	}
