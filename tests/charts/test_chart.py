@@ -320,6 +320,11 @@ REFUSED_BY_TEMPLATE: list[tuple[str, dict[str, Any], str]] = [
      'commonLabels: "app.kubernetes.io/name" is a label the chart sets itself'),
     ("common-label-aggregating", {"commonLabels": {"rbac.authorization.k8s.io/aggregate-to-admin": "true"}},
      'commonLabels: "rbac.authorization.k8s.io/aggregate-to-admin" is a label the chart sets itself'),
+    # It would put the operator's own ClusterRole into the role of every Kubeflow Profile's owner.
+    ("common-label-aggregating-to-kubeflow",
+     {"commonLabels": {"rbac.authorization.kubeflow.org/aggregate-to-kubeflow-admin": "true"}},
+     'commonLabels: "rbac.authorization.kubeflow.org/aggregate-to-kubeflow-admin" is a label the chart sets '
+     "itself"),
     ("extra-arg-of-the-chart", {"extraArgs": ["--log-format=json", "--namespace=other"]},
      'extraArgs[1]: "--namespace=other" is an argument the chart sets from other values'),
     ("extra-arg-short-form", {"extraArgs": ["-nother"]},
@@ -567,9 +572,13 @@ def test_listed_namespaces_get_a_role_each_and_the_cluster_role_keeps_what_kopf_
     assert [arg for arg in command if arg.startswith("--namespace")] == [f"--namespace={ns}" for ns in listed]
 
 
-def _aggregated(objects: list[dict[str, Any]], role: str) -> dict[tuple[str, str], set[str]]:
-    # What the API server's aggregation controller adds to the built-in role `role`.
-    label = f"rbac.authorization.k8s.io/aggregate-to-{role}"
+def _aggregated(
+    objects: list[dict[str, Any]], role: str, domain: str = "rbac.authorization.k8s.io"
+) -> dict[tuple[str, str], set[str]]:
+    # What the API server's aggregation controller adds to the role that selects the label
+    # <domain>/aggregate-to-<role>: a built-in role, or Kubeflow's (kubeflow-admin selects
+    # rbac.authorization.kubeflow.org/aggregate-to-kubeflow-admin).
+    label = f"{domain}/aggregate-to-{role}"
     rules = [
         rule
         for obj in objects
@@ -588,6 +597,12 @@ def test_the_built_in_roles_get_bertpretrainjobs(render: Render) -> None:
     assert _aggregated(objects, "view") == {jobs: reading, status: reading}
     for role in ("edit", "admin"):
         assert _aggregated(objects, role) == {jobs: reading | writing, status: reading}, role
+    # Kubeflow's, which a Profile binds to its owner (kubeflow-admin) and contributors: the same,
+    # without counting on Kubeflow's nesting of view into edit into admin.
+    kubeflow = "rbac.authorization.kubeflow.org"
+    assert _aggregated(objects, "kubeflow-view", kubeflow) == {jobs: reading, status: reading}
+    for role in ("kubeflow-edit", "kubeflow-admin"):
+        assert _aggregated(objects, role, kubeflow) == {jobs: reading | writing, status: reading}, role
     # The operator's own role aggregates into nothing.
     assert not [
         key

@@ -224,10 +224,10 @@ Checks that a values schema cannot word (Helm prints a refused "not" as "'not' f
 fails naming the value and why.
 */}}
 {{- define "bertjob.checks" -}}
-{{- $chartLabels := "^(helm\\.sh/chart|app\\.kubernetes\\.io/(name|instance|version|managed-by|component)|rbac\\.authorization\\.k8s\\.io/aggregate-to-.*|trainer\\.kubeflow\\.org/framework)$" -}}
+{{- $chartLabels := "^(helm\\.sh/chart|app\\.kubernetes\\.io/(name|instance|version|managed-by|component)|rbac\\.authorization\\.(k8s\\.io|kubeflow\\.org)/aggregate-to-.*|trainer\\.kubeflow\\.org/framework)$" -}}
 {{- range $key, $_ := .Values.commonLabels }}
 {{- if regexMatch $chartLabels $key }}
-{{- fail (printf "commonLabels: %q is a label the chart sets itself (app.kubernetes.io/*, helm.sh/chart, rbac.authorization.k8s.io/aggregate-to-*, trainer.kubeflow.org/framework); choose another key" $key) }}
+{{- fail (printf "commonLabels: %q is a label the chart sets itself (app.kubernetes.io/*, helm.sh/chart, rbac.authorization.k8s.io/aggregate-to-*, rbac.authorization.kubeflow.org/aggregate-to-*, trainer.kubeflow.org/framework); choose another key" $key) }}
 {{- end }}
 {{- end }}
 {{- range $key, $_ := .Values.podLabels }}
