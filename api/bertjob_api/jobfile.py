@@ -574,8 +574,9 @@ def without_status(document: Any) -> Any:
 def input_files(names: Sequence[str], recursive: bool = False) -> list[str]:
     """The files that ``names`` stand for, in order, as ``kubectl apply -f`` takes them: a file as
     it is, :data:`STDIN` as it is (once), a directory as its files named ``*.yaml``, ``*.yml`` or
-    ``*.json`` in sorted order (with ``recursive``, those of its subdirectories too, each directory's
-    after its own files, as kubectl's walk goes).
+    ``*.json`` in sorted order (with ``recursive``, those of its subdirectories too, each at its
+    place in that order, as kubectl's walk goes). A named directory may be a symbolic link; one
+    found inside it is not followed (see :func:`_directory_files`).
 
     Raises:
         JobFileError: a name that does not exist, a directory without such a file, or standard
@@ -602,12 +603,19 @@ def input_files(names: Sequence[str], recursive: bool = False) -> list[str]:
 
 
 def _directory_files(directory: Path, recursive: bool) -> list[str]:
-    entries = sorted(directory.iterdir(), key=lambda entry: entry.name)
-    files = [str(entry) for entry in entries if entry.is_file() and entry.name.endswith(EXTENSIONS)]
-    if recursive:
-        for entry in entries:
-            if entry.is_dir():
-                files.extend(_directory_files(entry, recursive))
+    """The job files of ``directory`` in name order, and with ``recursive`` those of each
+    subdirectory at its name's place, as Go's ``filepath.Walk`` (kubectl's ``-R``) visits them.
+
+    A symbolic link to a file is read (its name must end as a job file's); one to a directory is
+    not followed, as ``filepath.Walk`` follows none (``kubectl apply -R`` skips it, checked with
+    kubectl 1.32): a link back to a parent cannot loop, and a tree reached twice is not read twice.
+    """
+    files: list[str] = []
+    for entry in sorted(directory.iterdir(), key=lambda entry: entry.name):
+        if entry.is_file() and entry.name.endswith(EXTENSIONS):
+            files.append(str(entry))
+        elif recursive and entry.is_dir() and not entry.is_symlink():
+            files.extend(_directory_files(entry, recursive))
     return files
 
 

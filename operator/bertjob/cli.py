@@ -7,7 +7,11 @@ passes here is what the cluster receives. A stream may hold objects of other kin
 as a ``kubectl kustomize`` output does (a Namespace, a PersistentVolumeClaim): they are skipped
 silently, as kubectl skips what it does not act on (``-v`` notes each on standard error); an input
 with no BertPretrainJob at all is refused. A ``kind: List`` (``kubectl get -o yaml``) is read as its
-items, and a live object's ``status`` is left out, as the webhook leaves it out.
+items, and a live object's ``status`` is left out, as the webhook leaves it out. A job marked
+``config.kubernetes.io/local-config: "true"`` (kustomize's mark of an object that never goes to a
+cluster) is validated as ``run`` would take it, not as a cluster job.
+
+Run as ``kubectl-bertjob`` (kubectl's plugin lookup), the usage and examples say ``kubectl bertjob``.
 
 ``run`` starts the trainer's entry point (``python -m bertpretrain local``) as a process of its
 own, without importing the trainer: the operator's package never imports the trainer's.
@@ -23,17 +27,20 @@ import argparse
 import importlib.metadata
 import importlib.util
 import json
+import re
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from bertjob_api.contract import LOCAL_COMMAND, TRAINER_MODULE
 from bertjob_api.jobfile import (
     JOB_KIND,
     STDIN,
+    STDIN_NAME,
     Document,
     JobFileError,
     dump_all,
@@ -47,19 +54,33 @@ from bertjob_api.spec import BertPretrainJob, SpecError, parse_job
 from bertjob_api.validation import checked
 
 PROG = "bertjob"
+# kubectl runs a plugin as the executable kubectl-NAME (argv[0] its path) and users type "kubectl NAME".
+PLUGIN_EXECUTABLE = "kubectl-bertjob"
+PLUGIN_PROG = "kubectl bertjob"
+# kustomize's annotation for an object that is configuration for local tools and never sent to a
+# cluster (kustomize build drops it); here it marks a job for `bertjob run` on this machine.
+LOCAL_CONFIG = "config.kubernetes.io/local-config"
+# The extra that holds the trainer's dependencies (pyproject.toml), and how to install it.
+TRAINER_EXTRA = "trainer"
+INSTALL_TRAINER = (
+    "pip install 'bertjob[trainer]' (from a checkout: pip install '.[trainer]', or "
+    "pipx install --force '.[trainer]' where pipx installed bertjob)"
+)
+_SHOWN_MISSING = 5
 
 DESCRIPTION = """\
 Check, render and run BertPretrainJob files on this machine, with the checks the operator makes
 before it creates anything."""
 
+# Help texts name the command as {prog}: bertjob, or kubectl bertjob when run as kubectl's plugin.
 EPILOG = """\
 examples:
-  bertjob validate examples/bert-large-1x8xa100.yaml
-  kubectl kustomize examples/gitops/jobs | bertjob validate -f -
-  bertjob render -n research -f examples/bert-base-8xa100.yaml
-  bertjob run examples/bert-tiny-local.yaml
+  {prog} validate examples/bert-large-1x8xa100.yaml
+  kubectl kustomize examples/gitops/jobs | {prog} validate -f -
+  {prog} render -n research -f examples/bert-base-8xa100.yaml
+  {prog} run examples/bert-tiny-local.yaml
 
-Run 'bertjob COMMAND --help' for a command's options."""
+Run '{prog} COMMAND --help' for a command's options."""
 
 INPUTS = """\
 Files are named as for kubectl apply: -f FILE, -f DIR (its *.yaml, *.yml and *.json files in
@@ -69,14 +90,17 @@ a document is named FILE when it is its file's only one, else FILE#N (N counting
 input is named stdin). A kind: List (kubectl get -o yaml) counts as its items, named FILE#N items[I]
 (I from 0); a live object's status is ignored. Objects of other kinds (a Namespace, a Kustomization)
 are skipped, silently unless -v; one of apiVersion bertjob.dev/* is checked as a job whatever its
-kind."""
+kind. A document that is not a file's only one, or comes from standard input, is also named by its
+job's namespace/name (its name alone where it names no namespace and -n none)."""
 
 VALIDATE = f"""\
 Check each BertPretrainJob as the operator would before creating anything: the fields, the
 checks across them, that every path it writes lies on one of its volumes, and that each object
 it renders fits what the API server stores (1 MiB; this renders the job, with kustomize or
 kubectl as render does). One line per job on standard output; each invalid job's problems on
-standard error, field path first.
+standard error, field path first. A job annotated config.kubernetes.io/local-config: "true"
+(kustomize's mark of an object never sent to a cluster) is checked as run would take it, relative
+paths allowed, and not rendered; examples/bert-tiny-local.yaml is one.
 
 {INPUTS}
 
@@ -85,11 +109,12 @@ unreadable, or the inputs hold no BertPretrainJob; 1 when kustomize fails."""
 
 VALIDATE_EXAMPLES = """\
 examples:
-  bertjob validate examples/bert-large-1x8xa100.yaml
-  bertjob validate -f examples/bert-base-8xa100.yaml -f examples/bert-large-gaudi.yaml
-  bertjob validate -f examples/gitops/jobs             # skips its Namespace, claim and Kustomization
-  kubectl kustomize examples/gitops/jobs | bertjob validate -f -
-  kubectl get bertpretrainjobs -o yaml | bertjob validate -f -"""
+  {prog} validate examples/bert-large-1x8xa100.yaml
+  {prog} validate -f examples/bert-base-8xa100.yaml -f examples/bert-large-gaudi.yaml
+  {prog} validate -R -f examples/                    # every example; the local one as run takes it
+  {prog} validate -f examples/gitops/jobs             # skips its Namespace, claim and Kustomization
+  kubectl kustomize examples/gitops/jobs | {prog} validate -f -
+  kubectl get bertpretrainjobs -o yaml | {prog} validate -f -"""
 
 RENDER = f"""\
 Print the objects the operator would create for each BertPretrainJob: its ConfigMap (the job
@@ -103,29 +128,34 @@ Exit status: 0 when rendered; 2 as for validate; 1 when kustomize fails."""
 
 RENDER_EXAMPLES = """\
 examples:
-  bertjob render examples/bert-large-1x8xa100.yaml
-  bertjob render -n research -f examples/bert-base-8xa100.yaml | kubectl apply --dry-run=client -f -
-  bertjob render -o json -f examples/bert-base-trainjob.yaml"""
+  {prog} render examples/bert-large-1x8xa100.yaml
+  {prog} render -n research -f examples/bert-base-8xa100.yaml | kubectl apply --dry-run=client -f -
+  {prog} render -o json -f examples/bert-base-trainjob.yaml"""
 
 RUN = """\
 Run the whole job on this machine, without a cluster: data preparation, every phase, the export
-and any fine-tuning, then a fill-mask demonstration. Needs the trainer (pip install
-'.[trainer]'). Relative paths in the job are relative to the working directory. SIGTERM makes
-the trainer checkpoint and exit 143, as in a pod.
+and any fine-tuning, then a fill-mask demonstration. Needs the trainer's dependencies, the extra
+'trainer' (pip install 'bertjob[trainer]', or pip install '.[trainer]' in a checkout); without
+them it says what is missing and exits 1. Relative paths in the job are relative to the working
+directory. SIGTERM makes the trainer checkpoint and exit 143, as in a pod.
 
-Exit status: the trainer's (0 done, 2 an invalid job file, 143 stopped by SIGTERM)."""
+Exit status: the trainer's (0 done, 2 an invalid job file, 143 stopped by SIGTERM); 1 without the
+trainer."""
 
 RUN_EXAMPLES = """\
 examples:
-  bertjob run examples/bert-tiny-local.yaml"""
+  {prog} run examples/bert-tiny-local.yaml"""
 
 
 @dataclass(frozen=True)
 class Job:
-    """A BertPretrainJob read from an input: ``source`` names its document (:class:`Document`)."""
+    """A BertPretrainJob read from an input: ``source`` names its document (:class:`Document`,
+    with the job's namespace/name where the document's name alone does not find it); ``local``
+    says that it is marked :data:`LOCAL_CONFIG`, a job for ``bertjob run`` only."""
 
     source: str
     job: BertPretrainJob
+    local: bool = False
 
 
 class Report:
@@ -158,14 +188,17 @@ def _jobs(args: argparse.Namespace, report: Report) -> Iterator[Job]:
         except SpecError as error:
             report.refuse(error)
             continue
+        shown = STDIN_NAME if name == STDIN else name
         for document in documents:
-            job = _job(document, args, report)
+            job = _job(document, shown, args, report)
             if job is not None:
                 report.jobs += 1
                 yield job
 
 
-def _job(document: Document, args: argparse.Namespace, report: Report) -> Job | None:
+def _job(document: Document, file: str, args: argparse.Namespace, report: Report) -> Job | None:
+    """The job of ``document``, read from the input named ``file``, or ``None`` where it is of
+    another kind or refused (then reported)."""
     if document.error is not None:
         report.refuse(document.error)
         return None
@@ -176,10 +209,38 @@ def _job(document: Document, args: argparse.Namespace, report: Report) -> Job | 
         return None
     try:
         value = without_status(_in_namespace(document, args.namespace))
-        return Job(document.source, parse_job(value, document.source))
+        source = _named(document.source, value, alone=document.source == file and file != STDIN_NAME)
+        return Job(source, parse_job(value, source), local=_annotation(value, LOCAL_CONFIG) == "true")
     except SpecError as error:
         report.refuse(error)
         return None
+
+
+def _named(source: str, value: Any, *, alone: bool) -> str:
+    """``source``, followed by the job's ``(namespace/name)`` unless the document is ``alone`` in
+    a file (its path finds it): a document among several, or on standard input (``kubectl get -o
+    yaml``'s objects), is found by its name. The namespace is the one the document or ``-n``
+    gives; without one, the name alone (the cluster's context would choose it). A name or
+    namespace that is not a short printable string is left out: the problems list says why."""
+    metadata = value.get("metadata") if isinstance(value, dict) else None
+    if alone or not isinstance(metadata, dict):
+        return source
+    name, namespace = metadata.get("name"), metadata.get("namespace")
+    if not _shown(name):
+        return source
+    return f"{source} ({namespace}/{name})" if _shown(namespace) else f"{source} ({name})"
+
+
+def _shown(text: Any) -> bool:
+    # 253: the longest name Kubernetes stores (a DNS subdomain).
+    return isinstance(text, str) and 0 < len(text) <= 253 and text.isprintable()
+
+
+def _annotation(value: Any, key: str) -> Any:
+    """The annotation ``key`` of the document ``value``, ``None`` where it has none."""
+    metadata = value.get("metadata") if isinstance(value, dict) else None
+    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
+    return annotations.get(key) if isinstance(annotations, dict) else None
 
 
 def _in_namespace(document: Document, namespace: str | None) -> Any:
@@ -218,7 +279,11 @@ def _validate(args: argparse.Namespace) -> int:
     report = Report()
     for found in _jobs(args, report):
         try:
-            spec = rendered(found.job, found.source).job.spec
+            if found.local:
+                # Never sent to a cluster: checked as `bertjob run` checks it before it trains.
+                spec = checked(found.job.spec, found.source, "training")
+            else:
+                spec = rendered(found.job, found.source).job.spec
         except SpecError as error:
             report.refuse(error)
             continue
@@ -226,7 +291,8 @@ def _validate(args: argparse.Namespace) -> int:
             print(f"{PROG} validate: {found.source}: {error}", file=sys.stderr)
             return 1
         name, size = found.job.metadata.name, spec.topology.world_size
-        print(f"{found.source}: valid {JOB_KIND} {name!r}, world size {size}")
+        where = f" for {PROG} run ({LOCAL_CONFIG})" if found.local else ""
+        print(f"{found.source}: valid {JOB_KIND} {name!r}{where}, world size {size}")
     return _none_found(args, report)
 
 
@@ -268,9 +334,14 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     source = names[0]
     job = load_job(source)
-    if importlib.util.find_spec(TRAINER_MODULE) is None:
+    missing = missing_trainer()
+    if missing:
+        shown = ", ".join(missing[:_SHOWN_MISSING])
+        if len(missing) > _SHOWN_MISSING:
+            shown += f" and {len(missing) - _SHOWN_MISSING} more"
         print(
-            f"bertjob run needs the trainer (pip install '.[trainer]'): No module named {TRAINER_MODULE!r}",
+            f"{PROG} run needs the trainer, the extra '{TRAINER_EXTRA}', which is not installed here "
+            f"(missing: {shown}); install it: {INSTALL_TRAINER}",
             file=sys.stderr,
         )
         return 1
@@ -279,6 +350,29 @@ def _run(args: argparse.Namespace) -> int:
     checked(job.spec, source, "training")
     # The same interpreter, so the same environment; the trainer prints to this process's stdout.
     return run_trainer([sys.executable, "-m", TRAINER_MODULE, LOCAL_COMMAND, "--config", source])
+
+
+def missing_trainer() -> list[str]:
+    """What ``bertjob run`` lacks to start the trainer: the trainer's package (``bertpretrain``)
+    if it cannot be found, and each distribution of the extra :data:`TRAINER_EXTRA` that is not
+    installed (by the installed ``bertjob``'s metadata: ``pip install .`` installs none of
+    them), in the metadata's order. Empty where all are there; versions are not compared.
+    Without ``bertjob``'s metadata (a checkout on ``PYTHONPATH``) only the package is looked for."""
+    missing = [TRAINER_MODULE] if importlib.util.find_spec(TRAINER_MODULE) is None else []
+    try:
+        requirements = importlib.metadata.requires(PROG) or []
+    except importlib.metadata.PackageNotFoundError:
+        return missing
+    extra = re.compile(rf"""extra\s*==\s*["']{TRAINER_EXTRA}["']""")
+    for requirement in requirements:
+        name = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", requirement)
+        if name is None or not extra.search(requirement):
+            continue
+        try:
+            importlib.metadata.distribution(name[0])
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(name[0])
+    return missing
 
 
 def run_trainer(command: Sequence[str]) -> int:
@@ -335,12 +429,17 @@ def _inputs(parser: argparse.ArgumentParser, *, several: bool = True) -> None:
         )
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The command line: ``bertjob [--version] {validate,render,run} ...``, each command with its
-    own ``--help`` (description, options, examples)."""
+    own ``--help`` (description, options, examples), where usage and examples name the command
+    ``prog`` (``kubectl bertjob`` for the plugin)."""
     formatter = argparse.RawDescriptionHelpFormatter
+
+    def named(text: str) -> str:
+        return text.replace("{prog}", prog)
+
     top = argparse.ArgumentParser(
-        prog=PROG, description=DESCRIPTION, epilog=EPILOG, formatter_class=formatter
+        prog=prog, description=DESCRIPTION, epilog=named(EPILOG), formatter_class=formatter
     )
     top.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     commands = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -350,7 +449,7 @@ def parser() -> argparse.ArgumentParser:
         ("run", _run, "run a whole job on this machine, without a cluster", RUN, RUN_EXAMPLES),
     ):
         command = commands.add_parser(
-            name, help=summary, description=description, epilog=examples, formatter_class=formatter
+            name, help=summary, description=description, epilog=named(examples), formatter_class=formatter
         )
         _inputs(command, several=name != "run")
         if name == "render":
@@ -365,9 +464,17 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Parse ``argv`` (without the program name), run the command, return the exit code."""
-    args = parser().parse_args(argv)
+def prog_name(executable: str) -> str:
+    """How the user typed the command whose executable (``argv[0]``) is ``executable``:
+    :data:`PLUGIN_PROG` for kubectl's plugin (``kubectl-bertjob``, ``.exe`` on Windows), else
+    :data:`PROG`."""
+    return PLUGIN_PROG if Path(executable).stem == PLUGIN_EXECUTABLE else PROG
+
+
+def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
+    """Parse ``argv`` (without the program name), run the command, return the exit code; usage
+    and help name the command ``prog``."""
+    args = parser(prog).parse_args(argv)
     try:
         return int(args.handler(args))
     except SpecError as error:
@@ -376,5 +483,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def entrypoint() -> None:
-    """Console-script entry point."""
-    sys.exit(main())
+    """Console-script entry point of ``bertjob`` and ``kubectl-bertjob``."""
+    sys.exit(main(prog=prog_name(sys.argv[0])))

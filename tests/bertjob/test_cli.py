@@ -4,10 +4,13 @@ import importlib.metadata
 import importlib.util
 import io
 import json
+import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -15,7 +18,7 @@ import yaml
 import bertjob.cli
 from bertjob.cli import main
 from bertjob_api.jobfile import dump, read_documents
-from bertjob_testing.jobs import EXAMPLES, valid_job, with_value
+from bertjob_testing.jobs import EXAMPLES, REPO, valid_job, with_value
 
 
 def _write(tmp_path, document):
@@ -44,10 +47,52 @@ def test_validate_refuses_an_inconsistent_job(tmp_path, capsys):
     assert "spec.phases[0].globalBatchSize: 64 is not divisible by world size 3" in capsys.readouterr().err
 
 
-def test_validate_checks_as_the_operator_would(capsys):
+LOCAL_EXAMPLE = EXAMPLES / "bert-tiny-local.yaml"
+LOCAL_MARK = "config.kubernetes.io/local-config"
+
+
+def _unmarked_local_example() -> dict:
+    """The demo's job without its local-config mark: a job meant for a cluster."""
+    document = yaml.safe_load(LOCAL_EXAMPLE.read_text(encoding="utf-8"))
+    assert document["metadata"].pop("annotations") == {LOCAL_MARK: "true"}
+    return document
+
+
+def test_validate_checks_as_the_operator_would(tmp_path, capsys):
     # The demo writes under the working directory, which a pod has no volume for.
-    assert main(["validate", str(EXAMPLES / "bert-tiny-local.yaml")]) == 2
+    assert main(["validate", str(_write(tmp_path, _unmarked_local_example()))]) == 2
     assert "spec.data.shards: runs/bert-tiny-local/data must be an absolute path" in capsys.readouterr().err
+
+
+def test_a_local_config_job_is_validated_as_run_takes_it(tmp_path, capsys):
+    assert main(["validate", str(LOCAL_EXAMPLE)]) == 0
+    assert capsys.readouterr().out == (
+        f"{LOCAL_EXAMPLE}: valid BertPretrainJob 'bert-tiny-local' for bertjob run ({LOCAL_MARK}), "
+        "world size 1\n"
+    )
+    # Marked local, it is still checked: what `bertjob run` would refuse is refused.
+    marked = with_value(valid_job(), "metadata.annotations", {LOCAL_MARK: "true"})
+    broken = with_value(marked, "spec.topology.processesPerNode", 3)
+    assert main(["validate", str(_write(tmp_path, broken))]) == 2
+    assert "globalBatchSize: 64 is not divisible by world size 3" in capsys.readouterr().err
+
+
+def test_validate_r_on_examples_is_a_ci_gate():
+    # What CI and a newcomer run on the whole examples tree (docs/design.md, "examples/ as a gate").
+    result = subprocess.run(
+        [sys.executable, "-m", "bertjob", "validate", "-R", "-f", "examples/"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    local = "examples/bert-tiny-local.yaml: valid BertPretrainJob 'bert-tiny-local' for bertjob run"
+    assert local in result.stdout
+    jobs = sorted(str(path.relative_to(REPO)) for path in EXAMPLES.glob("*.yaml"))
+    for job in jobs:
+        assert f"{job}: valid BertPretrainJob" in result.stdout
 
 
 def test_render_and_validate_cover_the_trainjob_launcher(tmp_path, capsys):
@@ -192,6 +237,12 @@ def test_run_refuses_an_invalid_job_before_starting_the_trainer(tmp_path, monkey
     assert "spec.phases[0].globalBatchSize: 64 is not divisible by world size 3" in capsys.readouterr().err
 
 
+INSTALL_HINT = (
+    "install it: pip install 'bertjob[trainer]' (from a checkout: pip install '.[trainer]', or "
+    "pipx install --force '.[trainer]' where pipx installed bertjob)\n"
+)
+
+
 def test_run_needs_the_trainer(tmp_path, monkeypatch, capsys):
     real = importlib.util.find_spec
     monkeypatch.setattr(
@@ -200,8 +251,36 @@ def test_run_needs_the_trainer(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bertjob.cli, "run_trainer", lambda *_: pytest.fail("trainer started"))
     assert main(["run", str(_write(tmp_path, valid_job()))]) == 1
     assert capsys.readouterr().err == (
-        "bertjob run needs the trainer (pip install '.[trainer]'): No module named 'bertpretrain'\n"
+        "bertjob run needs the trainer, the extra 'trainer', which is not installed here "
+        "(missing: bertpretrain); " + INSTALL_HINT
     )
+
+
+def test_run_without_the_trainer_extra_names_the_extra_and_how_to_install_it(tmp_path, monkeypatch, capsys):
+    # `pip install .` without [trainer]: the trainer's package is there, tqdm (and torch...) not.
+    real = importlib.metadata.distribution
+    absent = {"tqdm", "torch"}
+
+    def distribution(name):
+        if name in absent:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(bertjob.cli.importlib.metadata, "distribution", distribution)
+    monkeypatch.setattr(bertjob.cli, "run_trainer", lambda *_: pytest.fail("trainer started"))
+    assert main(["run", str(_write(tmp_path, valid_job()))]) == 1
+    assert capsys.readouterr().err == (
+        "bertjob run needs the trainer, the extra 'trainer', which is not installed here "
+        "(missing: torch, tqdm); " + INSTALL_HINT
+    )
+
+
+def test_the_trainer_extra_is_read_from_the_installed_metadata():
+    # Every distribution of pyproject.toml's extra, and nothing else, is looked for.
+    requirements = importlib.metadata.requires("bertjob") or []
+    trainer = [r for r in requirements if 'extra == "trainer"' in r]
+    assert any(r.startswith("tqdm") for r in trainer) and any(r.startswith("torch") for r in trainer)
+    assert bertjob.cli.missing_trainer() == []  # the dev environment has the extra
 
 
 RUN_WITHOUT_A_TRAINER = """
@@ -394,8 +473,8 @@ INPUT_CASES = {
         ["validate", "-v", "-f", "-"],
         0,
         [
-            "stdin#3: valid BertPretrainJob 'a', world size 1",
-            "stdin#4: valid BertPretrainJob 'b', world size 1",
+            "stdin#3 (a): valid BertPretrainJob 'a', world size 1",
+            "stdin#4 (b): valid BertPretrainJob 'b', world size 1",
         ],
         [
             "stdin#1: not a BertPretrainJob (kind: Namespace), skipped",
@@ -414,17 +493,34 @@ INPUT_CASES = {
         ["validate", "jobs.yaml"],
         2,
         [
-            "jobs.yaml#1: valid BertPretrainJob 'a', world size 1",
-            "jobs.yaml#3: valid BertPretrainJob 'c', world size 1",
+            "jobs.yaml#1 (a): valid BertPretrainJob 'a', world size 1",
+            "jobs.yaml#3 (c): valid BertPretrainJob 'c', world size 1",
         ],
-        ["jobs.yaml#2: invalid BertPretrainJob\n", "globalBatchSize: 64 is not divisible by world size 3"],
+        # Among several documents, named by the job too (no namespace: the context's would apply).
+        ["jobs.yaml#2 (b): invalid BertPretrainJob\n", "globalBatchSize: 64 is not divisible by world size"],
+    ),
+    "a stream with -n: each job named namespace/name": (
+        {},
+        _job("a") + "---\n" + _job("b", spec__topology__processesPerNode=3),
+        ["validate", "-n", "research", "-f", "-"],
+        2,
+        ["stdin#1 (research/a): valid BertPretrainJob 'a', world size 1"],
+        ["stdin#2 (research/b): invalid BertPretrainJob\n", "not divisible by world size 3"],
+    ),
+    "a job on standard input alone: named namespace/name": (
+        {},
+        _job("b", metadata__namespace="team", spec__topology__processesPerNode=3),
+        ["render", "-f", "-"],
+        2,
+        [],
+        ["stdin (team/b): invalid BertPretrainJob\n", "not divisible by world size 3"],
     ),
     "a hostile document among valid ones": (
         {},
         _job("a") + "---\n" + _job("b").replace("spec:\n", "bomb: " + BOMB + "spec:\n", 1),
         ["validate", "-f", "-"],
         2,
-        ["stdin#1: valid BertPretrainJob 'a', world size 1"],
+        ["stdin#1 (a): valid BertPretrainJob 'a', world size 1"],
         ["stdin#2: invalid BertPretrainJob\n  line 32: excessive aliasing"],
     ),
     "a missing file": ({}, None, ["validate", "job.yaml"], 2, [], ["job.yaml: no such file or directory\n"]),
@@ -442,8 +538,8 @@ INPUT_CASES = {
         ["validate", "-f", "-"],
         0,
         [
-            "stdin#1 items[0]: valid BertPretrainJob 'a', world size 1",
-            "stdin#1 items[1]: valid BertPretrainJob 'b', world size 1",
+            "stdin#1 items[0] (default/a): valid BertPretrainJob 'a', world size 1",
+            "stdin#1 items[1] (default/b): valid BertPretrainJob 'b', world size 1",
         ],
         [],
     ),
@@ -456,9 +552,9 @@ INPUT_CASES = {
         None,
         ["validate", "live.yaml"],
         2,
-        ["live.yaml#2 items[0]: valid BertPretrainJob 'a', world size 1"],
+        ["live.yaml#2 items[0] (default/a): valid BertPretrainJob 'a', world size 1"],
         [
-            "live.yaml#2 items[1]: invalid BertPretrainJob\n",
+            "live.yaml#2 items[1] (default/b): invalid BertPretrainJob\n",
             "globalBatchSize: 64 is not divisible by world size 3",
         ],
     ),
@@ -639,3 +735,91 @@ def test_a_stream_of_small_bombs_is_refused_in_bounded_time_and_memory(tmp_path)
     assert (result.returncode, result.stdout) == (2, "")
     assert "stdin: invalid BertPretrainJob\n  line " in result.stderr
     assert "values in all documents" in result.stderr
+
+
+# ---- -R over symbolic links, as kubectl apply -R walks (Go's filepath.Walk follows none) ----
+
+LOOPS = {
+    # name -> (links to make: path -> target), the jobs -R must report, each once
+    "one loop back to the top": ({"d/s/up": ".."}, ["d/a.yaml", "d/s/b.yaml"]),
+    "two loops, each back to the top": ({"d/s/up": "..", "d/s/t/up": "../.."}, ["d/a.yaml", "d/s/b.yaml"]),
+    "a link to a directory outside, and to a job file": (
+        {"d/outside": "../elsewhere", "d/z-link.yaml": "../elsewhere/c.yaml"},
+        ["d/a.yaml", "d/s/b.yaml", "d/z-link.yaml"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(LOOPS))
+def test_validate_r_follows_no_directory_link_and_reports_each_job_once(tmp_path, case):
+    links, expected = LOOPS[case]
+    for name, job in (("d/a.yaml", "a"), ("d/s/b.yaml", "b"), ("elsewhere/c.yaml", "c")):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(_job(job), encoding="utf-8")
+    for link, target in links.items():
+        (tmp_path / link).parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(target, tmp_path / link)
+    started = time.monotonic()
+    # A subprocess with a timeout: a walk that loops fails here instead of hanging the suite.
+    result = subprocess.run(
+        [sys.executable, "-m", "bertjob", "validate", "-R", "-f", "d"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert [line.split(":")[0] for line in result.stdout.splitlines()] == expected
+    assert time.monotonic() - started < 30
+
+
+# ---- run as kubectl's plugin: kubectl-bertjob, typed as "kubectl bertjob" ----
+
+
+@pytest.mark.parametrize(
+    ("executable", "prog"),
+    [
+        ("/home/me/.local/bin/kubectl-bertjob", "kubectl bertjob"),
+        ("kubectl-bertjob.exe", "kubectl bertjob"),
+        ("/usr/bin/bertjob", "bertjob"),
+    ],
+)
+def test_the_command_is_named_as_the_user_typed_it(executable, prog):
+    assert bertjob.cli.prog_name(executable) == prog
+
+
+def test_as_kubectl_s_plugin_usage_and_examples_say_kubectl_bertjob(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["/home/me/.local/bin/kubectl-bertjob", "validate", "--help"])
+    with pytest.raises(SystemExit) as exited:
+        bertjob.cli.entrypoint()
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: kubectl bertjob validate ")
+    assert "examples:\n  kubectl bertjob validate " in out
+    assert "| kubectl bertjob validate -f -" in out
+    # A usage error names it so too.
+    monkeypatch.setattr(sys, "argv", ["/home/me/.local/bin/kubectl-bertjob"])
+    with pytest.raises(SystemExit) as exited:
+        bertjob.cli.entrypoint()
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.startswith("usage: kubectl bertjob [-h]")
+
+
+def test_kubectl_runs_the_plugin_whose_help_says_kubectl_bertjob(tmp_path):
+    script = os.path.join(os.path.dirname(sys.executable), "kubectl-bertjob")
+    if not os.path.exists(script) or not shutil.which("kubectl"):
+        pytest.skip("needs kubectl and this environment's kubectl-bertjob script")
+    env = {**os.environ, "PATH": os.path.dirname(script) + os.pathsep + os.environ["PATH"]}
+    result = subprocess.run(
+        ["kubectl", "bertjob", "run", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: kubectl bertjob run ")
+    assert "  kubectl bertjob run examples/bert-tiny-local.yaml" in result.stdout
