@@ -275,6 +275,33 @@ def test_run_without_the_trainer_extra_names_the_extra_and_how_to_install_it(tmp
     )
 
 
+def test_run_without_the_extra_in_a_process_of_its_own(tmp_path):
+    # No monkeypatching: a bertjob distribution found first on the path whose trainer extra names
+    # a distribution that is not installed, as `pip install .` leaves every one of them.
+    info = tmp_path / "site" / "bertjob-0.1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: bertjob\nVersion: 0.1.0\nProvides-Extra: trainer\n"
+        'Requires-Dist: pyyaml>=6\nRequires-Dist: not-installed-tqdm>=4; extra == "trainer"\n'
+    )
+    job = _write(tmp_path, valid_job())
+    result = subprocess.run(
+        [sys.executable, "-m", "bertjob", "run", str(job)],
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
+        cwd=tmp_path,  # not the checkout, whose bertjob.egg-info would be found first
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr == (
+        "bertjob run needs the trainer, the extra 'trainer', which is not installed here "
+        "(missing: not-installed-tqdm); " + INSTALL_HINT
+    )
+    assert "Traceback" not in result.stderr
+
+
 def test_the_trainer_extra_is_read_from_the_installed_metadata():
     # Every distribution of pyproject.toml's extra, and nothing else, is looked for.
     requirements = importlib.metadata.requires("bertjob") or []
