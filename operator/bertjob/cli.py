@@ -120,7 +120,7 @@ RENDER = f"""\
 Print the objects the operator would create for each BertPretrainJob: its ConfigMap (the job
 file as a block), ServiceAccount, Role and RoleBinding, the data-preparation Job if enabled, and
 the launcher's child (PyTorchJob, MPIJob or TrainJob). Nothing is printed unless every job is
-valid.
+valid; a job marked config.kubernetes.io/local-config is refused (it is for run, not a cluster).
 
 {INPUTS}
 
@@ -302,6 +302,11 @@ def _render(args: argparse.Namespace) -> int:
     report = Report()
     manifests: list[dict[str, Any]] = []
     for found in _jobs(args, report):
+        if found.local:
+            # Refused by name rather than by its relative paths: validate calls it valid.
+            problem = f"{LOCAL_CONFIG}: a job for {PROG} run, which no cluster receives; nothing to render"
+            report.refuse(SpecError(found.source, [("metadata.annotations", problem)]))
+            continue
         try:
             manifests.extend(render(found.job))
         except SpecError as error:

@@ -70,6 +70,14 @@ def test_a_local_config_job_is_validated_as_run_takes_it(tmp_path, capsys):
         f"{LOCAL_EXAMPLE}: valid BertPretrainJob 'bert-tiny-local' for bertjob run ({LOCAL_MARK}), "
         "world size 1\n"
     )
+    # render, which writes what a cluster receives, refuses it by its mark.
+    assert main(["render", str(LOCAL_EXAMPLE)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        f"{LOCAL_EXAMPLE}: invalid BertPretrainJob\n  metadata.annotations: {LOCAL_MARK}: a job for "
+        "bertjob run, which no cluster receives; nothing to render\n"
+    )
     # Marked local, it is still checked: what `bertjob run` would refuse is refused.
     marked = with_value(valid_job(), "metadata.annotations", {LOCAL_MARK: "true"})
     broken = with_value(marked, "spec.topology.processesPerNode", 3)
