@@ -161,6 +161,7 @@ _SAME = {
     "maxLength",
     "minItems",
     "maxItems",
+    "maxProperties",
 }
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -21,6 +21,8 @@ INT64_MAX = 2**63 - 1
 # Names that become a label value, a Service or a Job (every pod's hostname) are DNS labels.
 MAX_LABEL = 63
 MAX_SUBDOMAIN = 253
+# What the API server allows an object's annotations, keys and values together, in bytes.
+MAX_ANNOTATIONS_BYTES = 256 * 1024
 
 # ASCII classes only ([0-9], not \d) and fullmatch only: Python's $ also matches before a final
 # newline, which the API server's Go regexps do not.
@@ -121,9 +123,10 @@ def label_value_problem(value: str) -> str | None:
     )  # fmt: skip
 
 
-def qualified_name_problem(value: str) -> str | None:
-    """A label key or resource name: ``[prefix/]name``, the prefix a DNS subdomain and the name
-    up to 63 letters, digits, '-', '_' and '.' between alphanumerics."""
+def qualified_name_problem(value: str, what: str = "label key") -> str | None:
+    """A label or annotation key, or a resource name: ``[prefix/]name``, the prefix a DNS subdomain
+    and the name up to 63 letters, digits, '-', '_' and '.' between alphanumerics. ``what`` names
+    the kind of key in the message."""
     prefix, slash, name = value.rpartition("/")
     if (
         len(name) <= MAX_LABEL
@@ -132,8 +135,21 @@ def qualified_name_problem(value: str) -> str | None:
     ):
         return None
     return (
-        f"{shown(value)} is not a valid label key: an optional DNS-subdomain prefix and '/', then at "
+        f"{shown(value)} is not a valid {what}: an optional DNS-subdomain prefix and '/', then at "
         f"most {MAX_LABEL} letters, digits, '-', '_' and '.' starting and ending with a letter or digit"
+    )
+
+
+def annotations_size_problem(annotations: Mapping[str, str]) -> str | None:
+    """The API server's limit on an object's annotations: their keys and values together at most
+    :data:`MAX_ANNOTATIONS_BYTES` (256 KiB) of UTF-8."""
+    size = sum(len(key.encode("utf-8", "surrogatepass")) for key in annotations)
+    size += sum(len(value.encode("utf-8", "surrogatepass")) for value in annotations.values())
+    if size <= MAX_ANNOTATIONS_BYTES:
+        return None
+    return (
+        f"keys and values take {size} bytes, over the {MAX_ANNOTATIONS_BYTES} Kubernetes allows an "
+        "object's annotations"
     )
 
 

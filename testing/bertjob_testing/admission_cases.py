@@ -191,6 +191,44 @@ def job_cases() -> list[dict[str, Any]]:
             cel=False,
         ),
         _job("no-spec", no_spec, ["spec"], cel=False, schema=True),
+        # spec.pod.labels and annotations reach every pod; the operator's and the pods' controllers'
+        # label keys are reserved, at apply too (the CRD's rule on spec.pod).
+        _job(
+            "pod-labels-and-annotations",
+            with_value(
+                good,
+                "spec.pod",
+                {"labels": {"team": "nlp"}, "annotations": {"sidecar.istio.io/inject": "false"}},
+            ),
+            [],
+            cel=True,
+        ),
+        _job(
+            "pod-label-of-the-operator",
+            with_value(good, "spec.pod", {"labels": {"team": "nlp", "bertjob.dev/job": "other"}}),
+            ["spec.pod.labels"],
+            cel=True,
+        ),
+        _job(
+            "pod-label-of-the-training-operator",
+            with_value(good, "spec.pod", {"labels": {"training.kubeflow.org/replica-type": "master"}}),
+            ["spec.pod.labels"],
+            cel=True,
+        ),
+        _job(
+            "pod-label-value-not-a-label-value",
+            with_value(good, "spec.pod", {"labels": {"team": "n l p"}}),
+            ["spec.pod.labels.team"],
+            cel=False,
+            schema=True,
+        ),
+        # What no schema or rule can say of a map's keys: the webhook's alone.
+        _job(
+            "pod-annotation-key-not-a-key",
+            with_value(good, "spec.pod", {"annotations": {"not a key": "x"}}),
+            ["spec.pod.annotations"],
+            cel=False,
+        ),
         *_examples(),
     ]
 

@@ -307,6 +307,8 @@ def test_the_config_map_holds_the_job_after_defaults() -> None:
 
 EVERYTHING = {
     "spec.pod": {
+        "labels": {"team": "nlp", "example.com/cost-centre": "r-and-d"},
+        "annotations": {"sidecar.istio.io/inject": "false", "example.com/note": "a: {b}"},
         "resources": {"requests": {"cpu": "8", "memory": "64Gi"}, "limits": {"memory": "96Gi"}},
         "imagePullPolicy": "Always",
         "imagePullSecrets": ["registry"],
@@ -381,7 +383,11 @@ EVERYTHING = {
                     "spec.launcher": "trainjob",
                     "spec.trainJob": {"mlPolicy": "mpi"},
                     "spec.distributed": {"deepspeed": {"zeroStage": 1}},
-                    "spec.pod": {"env": [{"name": "OMP_NUM_THREADS", "value": "16"}]},
+                    "spec.pod": {
+                        "env": [{"name": "OMP_NUM_THREADS", "value": "16"}],
+                        "labels": {"team": "nlp"},
+                        "annotations": {"sidecar.istio.io/inject": "false"},
+                    },
                 },
             ),
         ),

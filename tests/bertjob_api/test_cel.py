@@ -21,6 +21,7 @@ from bertjob_api.crd import crd, resource_schema
 from bertjob_api.defaults import batch_split_problem
 from bertjob_api.spec import SpecError, parse_job
 from bertjob_api.spec.cel import MAX_FINETUNE_TASKS, MAX_PHASES
+from bertjob_api.spec.cluster import RESERVED_POD_LABEL_PREFIXES, RESERVED_POD_LABELS
 from bertjob_api.validation import cluster_job
 from bertjob_testing import cel
 from bertjob_testing.admission_cases import job_cases, stored
@@ -307,6 +308,27 @@ CASES: list[tuple[str, dict[str, Any], set[str]]] = [
     ),
     # What the rules leave to the webhook and the operator: relative paths, a name too long.
     ("relative-checkpoint-path", _job(spec__checkpoint={"path": "checkpoints"}), set()),
+    # spec.pod.labels: each reserved key and domain refused, a key that only looks like one taken.
+    *(
+        (f"pod-label-{key}", _job(spec__pod={"labels": {"team": "nlp", key: "x"}}), {"spec.pod.labels"})
+        for key in (*RESERVED_POD_LABELS, *(prefix + "x" for prefix in RESERVED_POD_LABEL_PREFIXES))
+    ),
+    (
+        "pod-labels-near-reserved",
+        _job(
+            spec__pod={
+                "labels": {
+                    "app.kubernetes.io/part-of": "x",
+                    "bertjob.dev": "x",
+                    "example.com/job-name": "x",
+                    "sub.training.kubeflow.org/x": "x",
+                    "sidecar.istio.io/inject": "false",
+                }
+            }
+        ),
+        set(),
+    ),
+    ("pod-labels-none", _job(spec__pod={"annotations": {"bertjob.dev/job": "x"}}), set()),
 ]
 ALL_CASES = [(case["id"], case["document"]) for case in job_cases()] + [(id_, doc) for id_, doc, _ in CASES]
 
@@ -551,12 +573,17 @@ def test_each_rule_is_one_the_api_server_accepts(site: cel.Site) -> None:
         code = _LITERAL.sub("''", expression)
         assert not KUBERNETES_ONLY.search(code), expression
         assert "oldSelf" not in code, "no transition rules: spec changes are the webhook's"
-        # Every list a macro walks has maxItems, so that the cost estimate is bounded.
+        # Every list a macro walks has maxItems, and every map maxProperties, so that the cost
+        # estimate is bounded. A macro over a map binds its keys, strings.
         bound: dict[str, Mapping[str, Any]] = {}
         for receiver, variable in _MACRO.findall(code):
             walked = _resolve(schema, receiver.removeprefix("self"))
-            assert walked["type"] == "array" and "maxItems" in walked, receiver
-            bound[variable] = walked["items"]
+            if walked["type"] == "object":
+                assert "maxProperties" in walked and "properties" not in walked, receiver
+                bound[variable] = {"type": "string"}
+            else:
+                assert walked["type"] == "array" and "maxItems" in walked, receiver
+                bound[variable] = walked["items"]
         # Every field read exists in the schema (the API server type-checks rules against it).
         for root, path in _REFERENCE.findall(code):
             if root == "self":

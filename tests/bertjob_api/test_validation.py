@@ -605,6 +605,58 @@ API_REFUSALS = [
         "DNS subdomain",
     ),
     ("image-with-trailing-space", {"spec.image": "trainer:1 "}, "spec.image", "whitespace"),
+    # spec.pod.labels and annotations land on every pod: keys and values as the API server takes
+    # them, and no key the operator or the pods' controllers set (spec.cluster.reserved_pod_label).
+    (
+        "pod-label-key-with-space",
+        {"spec.pod.labels": {"a b": "x"}},
+        "spec.pod.labels",
+        "not a valid label key",
+    ),
+    ("pod-label-key-two-slashes", {"spec.pod.labels": {"a/b/c": "x"}}, "spec.pod.labels", "label key"),
+    ("pod-label-value", {"spec.pod.labels": {"team": "-nlp"}}, "spec.pod.labels.team", "valid label value"),
+    (
+        "pod-label-value-over-63",
+        {"spec.pod.labels": {"team": "x" * 64}},
+        "spec.pod.labels.team",
+        "at most 63",
+    ),
+    (
+        "pod-label-of-the-operator",
+        {"spec.pod.labels": {"app.kubernetes.io/component": "x"}},
+        "spec.pod.labels",
+        "'app.kubernetes.io/component' is a reserved key",
+    ),
+    (
+        "pod-label-of-jobset",
+        {"spec.pod.labels": {"jobset.sigs.k8s.io/jobset-name": "x"}},
+        "spec.pod.labels",
+        "reserved key",
+    ),
+    (
+        "pod-label-of-kueue",
+        {"spec.pod.labels": {"kueue.x-k8s.io/queue-name": "x"}},
+        "spec.pod.labels",
+        "set spec.queueName for Kueue",
+    ),
+    (
+        "pod-labels-over-64",
+        {"spec.pod.labels": {f"label-{index}": "x" for index in range(65)}},
+        "spec.pod.labels",
+        "at most 64",
+    ),
+    (
+        "pod-annotation-key",
+        {"spec.pod.annotations": {"-x": "y"}},
+        "spec.pod.annotations",
+        "not a valid annotation key",
+    ),
+    (
+        "pod-annotations-over-256-kib",
+        {"spec.pod.annotations": {"a": "x" * 256 * 1024}},
+        "spec.pod.annotations",
+        "262145 bytes, over the 262144",
+    ),
 ]
 
 
@@ -659,6 +711,19 @@ def test_what_the_api_server_refuses_is_refused_naming_the_field(changes, path, 
             ]
         },
         {"spec.pod.nodeSelector": {"node.kubernetes.io/instance-type": "p4d.24xlarge"}},
+        {
+            "spec.pod.labels": {
+                **{f"label-{index}": "x" for index in range(62)},
+                "example.com/empty": "",
+                "app.kubernetes.io/part-of": "kubeflow",
+            },
+            "spec.pod.annotations": {
+                "sidecar.istio.io/inject": "false",
+                # The operator's own keys are reserved in labels only: it sets no pod annotation.
+                "bertjob.dev/note": "x"
+                * (256 * 1024 - len("sidecar.istio.io/inject") - 5 - len("bertjob.dev/note")),
+            },
+        },
     ],
 )
 def test_what_the_api_server_takes_is_accepted(changes):

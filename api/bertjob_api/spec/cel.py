@@ -5,7 +5,7 @@ Each rule restates a check of :mod:`bertjob_api.validation` or a model validator
 the same words: a rule refuses only what ``bertjob validate`` refuses (tests/bertjob_api/test_cel.py
 holds them to it on the admission table). A rule sits on the object it reads, in that model's
 ``json_schema_extra`` (:func:`validations`): one object's own rules beside its pydantic validator
-(``spec.data``, ``spec.data.vocab``, ``spec.optimizer``, ``spec.elastic``), the rules across
+(``spec.data``, ``spec.data.vocab``, ``spec.optimizer``, ``spec.elastic``, ``spec.pod``), the rules across
 ``spec``'s objects in :data:`JOB_RULES`, which :class:`bertjob_api.spec.JobSpec` carries.
 :func:`bertjob_api.crd.structural` copies them into the CRD.
 
@@ -17,8 +17,10 @@ What a rule may use, so that the API server accepts it and the Python CEL librar
   ``default`` is always there, an optional object (``spec.topology``, ``spec.mpi``, ...) only
   when written, so a rule reads it behind ``has()`` with the model's own default otherwise;
 - only lists with ``maxItems`` (``spec.phases``: 2; ``spec.finetune``:
-  :data:`MAX_FINETUNE_TASKS`), so that the API server's cost estimate stays within its budget;
-  strings only compared with literals;
+  :data:`MAX_FINETUNE_TASKS`) and maps with ``maxProperties`` (``spec.pod.labels``:
+  :data:`bertjob_api.spec.cluster.MAX_POD_LABELS`), so that the API server's cost estimate stays
+  within its budget; strings only compared with literals (``==``, ``startsWith``, whose cost is the
+  literal's length);
 - a ``messageExpression`` made of string literals only (a choice between them included): the API
   server estimates ``string()`` of an integer as an unbounded string, and a message that
   concatenates one "exceeds budget by factor of more than 100x", so the whole CRD is refused (seen
@@ -79,7 +81,7 @@ class _Text:
     text: str
 
 
-def _quote(text: str) -> str:
+def quote(text: str) -> str:
     """``text`` as a CEL string literal."""
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
@@ -93,7 +95,7 @@ def _concat(*parts: str | _Text) -> str:
             merged[-1] = _Text(merged[-1].text + part.text)
         else:
             merged.append(part)
-    return " + ".join(_quote(part.text) if isinstance(part, _Text) else part for part in merged)
+    return " + ".join(quote(part.text) if isinstance(part, _Text) else part for part in merged)
 
 
 # Read on spec (self), with the models' defaults where an optional object is absent.

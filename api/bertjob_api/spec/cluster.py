@@ -11,9 +11,9 @@ from typing import Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from bertjob_api import kubenames
-from bertjob_api.contract import MPI_RUNTIME, TORCH_RUNTIME
+from bertjob_api.contract import GROUP, MPI_RUNTIME, TORCH_RUNTIME
 from bertjob_api.spec.base import DnsSubdomain, Int32, Int64, KubernetesObject, LabelValue, Quantity, _Spec
-from bertjob_api.spec.cel import Rule, validations
+from bertjob_api.spec.cel import Rule, quote, validations
 
 
 class ResourcesSpec(_Spec):
@@ -56,9 +56,72 @@ def _whole(amount: int | str) -> bool:
     return value is not None and value == value.to_integral_value()
 
 
+# Pod label keys that spec.pod.labels may not set: those the operator sets on every pod and selects
+# them by (bertjob.render.job_labels: bertjob.dev/job, app.kubernetes.io/name and component; the
+# whole bertjob.dev/ domain is kept for the operator), and those of the controllers that make the
+# pods from our templates, which select their pods by them or read them back: training-operator and
+# mpi-operator (training.kubeflow.org/), Trainer v2 (trainer.kubeflow.org/), JobSet
+# (jobset.sigs.k8s.io/), the Job controller (batch.kubernetes.io/, and its older job-name and
+# controller-uid; the MPIJob launcher, JobSet's replicas and the data Job are Jobs) and Kueue
+# (kueue.x-k8s.io/: spec.queueName sets its queue label where Kueue reads it, on the job). Annotations
+# have no reserved keys: the operator sets none on pods, and some of those controllers' own are
+# meant to be written by users (Kueue's topology requests on a pod template).
+RESERVED_POD_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/component", "job-name", "controller-uid")
+RESERVED_POD_LABEL_PREFIXES = (
+    f"{GROUP}/",
+    "training.kubeflow.org/",
+    "trainer.kubeflow.org/",
+    "jobset.sigs.k8s.io/",
+    "batch.kubernetes.io/",
+    "kueue.x-k8s.io/",
+)
+# The most labels spec.pod.labels holds: the schema's maxProperties, which bounds the cost of the
+# CRD's rule that reads every key (bertjob_api.spec.cel).
+MAX_POD_LABELS = 64
+POD_LABELS_RESERVED = (
+    "the keys of the operator (bertjob.dev/*, app.kubernetes.io/name, app.kubernetes.io/component) and "
+    "of the controllers that run the pods (training.kubeflow.org/*, trainer.kubeflow.org/*, "
+    "jobset.sigs.k8s.io/*, batch.kubernetes.io/*, job-name, controller-uid, kueue.x-k8s.io/*: set "
+    "spec.queueName for Kueue) are reserved"
+)
+
+
+def reserved_pod_label(key: str) -> bool:
+    """Whether ``key`` is a label key of :data:`RESERVED_POD_LABELS` or under one of
+    :data:`RESERVED_POD_LABEL_PREFIXES`."""
+    return key in RESERVED_POD_LABELS or key.startswith(RESERVED_POD_LABEL_PREFIXES)
+
+
+def _reserved_label_rule() -> Rule:
+    """:func:`reserved_pod_label` for the API server: core CEL's ``==`` and ``startsWith`` on each
+    key of the map (at most :data:`MAX_POD_LABELS` of them)."""
+    tests = [f"k == {quote(key)}" for key in RESERVED_POD_LABELS]
+    tests += [f"k.startsWith({quote(prefix)})" for prefix in RESERVED_POD_LABEL_PREFIXES]
+    return Rule(
+        f"!has(self.labels) || self.labels.all(k, !({' || '.join(tests)}))",
+        f"spec.pod.labels: holds a reserved key: {POD_LABELS_RESERVED}",
+        field_path=".labels",
+    )
+
+
 class PodSpec(_Spec):
     """What the cluster needs to know about the training pods; passed through to every replica."""
 
+    # _pod_labels' reserved keys, for the API server (bertjob_api.spec.cel).
+    model_config = ConfigDict(json_schema_extra=validations(_reserved_label_rule()))
+
+    labels: dict[str, LabelValue] = Field(
+        default_factory=dict,
+        max_length=MAX_POD_LABELS,
+        description="Labels added to every pod of the job (each launcher's replicas, and the "
+        "data-preparation Job's), e.g. for a NetworkPolicy, a cost report or a sidecar injector. "
+        "Keys of the operator and of the controllers that run the pods are refused (docs/operator.md).",
+    )
+    annotations: dict[str, str] = Field(
+        default_factory=dict,
+        description="Annotations added to every pod of the job, e.g. {sidecar.istio.io/inject: "
+        '"false"} in a namespace where Istio injects sidecars (docs/operator.md, Kubeflow).',
+    )
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Requests and limits.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
         None, description="Default: Kubernetes' own (Always for :latest, else IfNotPresent)."
@@ -81,8 +144,8 @@ class PodSpec(_Spec):
     service_account_name: DnsSubdomain | None = Field(
         None,
         min_length=1,
-        description="The pods' service account. Default: one made for the job, allowed only to "
-        "report progress to this job's status.",
+        description="The pods' service account. Default: the namespace's default account. The "
+        "trainer needs no RBAC: it reports progress to the operator with a projected token.",
     )
     priority_class_name: DnsSubdomain | None = Field(
         None, min_length=1, description="The pods' PriorityClass."
@@ -95,6 +158,44 @@ class PodSpec(_Spec):
         description="The pod securityContext. Default: runAsNonRoot with the RuntimeDefault seccomp "
         "profile; set fsGroup here when a volume must be writable by the trainer's user.",
     )
+
+    @field_validator("labels")
+    @classmethod
+    def _pod_labels(cls, value: dict[str, str]) -> dict[str, str]:
+        """Label keys as the API server takes them, none of them reserved (:func:`reserved_pod_label`).
+
+        Raises:
+            ValueError: naming each wrong key and what is wrong with it.
+        """
+        found = []
+        for key in value:
+            problem = kubenames.qualified_name_problem(key)
+            if problem is None and reserved_pod_label(key):
+                problem = f"{kubenames.shown(key)} is a reserved key: {POD_LABELS_RESERVED}"
+            if problem is not None:
+                found.append(problem)
+        if found:
+            raise ValueError("; ".join(found))
+        return value
+
+    @field_validator("annotations")
+    @classmethod
+    def _pod_annotations(cls, value: dict[str, str]) -> dict[str, str]:
+        """Annotation keys as the API server takes them, and all of them within its size limit.
+
+        Raises:
+            ValueError: naming each wrong key, or the size.
+        """
+        found = [
+            problem
+            for key in value
+            if (problem := kubenames.qualified_name_problem(key, "annotation key")) is not None
+        ]
+        if not found and (problem := kubenames.annotations_size_problem(value)) is not None:
+            found.append(problem)
+        if found:
+            raise ValueError("; ".join(found))
+        return value
 
 
 class VolumeSpec(_Spec):

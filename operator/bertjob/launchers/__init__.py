@@ -222,7 +222,10 @@ def pod_context(
 ) -> dict[str, Any]:
     """What ``templates/pod.j2`` sets on one replica: ``spec.pod``'s settings, and for a pod that
     runs the trainer (``trainer``) its volumes, the ConfigMap and resources. ``container`` is the
-    name the kustomize base gives the replica's container, which the patch finds it by."""
+    name the kustomize base gives the replica's container, which the patch finds it by. The pod's
+    labels are ``spec.pod.labels`` with ``labels`` (the operator's) over them, and its annotations
+    ``spec.pod.annotations``; the spec refuses a label key of the operator's or of the controllers'
+    (:func:`bertjob_api.spec.cluster.reserved_pod_label`), and ``labels`` win should one get by."""
     pod = spec.pod
     fields: dict[str, Any] = {
         "nodeSelector": dict(pod.node_selector) or None,
@@ -235,7 +238,8 @@ def pod_context(
     }
     return {
         "container": container,
-        "labels": dict(labels),
+        "labels": {**pod.labels, **labels},
+        "annotations": dict(pod.annotations),
         "image": spec.image,
         "image_pull_policy": pod.image_pull_policy,
         "env": list(pod.env),

@@ -14,9 +14,10 @@ ClusterTrainingRuntime the chart installs for ``spec.trainJob.mlPolicy``: ``bert
   which the launcher's ``mpirun -x`` names for an MPIJob, from ``OMPI_MCA_mca_base_env_list``; the
   runtime's ``launcher`` container gets them from a second runtime patch (:meth:`finish`).
 - ``runtimePatches``: one entry, managed by ``bertjob.dev/operator``, that gives the runtime's
-  ``node`` pods what the other launchers' pod templates hold: labels, service account, security
+  ``node`` pods what the other launchers' pod templates hold: labels and annotations (the pod
+  template's metadata, which a runtime patch may carry), service account, security
   contexts, volumes and mounts, node selector, tolerations, affinity and image pull secrets (and
-  under the MPI policy the ``launcher`` pods their labels and environment).
+  under the MPI policy the ``launcher`` pods their labels, annotations and environment).
 - ``suspend`` and ``activeDeadlineSeconds`` from ``spec.runPolicy``; Trainer v2 has no other
   run-policy field (the runtime's JobSet holds restarts and gang scheduling), and
   :func:`bertjob_api.validation.trainjob_problems` refuses those.
@@ -79,9 +80,12 @@ class TrainJobLauncher:
         node_pod["containers"] = [
             {"name": TRAINJOB_NODE, "volumeMounts": [whole(extra["mount"]) for extra in pod["volumes"]]}
         ]
+        metadata: dict[str, Any] = {"labels": pod["labels"]}
+        if pod["annotations"]:
+            metadata["annotations"] = pod["annotations"]
         node = {
             "name": TRAINJOB_NODE,
-            "template": {"spec": {"template": {"metadata": {"labels": dict(pods.labels)}, "spec": node_pod}}},
+            "template": {"spec": {"template": {"metadata": metadata, "spec": node_pod}}},
         }
         job_spec: dict[str, Any] = {
             "runtimeRef": {"apiGroup": RUNTIME_GROUP, "kind": runtime.kind, "name": runtime.name},
@@ -100,20 +104,20 @@ class TrainJobLauncher:
 
     def finish(self, spec: JobSpec, child: dict[str, Any]) -> dict[str, Any]:
         """Under the MPI policy, ``child`` with a runtime patch of the ``launcher`` replicated job:
-        its pods get the node pods' labels and its ``launcher`` container the trainer's environment
-        as built (the accelerator's and the job's variables, and :func:`mpi_env`), which mpirun
-        forwards to the ranks. Trainer v2 gives the TrainJob's environment only to the replicated
-        job labelled trainer (the nodes, which run sshd and whose ranks start over ssh without it)
-        and refuses a runtime patch of a container named ``node``, so the runtime's launcher
-        container has its own name."""
+        its pods get the node pods' labels and annotations, and its ``launcher`` container the
+        trainer's environment as built (the accelerator's and the job's variables, and
+        :func:`mpi_env`), which mpirun forwards to the ranks. Trainer v2 gives the TrainJob's
+        environment only to the replicated job labelled trainer (the nodes, which run sshd and whose
+        ranks start over ssh without it) and refuses a runtime patch of a container named
+        ``node``, so the runtime's launcher container has its own name."""
         if spec.train_job.ml_policy != "mpi":
             return child
         finished = copy.deepcopy(child)
         jobs = _replicated_jobs(finished)
         [node] = [job for job in jobs if job["name"] == TRAINJOB_NODE]
-        labels = dict(node["template"]["spec"]["template"]["metadata"]["labels"])
+        metadata = copy.deepcopy(node["template"]["spec"]["template"]["metadata"])
         container = {"name": TRAINJOB_LAUNCHER, "env": copy.deepcopy(finished["spec"]["trainer"]["env"])}
-        pod = {"metadata": {"labels": labels}, "spec": {"containers": [container]}}
+        pod = {"metadata": metadata, "spec": {"containers": [container]}}
         jobs.append({"name": TRAINJOB_LAUNCHER, "template": {"spec": {"template": pod}}})
         return finished
 
