@@ -46,11 +46,15 @@ SHM_VOLUME: Final = "dshm"
 SHM_MOUNT_PATH: Final = "/dev/shm"
 TMP_VOLUME: Final = "tmp"
 TMP_MOUNT_PATH: Final = "/tmp"
+# The projected token of progress reports (PROGRESS_AUDIENCE below).
+PROGRESS_TOKEN_VOLUME: Final = "progress-token"
+PROGRESS_TOKEN_DIR: Final = f"/var/run/secrets/{GROUP}"
 # Volume names a job's own volumes may not take, with where the base mounts them.
 RESERVED_VOLUMES: Final = {
     JOB_CONFIG_VOLUME: CONFIG_DIR,
     SHM_VOLUME: SHM_MOUNT_PATH,
     TMP_VOLUME: TMP_MOUNT_PATH,
+    PROGRESS_TOKEN_VOLUME: PROGRESS_TOKEN_DIR,
 }
 
 # The vocabulary's files, as the data stage writes them (under <spec.data.shards>/vocab) and as the
@@ -95,6 +99,18 @@ RUNTIME_PATCH_MANAGER: Final = f"{GROUP}/operator"
 # Set by the operator in every trainer pod, so that the trainer can report its progress.
 NAME_ENV: Final = "BERTJOB_NAME"
 NAMESPACE_ENV: Final = "BERTJOB_NAMESPACE"
+
+# Progress reports go to the operator, never to the API server (docs/design.md, "Progress through
+# the operator"): the trainer POSTs its status fields to the URL in the job's ConfigMap
+# (PROGRESS_URL_KEY, under CONFIG_DIR), trusting the CA beside it (PROGRESS_CA_KEY), with the token
+# Kubernetes projects into every trainer pod for PROGRESS_AUDIENCE alone (PROGRESS_TOKEN_VOLUME above),
+# which lets it do nothing but report for its own job.
+PROGRESS_AUDIENCE: Final = GROUP
+PROGRESS_TOKEN_FILE: Final = "token"
+PROGRESS_URL_KEY: Final = "progress-url"
+PROGRESS_CA_KEY: Final = "progress-ca.crt"
+# The largest report the operator reads, in bytes (a report is a few hundred).
+PROGRESS_MAX_BYTES: Final = 64 * 1024
 
 # mpirun's process placement per accelerator, as the environment variables (OMPI_MCA_<parameter>)
 # from which Open MPI reads the MCA parameters that its options set, rather than options on

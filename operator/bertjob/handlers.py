@@ -28,7 +28,7 @@ import yaml
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
-from bertjob import admission, changes, lifecycle, prerequisites
+from bertjob import admission, changes, lifecycle, prerequisites, progress
 from bertjob import monitoring as metrics
 from bertjob.children import (
     ForeignObjectError,
@@ -45,7 +45,7 @@ from bertjob.children import (
 )
 from bertjob.diffbase import BoundedDiffBaseStorage, spec_of
 from bertjob.launchers import registry
-from bertjob.render import NAME_LABEL, RenderError, config_map_name, render, rendered
+from bertjob.render import NAME_LABEL, ProgressEndpoint, RenderError, config_map_name, render, rendered
 from bertjob_api.contract import API_VERSION, GROUP, JOB_FILE, KIND, PLURAL, VERSION
 from bertjob_api.crd import ChildRef, JobStatus
 from bertjob_api.spec import SpecError, parse_job, to_document
@@ -68,12 +68,15 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     metrics on ``$BERTJOB_METRICS_PORT`` if set, and become ready once the BertPretrainJob CRD
     exists (:mod:`bertjob.prerequisites`, every ``$BERTJOB_CRD_RETRY_SECONDS``, default 30);
     serve the validating admission webhook if ``$BERTJOB_WEBHOOK_CERT_DIR`` is set
-    (:func:`bertjob.admission.configure`).
+    (:func:`bertjob.admission.configure`), and the trainers' progress endpoint if
+    ``$BERTJOB_PROGRESS_URL`` is (:func:`bertjob.progress.configure`).
 
     Raises:
         OSError: the metrics port is taken.
         ValueError: ``$BERTJOB_CRD_RETRY_SECONDS`` or ``$BERTJOB_WEBHOOK_PORT`` is not a number.
         FileNotFoundError: ``$BERTJOB_WEBHOOK_CERT_DIR`` lacks the certificate or its key.
+        kubernetes.client.exceptions.ApiException: the progress endpoint's Secret could not be
+            read or written.
     """
     kubernetes.config.load_config()
     memo.api = ApiClient()
@@ -81,6 +84,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # The last spec handled, as a digest when too large for the job's annotations (bertjob.diffbase).
     settings.persistence.diffbase_storage = BoundedDiffBaseStorage(prefix=STORAGE_PREFIX)
     admission.configure(settings)
+    if serving := progress.configure(memo.api, os.environ):
+        memo.progress_server = serving.server
+        memo.progress = serving.endpoint
     if port := os.environ.get(metrics.PORT_ENV):
         memo.metrics = metrics.serve(int(port), READY)
     retry_s = float(os.environ.get(prerequisites.RETRY_ENV, prerequisites.RETRY_S))
@@ -89,11 +95,13 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
 
 @kopf.on.cleanup()
 def stop_metrics(memo: kopf.Memo, **_: Any) -> None:
-    """Stop serving metrics and checking for the CRD."""
+    """Stop serving metrics and progress reports, and checking for the CRD."""
     READY.clear()
     if stop := memo.get("crd_check"):
         stop.set()
     if server := memo.get("metrics"):
+        server.shutdown()
+    if server := memo.get("progress_server"):
         server.shutdown()
 
 
@@ -157,7 +165,7 @@ def repair_status(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> No
     logger.warning("status fields of the wrong shape, read as absent and rewritten: %s", ", ".join(junk))
     annotations = body.metadata.annotations or {}
     if current.phase is None and f"{STORAGE_PREFIX}/last-handled-configuration" in annotations:
-        launch(memo.api, body)
+        launch(memo.api, body, memo.get("progress"))
     else:
         _write(memo.api, body, lambda status: status)
 
@@ -194,7 +202,7 @@ def announce(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 @metrics.observed("create")
 def create_job(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Render a new job and create its children; see :func:`launch`."""
-    launch(memo.api, body)
+    launch(memo.api, body, memo.get("progress"))
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
@@ -202,7 +210,7 @@ def create_job(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 def update_job(body: kopf.Body, old: Any, new: Any, memo: kopf.Memo, **_: Any) -> None:
     """Apply a spec change to a job that has children, where safe; see :func:`change`. A spec too
     large for kopf's record reaches here as its digest: the new one is read from the job."""
-    change(memo.api, body, spec_of(old, None), spec_of(new, body))
+    change(memo.api, body, spec_of(old, None), spec_of(new, body), memo.get("progress"))
 
 
 @metrics.observed("prepare")
@@ -226,7 +234,7 @@ def prepare_finished(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     accepted = _accepted(memo.api, job, current) or _document(job)
     # Not the spec as it is now: a change refused since must not reach the training job.
     policy = changes.applied_run_policy(body, accepted["spec"])
-    objects = _children_of(memo.api, job, changes.accepted_document(accepted, policy))
+    objects = _children_of(memo.api, job, changes.accepted_document(accepted, policy), memo.get("progress"))
     _create(memo.api, job, objects)
     [training] = [_ref(obj) for obj in objects if is_training_child(obj)]
     suspended = policy["suspend"] is True
@@ -269,7 +277,7 @@ def mirror_child(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> Non
     _write(memo.api, job, follow)
 
 
-def launch(api: ApiClient, job: Mapping[str, Any]) -> None:
+def launch(api: ApiClient, job: Mapping[str, Any], progress: ProgressEndpoint | None = None) -> None:
     """Render ``job`` and create its children (owned by it): all of them, or all but the
     training job while a data Job runs first; then record them in its status.
 
@@ -278,7 +286,7 @@ def launch(api: ApiClient, job: Mapping[str, Any]) -> None:
             refused; the status is Failed with a condition saying why.
         kopf.TemporaryError: the API server could not take the children yet; kopf retries.
     """
-    objects = _children_of(api, job, _document(job))
+    objects = _children_of(api, job, _document(job), progress)
     preparing = any(is_prepare_job(obj) for obj in objects)
     first = [obj for obj in objects if not (preparing and is_training_child(obj))]
     _create(api, job, first)
@@ -299,7 +307,9 @@ def launch(api: ApiClient, job: Mapping[str, Any]) -> None:
     )
 
 
-def change(api: ApiClient, job: Mapping[str, Any], old: Any, new: Any) -> None:
+def change(
+    api: ApiClient, job: Mapping[str, Any], old: Any, new: Any, progress: ProgressEndpoint | None = None
+) -> None:
     """Apply a change of ``job``'s spec from ``old`` to ``new``.
 
     A job that failed for its spec is rendered again. Otherwise the new spec is compared with the
@@ -316,7 +326,7 @@ def change(api: ApiClient, job: Mapping[str, Any], old: Any, new: Any) -> None:
     """
     current = lifecycle.of(job)
     if changes.renders_again(current):
-        launch(api, job)
+        launch(api, job, progress)
         return
     if current.phase is None:
         return
@@ -388,14 +398,16 @@ def _apply_run_policy(
             patch_child(api, _target(job, ref), patch)
 
 
-def _children_of(api: ApiClient, job: Mapping[str, Any], document: dict[str, Any]) -> list[dict[str, Any]]:
+def _children_of(
+    api: ApiClient, job: Mapping[str, Any], document: dict[str, Any], progress: ProgressEndpoint | None
+) -> list[dict[str, Any]]:
     """The rendered children of ``document``, owned by ``job``, as they are created
     (:func:`bertjob.changes.as_created`: a queued one suspended, each with its run policy recorded).
     Callers pass a document whose safe run-policy fields are those applied to the job
     (:func:`bertjob.changes.accepted_document`), so the children render with them."""
     meta = job["metadata"]
     try:
-        objects = render(parse_job(document, f"{meta['namespace']}/{meta['name']}"))
+        objects = render(parse_job(document, f"{meta['namespace']}/{meta['name']}"), progress)
     except SpecError as error:
         raise _fail(api, job, "InvalidSpec", _problems(error)) from error
     except RenderError as error:

@@ -388,8 +388,10 @@ def follow_child(
     phase = child_phase(conditions)
     if phase in TERMINAL_PHASES or (phase is not None and not suspended):
         return moved(updated, phase, at)
-    if suspended and status.phase == "Running" and any(
-        item.type == "Suspended" and item.status == "True" for item in conditions
+    if (
+        suspended
+        and status.phase == "Running"
+        and any(item.type == "Suspended" and item.status == "True" for item in conditions)
     ):
         # Suspended under a running job without the job's own say: Kueue preempted it (its pods
         # are gone). Readmitted, the child runs again and so does the job.

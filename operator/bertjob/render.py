@@ -1,5 +1,5 @@
-"""BertPretrainJob -> Kubernetes manifests: the job file, RBAC for progress reports, the optional
-data-preparation Job and the launcher's child.
+"""BertPretrainJob -> Kubernetes manifests: the job file (with where to report progress), the
+optional data-preparation Job and the launcher's child.
 
 The child comes from plain kustomize YAML that works by hand too: ``kustomize/base`` (the trainer pod
 and both launchers' jobs), an overlay per topology, a launcher component and an accelerator
@@ -32,15 +32,16 @@ import yaml
 from bertjob import launchers
 from bertjob.launchers import DELETE, DIRECTIVE, REPLACE, Launcher, PodNames, registry
 from bertjob_api.contract import (
-    GROUP,
     JOB_FILE,
     JOB_LABEL,
     JOB_PATH,
     PERMANENT_EXIT_CODES,
-    PLURAL,
     PREPARE_COMMAND,
     PREPARE_CONTAINER,
+    PROGRESS_CA_KEY,
+    PROGRESS_URL_KEY,
     TRAINER_MODULE,
+    status_path,
 )
 from bertjob_api.jobfile import dump
 from bertjob_api.spec import BertPretrainJob, JobSpec, SpecError, to_document
@@ -66,7 +67,7 @@ MERGE_KEYS = {
 }
 COMPLETE_LISTS = frozenset({"containers"})
 
-Component = Literal["config", "progress", "prepare", "train"]
+Component = Literal["config", "prepare", "train"]
 
 
 class RenderError(RuntimeError):
@@ -104,10 +105,18 @@ def config_map_name(job_name: str) -> str:
     return f"{job_name}-job"
 
 
-def service_account_name(job_name: str, spec: JobSpec) -> str:
-    """The pods' service account: ``spec.pod.serviceAccountName``, else ``<job>-trainer``
-    (which :func:`render` makes)."""
-    return spec.pod.service_account_name or f"{job_name}-trainer"
+@dataclass(frozen=True)
+class ProgressEndpoint:
+    """Where the trainers of the jobs this operator renders report progress (bertjob.progress):
+    ``url``, the endpoint's ``https://host:port`` as pods reach it, and ``ca``, the PEM of the CA
+    that signed its certificate."""
+
+    url: str
+    ca: str
+
+    def job_url(self, namespace: str, name: str) -> str:
+        """The URL one job's trainer POSTs its reports to."""
+        return self.url.rstrip("/") + status_path(namespace, name)
 
 
 def job_labels(job_name: str, component: Component | None = None) -> dict[str, str]:
@@ -121,22 +130,24 @@ def job_labels(job_name: str, component: Component | None = None) -> dict[str, s
 
 def component(obj: Mapping[str, Any]) -> str:
     """Which part of a job a rendered object is, from its ``app.kubernetes.io/component`` label:
-    ``config`` (the ConfigMap), ``progress`` (ServiceAccount, Role, RoleBinding), ``prepare``
-    (the data-preparation Job) or ``train`` (the launcher's child); ``""`` for an object without it."""
+    ``config`` (the ConfigMap), ``prepare`` (the data-preparation Job) or ``train`` (the
+    launcher's child); ``""`` for an object without it."""
     labels = (obj.get("metadata") or {}).get("labels") or {}
     return str(labels.get(COMPONENT_LABEL, ""))
 
 
-def render(job: BertPretrainJob) -> list[dict[str, Any]]:
+def render(job: BertPretrainJob, progress: ProgressEndpoint | None = None) -> list[dict[str, Any]]:
     """The manifests for ``job``, in the order they are to be created:
 
-    1. the ConfigMap ``<name>-job`` holding ``job.yaml`` (the whole job document after defaults);
-    2. the ServiceAccount ``<name>-trainer``, unless ``spec.pod.serviceAccountName`` names one;
-    3. the Role ``<name>-progress`` (``get`` and ``patch`` on this job's ``bertpretrainjobs/status``
-       only) and the RoleBinding ``<name>-progress`` giving it to the pods' service account;
-    4. with ``spec.prepare.enabled``, the batch/v1 Job ``<name>-prepare`` (``python -m bertpretrain
+    1. the ConfigMap ``<name>-job`` holding ``job.yaml`` (the whole job document after defaults)
+       and, with ``progress``, the job's report URL and the endpoint's CA (``progress-url``,
+       ``progress-ca.crt``: bertjob_api.contract), which the trainer reads beside ``job.yaml``;
+    2. with ``spec.prepare.enabled``, the batch/v1 Job ``<name>-prepare`` (``python -m bertpretrain
        prepare``) in the trainer's pod, with ``spec.prepare.resources``;
-    5. the launcher's child ``<name>`` (a PyTorchJob, an MPIJob or a TrainJob).
+    3. the launcher's child ``<name>`` (a PyTorchJob, an MPIJob or a TrainJob).
+
+    No RBAC: the pods run as ``spec.pod.serviceAccountName`` (else the namespace's ``default``)
+    and report progress to the operator with a projected token, which needs none.
 
     Each carries :func:`job_labels` with its :func:`component`. The objects of :func:`rendered`,
     which checks the job first and each object's size after.
@@ -147,7 +158,7 @@ def render(job: BertPretrainJob) -> list[dict[str, Any]]:
         RenderError: no kustomize/kubectl on PATH, kustomize failed, or its build does not take
             the job's patch.
     """
-    return rendered(job).objects
+    return rendered(job, progress=progress).objects
 
 
 @dataclass(frozen=True)
@@ -158,14 +169,16 @@ class Rendered:
     objects: list[dict[str, Any]]
 
 
-def rendered(job: BertPretrainJob, source: str | None = None) -> Rendered:
+def rendered(
+    job: BertPretrainJob, source: str | None = None, progress: ProgressEndpoint | None = None
+) -> Rendered:
     """``job`` checked as the operator checks it before creating anything, and its manifests
     (:func:`render`): :func:`bertjob_api.validation.cluster_job` (defaults and every check of the
     spec), then the objects are built and each is refused when its JSON exceeds what the API server
     can store (:func:`bertjob_api.validation.object_size_problems`, naming the field that makes it
     large). The one check of ``bertjob validate``, the admission webhook and the operator's
     handlers, so that a job none of them refuses is one the API server takes. ``source`` names the
-    job in a :class:`SpecError` (default ``namespace/name``).
+    job in a :class:`SpecError` (default ``namespace/name``); ``progress`` as :func:`render`.
 
     Raises:
         SpecError, RenderError: as :func:`render`.
@@ -175,16 +188,19 @@ def rendered(job: BertPretrainJob, source: str | None = None) -> Rendered:
     job = cluster_job(job, source)
     spec = job.spec
     launcher = registry.get(spec.launcher)
-    pods = PodNames(config_map_name(name), service_account_name(name, spec), job_labels(name, "train"))
+    pods = PodNames(config_map_name(name), spec.pod.service_account_name, job_labels(name, "train"))
     document = to_document(job)
+    # The trainer reads it as kubectl would: strings go-yaml reads otherwise are quoted.
+    data = {JOB_FILE: dump(document)}
+    if progress is not None:
+        data |= {PROGRESS_URL_KEY: progress.job_url(namespace, name), PROGRESS_CA_KEY: progress.ca}
     config_map = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _meta(name, namespace, config_map_name(name), "config"),
-        # The trainer reads it as kubectl would: strings go-yaml reads otherwise are quoted.
-        "data": {JOB_FILE: dump(document)},
+        "data": data,
     }
-    objects = [config_map, *_progress_rbac(name, namespace, spec, pods.service_account)]
+    objects: list[dict[str, Any]] = [config_map]
     child = _build_child(job, launcher, pods)
     if spec.prepare.enabled:
         objects.append(_prepare_job(name, namespace, spec, launcher.trainer_template(child)))
@@ -199,46 +215,15 @@ def _meta(job_name: str, namespace: str, name: str, part: Component) -> dict[str
     return {"name": name, "namespace": namespace, "labels": job_labels(job_name, part)}
 
 
-def _progress_rbac(name: str, namespace: str, spec: JobSpec, account: str) -> list[dict[str, Any]]:
-    """The trainer's right to patch its own job's status, and nothing else (docs/design.md)."""
-    rbac = "rbac.authorization.k8s.io"
-    role = {
-        "apiVersion": f"{rbac}/v1",
-        "kind": "Role",
-        "metadata": _meta(name, namespace, f"{name}-progress", "progress"),
-        "rules": [
-            {
-                "apiGroups": [GROUP],
-                "resources": [f"{PLURAL}/status"],
-                "resourceNames": [name],
-                "verbs": ["get", "patch"],
-            }
-        ],
-    }
-    binding = {
-        "apiVersion": f"{rbac}/v1",
-        "kind": "RoleBinding",
-        "metadata": _meta(name, namespace, f"{name}-progress", "progress"),
-        "roleRef": {"apiGroup": rbac, "kind": "Role", "name": f"{name}-progress"},
-        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
-    }
-    own = []
-    if spec.pod.service_account_name is None:
-        own = [
-            {
-                "apiVersion": "v1",
-                "kind": "ServiceAccount",
-                "metadata": _meta(name, namespace, account, "progress"),
-            }
-        ]
-    return [*own, role, binding]
-
-
 def _prepare_job(name: str, namespace: str, spec: JobSpec, trainer: Mapping[str, Any]) -> dict[str, Any]:
     """The data stage as a batch/v1 Job in a copy of the trainer's pod (same image, volumes, env,
-    security and scheduling), with ``spec.prepare.resources`` instead of the trainer's devices."""
+    security and scheduling, and ``spec.pod.annotations``), with ``spec.prepare.resources``
+    instead of the trainer's devices and the labels of the ``prepare`` component over
+    ``spec.pod.labels``."""
     template = copy.deepcopy(dict(trainer))
-    template.setdefault("metadata", {})["labels"] = job_labels(name, "prepare")
+    # Not the trainer's labels, which name the train component (and a launcher's own keys): the
+    # user's, whose keys the spec keeps apart from the operator's, then the operator's.
+    template.setdefault("metadata", {})["labels"] = {**spec.pod.labels, **job_labels(name, "prepare")}
     pod = template["spec"]
     [container] = pod["containers"]
     for field in ("args", "ports", "resources"):

@@ -19,7 +19,8 @@ CHILD_RESOURCES = {
     "mpijob": "kubeflow.org/v2beta1/mpijobs",
     "trainjob": "trainer.kubeflow.org/v1alpha1/trainjobs",
 }
-# Resources a job's children may be of.
+# Resources a job's children may be of, and those they were once of (ServiceAccount, Role and
+# RoleBinding, before progress went through the operator), so that one made again is seen.
 OWNED = (
     "v1/configmaps",
     "v1/serviceaccounts",

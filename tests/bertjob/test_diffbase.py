@@ -71,7 +71,7 @@ def test_a_digest_handed_to_a_handler_is_the_jobs_spec_or_nothing(
 
 def test_the_update_handler_reads_a_recorded_digest_from_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[Any, Any]] = []
-    monkeypatch.setattr(handlers, "change", lambda api, body, old, new: seen.append((old, new)))
+    monkeypatch.setattr(handlers, "change", lambda api, body, old, new, progress: seen.append((old, new)))
     body = _body(spec__image="x" * 300_000)
 
     handlers.update_job.__wrapped__(  # type: ignore[attr-defined]

@@ -40,8 +40,9 @@ STORAGE = EXAMPLES / "storage"
 SMALL = "bert-tiny-cluster.yaml"
 SMALL_NODE = {"cpu": 2, "memory": 4 * 2**30}  # what one pod may ask of such a node
 SMALL_CLAIM = 10 * 2**30  # bytes
-# Volume sources every cluster serves (no hostPath, NFS server or cloud disk named in the job).
-PORTABLE_VOLUMES = {"persistentVolumeClaim", "emptyDir", "configMap"}
+# Volume sources every cluster serves (no hostPath, NFS server or cloud disk named in the job); the
+# projected one is the service-account token of progress reports (Kubernetes 1.20 and later).
+PORTABLE_VOLUMES = {"persistentVolumeClaim", "emptyDir", "configMap", "projected"}
 DEVICES = {"nvidia-gpu": "nvidia.com/gpu", "habana-hpu": "habana.ai/gaudi", "xeon-cpu": None}
 # The trainer image's tag suffix for each accelerator (trainer_image/Dockerfile's targets).
 IMAGE_TARGETS = {"nvidia-gpu": "cuda", "habana-hpu": "gaudi", "xeon-cpu": "xeon"}

@@ -525,8 +525,7 @@ def _check(job: Mutated, schemas: dict[str, dict[str, Any]], note: Any = event) 
     rendered = render(parsed)
 
     prepare = accepted.spec.prepare.enabled
-    kinds = ["ConfigMap", *(["ServiceAccount"] if accepted.spec.pod.service_account_name is None else [])]
-    kinds += ["Role", "RoleBinding", *(["Job"] if prepare else []), _child_kind(accepted)]
+    kinds = ["ConfigMap", *(["Job"] if prepare else []), _child_kind(accepted)]
     assert [obj["kind"] for obj in rendered] == kinds
     for obj in rendered:
         _assert_valid_kubernetes(obj, schemas)

@@ -21,6 +21,7 @@ from bertjob_api.contract import (
     MPIRUN_MCA_ENV,
     NAME_ENV,
     NAMESPACE_ENV,
+    PROGRESS_TOKEN_VOLUME,
     SHM_VOLUME,
     TMP_VOLUME,
 )
@@ -91,6 +92,7 @@ def test_every_combination_builds_by_hand(
             DATA_VOLUME,
             SHM_VOLUME,
             TMP_VOLUME,
+            PROGRESS_TOKEN_VOLUME,
         ]
         env = {var["name"] for var in container["env"]}
         assert {NAME_ENV, NAMESPACE_ENV} <= env
@@ -160,6 +162,7 @@ def test_every_trainjob_combination_builds_by_hand(
         DATA_VOLUME,
         SHM_VOLUME,
         TMP_VOLUME,
+        PROGRESS_TOKEN_VOLUME,
     ]
     template = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": pod}
     kubernetes_validate.validate(template, "1.33", strict=True)

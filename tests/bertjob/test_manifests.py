@@ -26,17 +26,15 @@ OPERATOR_RULES = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
     ("", "events"): {"create"},
     ("bertjob.dev", "bertpretrainjobs"): {"get", "list", "watch", "patch"},
-    ("bertjob.dev", "bertpretrainjobs/status"): {"get", "patch"},
+    ("bertjob.dev", "bertpretrainjobs/status"): {"patch"},
     ("bertjob.dev", "bertpretrainjobs/finalizers"): {"update"},
     ("", "configmaps"): {"create", "get"},
-    ("", "serviceaccounts"): {"create", "get"},
-    ("rbac.authorization.k8s.io", "roles"): {"create", "get"},
-    ("rbac.authorization.k8s.io", "rolebindings"): {"create", "get"},
+    ("authentication.k8s.io", "tokenreviews"): {"create"},
     ("batch", "jobs"): {"create", "get", "list", "watch", "patch"},
     ("kubeflow.org", "pytorchjobs"): {"create", "get", "list", "watch", "patch"},
     ("kubeflow.org", "mpijobs"): {"create", "get", "list", "watch", "patch"},
     ("trainer.kubeflow.org", "trainjobs"): {"create", "get", "list", "watch", "patch"},
-    ("", "pods"): {"list"},
+    ("", "pods"): {"get", "list"},
 }
 
 
@@ -73,7 +71,10 @@ def test_the_manifests_build_and_validate(manifests: Manifests) -> None:
         ("CustomResourceDefinition", "bertpretrainjobs.bertjob.dev"),
         ("Deployment", OPERATOR),
         ("Namespace", NAMESPACE),
+        ("Role", f"{OPERATOR}-progress-tls"),
+        ("RoleBinding", f"{OPERATOR}-progress-tls"),
         ("Service", f"{OPERATOR}-metrics"),
+        ("Service", f"{OPERATOR}-progress"),
         ("ServiceAccount", OPERATOR),
     ]
     for obj in manifests.values():

@@ -21,6 +21,7 @@ import yaml
 
 from bertjob.render import (
     KUSTOMIZE_DIR_ENV,
+    ProgressEndpoint,
     RenderError,
     cached_build,
     component,
@@ -28,6 +29,7 @@ from bertjob.render import (
     kustomize_dir,
     render,
 )
+from bertjob_api.contract import JOB_FILE, PROGRESS_CA_KEY, PROGRESS_URL_KEY
 from bertjob_api.defaults import with_defaults
 from bertjob_api.spec import SpecError, parse_job, to_document
 from bertjob_testing.jobs import INJECTIONS, valid_job, with_value
@@ -103,9 +105,6 @@ def test_every_combination_renders_valid_objects_in_order(
     kind = {"pytorchjob": "PyTorchJob", "mpijob": "MPIJob"}[launcher]
     expected = [
         ("ConfigMap", "demo-job", "config"),
-        ("ServiceAccount", "demo-trainer", "progress"),
-        ("Role", "demo-progress", "progress"),
-        ("RoleBinding", "demo-progress", "progress"),
         *([("Job", "demo-prepare", "prepare")] if prepare else []),
         (kind, "demo", "train"),
     ]
@@ -138,7 +137,7 @@ def test_every_combination_renders_valid_objects_in_order(
         assert not [arg for arg in command if "MASTER" in arg or "RANK" in arg]
     for pod in _pods(child).values():
         assert pod["metadata"]["labels"] == job_labels("demo", "train")
-        assert pod["spec"]["serviceAccountName"] == "demo-trainer"
+        assert "serviceAccountName" not in pod["spec"]  # the namespace's default account
         [container] = pod["spec"]["containers"]
         assert container["image"] == "ghcr.io/bertjob/trainer:0.1.0"
         env = {var["name"]: var for var in container["env"]}
@@ -237,26 +236,27 @@ def test_no_object_takes_a_name_the_kubeflow_operator_gives_its_own(launcher: st
     assert not theirs & {obj["metadata"]["name"] for obj in rendered if obj is not child}
 
 
-def test_the_progress_role_lets_the_pods_patch_only_their_jobs_status() -> None:
-    objects = _by_kind(render(parse_job(_job(changes={"spec.pod": {"serviceAccountName": "team-a"}}))))
+def test_no_rbac_is_rendered_and_the_pods_keep_their_namespaces_account_unless_named() -> None:
+    default = render(parse_job(_job()))
+    named = _by_kind(render(parse_job(_job(changes={"spec.pod": {"serviceAccountName": "team-a"}}))))
 
-    assert "ServiceAccount" not in objects
-    assert objects["Role"]["rules"] == [
-        {
-            "apiGroups": ["bertjob.dev"],
-            "resources": ["bertpretrainjobs/status"],
-            "resourceNames": ["demo"],
-            "verbs": ["get", "patch"],
-        }
-    ]
-    binding = objects["RoleBinding"]
-    assert binding["roleRef"] == {
-        "apiGroup": "rbac.authorization.k8s.io",
-        "kind": "Role",
-        "name": "demo-progress",
-    }
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "team-a", "namespace": "default"}]
-    assert {pod["spec"]["serviceAccountName"] for pod in _pods(objects["PyTorchJob"]).values()} == {"team-a"}
+    assert [obj["kind"] for obj in default] == ["ConfigMap", "PyTorchJob"]
+    assert all("serviceAccountName" not in pod["spec"] for pod in _pods(default[-1]).values())
+    assert {pod["spec"]["serviceAccountName"] for pod in _pods(named["PyTorchJob"]).values()} == {"team-a"}
+
+
+def test_the_config_map_tells_the_trainer_where_to_report_and_which_ca_to_trust() -> None:
+    ca = "-----BEGIN CERTIFICATE-----\n"
+    endpoint = ProgressEndpoint("https://bertjob-operator-progress.ops.svc:8443", ca)
+    config_map = render(parse_job(_job()), endpoint)[0]
+
+    assert config_map["data"][PROGRESS_URL_KEY] == (
+        "https://bertjob-operator-progress.ops.svc:8443"
+        "/apis/bertjob.dev/v1alpha1/namespaces/default/bertpretrainjobs/demo/status"
+    )
+    assert config_map["data"][PROGRESS_CA_KEY] == ca
+    # Without an endpoint (bertjob render, an operator serving none) the trainer reports nothing.
+    assert set(render(parse_job(_job()))[0]["data"]) == {JOB_FILE}
 
 
 @pytest.mark.parametrize("launcher", ["pytorchjob", "mpijob"])
@@ -278,7 +278,7 @@ def test_the_prepare_job_runs_in_the_trainers_pod(launcher: str) -> None:
     assert pod["metadata"]["labels"] == job_labels("demo", "prepare")
     trainer = _trainer_pods(objects[{"pytorchjob": "PyTorchJob", "mpijob": "MPIJob"}[launcher]])[0]
     for field in ("volumes", "nodeSelector", "securityContext", "serviceAccountName"):
-        assert pod["spec"][field] == trainer["spec"][field]
+        assert pod["spec"].get(field) == trainer["spec"].get(field)
     assert pod["spec"]["restartPolicy"] == "Never"
     [container] = pod["spec"]["containers"]
     assert container["command"] == [
@@ -563,19 +563,16 @@ def test_hostile_values_come_out_verbatim(value: str, launcher: str) -> None:
 
     assert [component(obj) for obj in rendered] == [
         "config",
-        "progress",
-        "progress",
-        "progress",
         "prepare",
         "train",
     ]
     config_map, child = rendered[0], rendered[-1]
-    pods = [*_pods(child).values(), rendered[4]["spec"]["template"]]
+    pods = [*_pods(child).values(), rendered[1]["spec"]["template"]]
     for pod in pods:
         [container] = pod["spec"]["containers"]
         assert container["image"] == value
         assert {"name": "HOSTILE", "value": value} in container["env"]
-    for pod in [*_trainer_pods(child), rendered[4]["spec"]["template"]]:
+    for pod in [*_trainer_pods(child), rendered[1]["spec"]["template"]]:
         assert {"name": "extra", "configMap": {"name": value}} in pod["spec"]["volumes"]
         assert {"name": "extra", "mountPath": f"/{value}"} in pod["spec"]["containers"][0]["volumeMounts"]
     if launcher == "mpijob":

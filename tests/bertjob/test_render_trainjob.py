@@ -269,7 +269,7 @@ def test_the_data_job_runs_in_the_trainjobs_node_pod() -> None:
     assert container["env"] == trainer["env"]
     assert "resources" not in container
     assert pod["volumes"] == node["volumes"]
-    assert pod["serviceAccountName"] == node["serviceAccountName"]
+    assert pod.get("serviceAccountName") == node.get("serviceAccountName")
 
 
 @pytest.mark.parametrize(

@@ -103,8 +103,10 @@ def test_the_base_mounts_the_contracts_volumes_at_its_paths(trainer_pod: dict[st
         contract.DATA_VOLUME: contract.DATA_MOUNT_PATH,
         contract.SHM_VOLUME: contract.SHM_MOUNT_PATH,
         contract.TMP_VOLUME: contract.TMP_MOUNT_PATH,
+        contract.PROGRESS_TOKEN_VOLUME: contract.PROGRESS_TOKEN_DIR,
     }
     assert _by_name(container["volumeMounts"])[contract.JOB_CONFIG_VOLUME]["readOnly"] is True
+    assert _by_name(container["volumeMounts"])[contract.PROGRESS_TOKEN_VOLUME]["readOnly"] is True
     # The names a job's volumes may not take are mounted where the contract says.
     assert {name: mounts[name] for name in contract.RESERVED_VOLUMES} == contract.RESERVED_VOLUMES
     volumes = _by_name(trainer_pod["volumes"])
@@ -112,6 +114,10 @@ def test_the_base_mounts_the_contracts_volumes_at_its_paths(trainer_pod: dict[st
     assert "configMap" in volumes[contract.JOB_CONFIG_VOLUME]
     assert "emptyDir" in volumes[contract.DATA_VOLUME]
     assert volumes[contract.SHM_VOLUME]["emptyDir"] == {"medium": "Memory"}
+    # The token for the operator's audience only, where the trainer reads it.
+    [source] = volumes[contract.PROGRESS_TOKEN_VOLUME]["projected"]["sources"]
+    token = source["serviceAccountToken"]
+    assert (token["audience"], token["path"]) == (contract.PROGRESS_AUDIENCE, contract.PROGRESS_TOKEN_FILE)
 
 
 def test_the_base_sets_the_contracts_variables(trainer_pod: dict[str, Any]) -> None:
@@ -249,17 +255,16 @@ def test_a_rendered_pytorchjob_restarts_on_exit_codes(golden: list[dict[str, Any
         assert {replica["restartPolicy"] for replica in _replicas(training).values()} == {"ExitCode"}
 
 
-def test_the_progress_role_grants_the_contracts_status_subresource(golden: list[dict[str, Any]]) -> None:
-    [role] = [document for document in golden if document["kind"] == "Role"]
-    [rule] = role["rules"]
-    assert rule["apiGroups"] == [contract.GROUP]
-    assert rule["resources"] == [f"{contract.PLURAL}/status"]
-    # The path the trainer patches is that subresource of the job.
-    [job] = rule["resourceNames"]
-    namespace = role["metadata"]["namespace"]
-    assert contract.status_path(namespace, job) == (
-        f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{namespace}/{contract.PLURAL}/{job}/status"
-    )
+def test_a_jobs_pods_report_to_the_path_the_operators_endpoint_takes(golden: list[dict[str, Any]]) -> None:
+    from bertjob.progress import PATH
+
+    assert not [
+        document for document in golden if document["kind"] in ("Role", "RoleBinding", "ServiceAccount")
+    ]
+    [config_map] = [document for document in golden if document["kind"] == "ConfigMap"]
+    job = config_map["metadata"]["labels"][contract.JOB_LABEL]
+    match = PATH.match(contract.status_path(config_map["metadata"]["namespace"], job))
+    assert match is not None and match["name"] == job
 
 
 # --- the CRD -------------------------------------------------------------------------------------

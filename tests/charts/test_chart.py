@@ -208,7 +208,7 @@ def test_namespaced_objects_name_their_namespace(render: Render, values_file: Pa
 
 def test_the_service_monitor_scrapes_the_metrics_service(render: Render) -> None:
     objects = render(files=[CHART / "ci" / "servicemonitor-values.yaml"])
-    monitor, service = one(objects, "ServiceMonitor"), one(objects, "Service")
+    monitor, service = one(objects, "ServiceMonitor"), one(objects, "Service", f"{RELEASE}-operator-metrics")
     labels = service["metadata"]["labels"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [service["metadata"]["namespace"]]}
@@ -524,9 +524,13 @@ def _granted(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
     return found
 
 
-def test_every_namespace_one_cluster_role_and_no_roles(render: Render) -> None:
+def test_every_namespace_one_cluster_role_and_only_the_certificates_role(render: Render) -> None:
     objects = render()
-    assert not [obj for obj in objects if obj["kind"] in ("Role", "RoleBinding")]
+    # Only the progress endpoint's certificate Secret, in the release's own namespace.
+    namespaced = [obj for obj in objects if obj["kind"] in ("Role", "RoleBinding")]
+    assert {(obj["metadata"]["name"], obj["metadata"]["namespace"]) for obj in namespaced} == {
+        (f"{RELEASE}-operator-progress-tls", NAMESPACE)
+    }
     operator = one(objects, "ClusterRole", f"{RELEASE}-operator")
     assert ("bertjob.dev", "bertpretrainjobs") in _granted(operator["rules"])
     binding = one(objects, "ClusterRoleBinding")
@@ -548,8 +552,9 @@ def test_listed_namespaces_get_a_role_each_and_the_cluster_role_keeps_what_kopf_
     all_rules = _granted(one(everywhere, "ClusterRole", f"{RELEASE}-operator")["rules"])
     cluster_rules = _granted(one(scoped, "ClusterRole", f"{RELEASE}-operator")["rules"])
 
-    roles = [obj for obj in scoped if obj["kind"] == "Role"]
-    bindings = [obj for obj in scoped if obj["kind"] == "RoleBinding"]
+    operator = f"{RELEASE}-operator"
+    roles = [obj for obj in scoped if obj["kind"] == "Role" and obj["metadata"]["name"] == operator]
+    bindings = [obj for obj in scoped if obj["kind"] == "RoleBinding" and obj["metadata"]["name"] == operator]
     assert [role["metadata"]["namespace"] for role in roles] == listed
     assert [binding["metadata"]["namespace"] for binding in bindings] == listed
     account = one(scoped, "ServiceAccount")["metadata"]
@@ -565,7 +570,11 @@ def test_listed_namespaces_get_a_role_each_and_the_cluster_role_keeps_what_kopf_
         role_rules = _granted(role["rules"])
         # The Role holds every namespaced grant of the cluster-wide scope, and nothing cluster-scoped.
         assert role_rules == {key: verbs for key, verbs in all_rules.items() if key not in cluster_rules}
-    assert set(cluster_rules) == {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "namespaces")}
+    assert set(cluster_rules) == {
+        ("apiextensions.k8s.io", "customresourcedefinitions"),
+        ("", "namespaces"),
+        ("authentication.k8s.io", "tokenreviews"),
+    }
 
     command = operator_container(scoped)["command"]
     assert "--all-namespaces" not in command

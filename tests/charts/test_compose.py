@@ -165,7 +165,11 @@ def test_every_object_and_every_reference_follows_the_name(
     # Every selector still finds the operator's pod (and the ServiceMonitor its Service).
     assert _subset(deployment["spec"]["selector"]["matchLabels"], pod_labels)
     services = {obj["metadata"]["name"]: obj for obj in objects if obj["kind"] == "Service"}
-    assert sorted(services) == [f"{prefix}-operator-metrics", f"{prefix}-operator-webhook"]
+    assert sorted(services) == [
+        f"{prefix}-operator-metrics",
+        f"{prefix}-operator-progress",
+        f"{prefix}-operator-webhook",
+    ]
     for service in services.values():
         assert _subset(service["spec"]["selector"], pod_labels), service["metadata"]["name"]
     assert _subset(one(objects, "NetworkPolicy")["spec"]["podSelector"]["matchLabels"], pod_labels)

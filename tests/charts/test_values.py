@@ -22,6 +22,7 @@ import pytest
 from bertjob.monitoring import PORT_ENV
 from bertjob_api.contract import MPI_RUNTIME, TORCH_RUNTIME
 from tests.helm_chart import (
+    NAMESPACE,
     RELEASE,
     by_key,
     chart_metadata,
@@ -163,6 +164,10 @@ SERVICE_MONITOR = {"metrics": {"serviceMonitor": {"enabled": True}}}
 WEBHOOK = {"webhook": {"enabled": True, "certManager": {"enabled": True}}}
 WEBHOOK_NAME = f"{OPERATOR}-webhook"
 WEBHOOK_SERVICE = f"{OPERATOR}-webhook"
+# The progress endpoint's Service, and the Role and RoleBinding for its certificate's Secret.
+PROGRESS_SERVICE = f"{OPERATOR}-progress"
+PROGRESS_TLS = f"{OPERATOR}-progress-tls"
+PROGRESS_ENV = ["BERTJOB_PROGRESS_URL", "BERTJOB_PROGRESS_SECRET", "BERTJOB_PROGRESS_PORT"]
 # A pod of a ClusterTrainingRuntime's replicated job {0}.
 RUNTIME_POD = "spec.template.spec.replicatedJobs[{0}].template.spec.template.spec"
 # Where the ClusterTrainingRuntimes name their image.
@@ -335,6 +340,7 @@ CASES = [
         {
             ("ServiceAccount", OPERATOR, ""),
             ("ClusterRoleBinding", OPERATOR, "subjects[0].name"),
+            ("RoleBinding", PROGRESS_TLS, "subjects[0].name"),
             ("Deployment", OPERATOR, f"{POD}.serviceAccountName"),
         },
         _account,
@@ -347,6 +353,7 @@ CASES = [
             ("ServiceAccount", OPERATOR, ""),
             ("ServiceAccount", "custom", ""),
             ("ClusterRoleBinding", OPERATOR, "subjects[0].name"),
+            ("RoleBinding", PROGRESS_TLS, "subjects[0].name"),
             ("Deployment", OPERATOR, f"{POD}.serviceAccountName"),
         },
         _account,
@@ -367,6 +374,8 @@ CASES = [
             ("ClusterRoleBinding", OPERATOR, ""),
             ("ClusterRole", f"{RELEASE}-view", ""),
             ("ClusterRole", f"{RELEASE}-edit", ""),
+            ("Role", PROGRESS_TLS, ""),
+            ("RoleBinding", PROGRESS_TLS, ""),
         },
         lambda o: [obj for obj in o if obj["apiVersion"].startswith("rbac.")],
         [],
@@ -390,12 +399,52 @@ CASES = [
         lambda o: (
             _added_to_command(o),
             sorted(
-                (obj["kind"], obj["metadata"]["namespace"]) for obj in o if obj["kind"].startswith("Role")
+                (obj["kind"], obj["metadata"]["namespace"])
+                for obj in o
+                if obj["kind"].startswith("Role") and obj["metadata"]["name"] == OPERATOR
             ),
         ),
         (
             ["--namespace=a", "--namespace=b"],
             [("Role", "a"), ("Role", "b"), ("RoleBinding", "a"), ("RoleBinding", "b")],
+        ),
+    ),
+    # Off: no endpoint, its Service, its certificate's Role, its rules and variables go.
+    Case(
+        "progress.enabled",
+        {"progress": {"enabled": False}},
+        {
+            ("Service", PROGRESS_SERVICE, ""),
+            ("Role", PROGRESS_TLS, ""),
+            ("RoleBinding", PROGRESS_TLS, ""),
+            ("ClusterRole", OPERATOR, "rules"),
+            ("Deployment", OPERATOR, f"{CONTAINER}.env"),
+            ("Deployment", OPERATOR, f"{CONTAINER}.ports"),
+            ("NetworkPolicy", OPERATOR, "spec.ingress"),
+        },
+        lambda o: [var["name"] for var in operator_container(o)["env"] if var["name"] in PROGRESS_ENV],
+        [],
+        base={"networkPolicy": {"enabled": True}},
+    ),
+    Case(
+        "progress.port",
+        {"progress": {"port": 10444}},
+        {
+            ("Service", PROGRESS_SERVICE, "spec.ports[0].port"),
+            ("Deployment", OPERATOR, f"{CONTAINER}.env"),
+            ("Deployment", OPERATOR, f"{CONTAINER}.ports"),
+        },
+        lambda o: (
+            [e["value"] for e in operator_container(o)["env"] if e["name"] in PROGRESS_ENV],
+            [p["containerPort"] for p in operator_container(o)["ports"] if p["name"] == "progress"],
+        ),
+        (
+            [
+                f"https://{PROGRESS_SERVICE}.{NAMESPACE}.svc:10444",
+                f"{NAMESPACE}/{PROGRESS_TLS}",
+                "10444",
+            ],
+            [10444],
         ),
     ),
     Case(
@@ -465,9 +514,9 @@ CASES = [
     Case(
         "extraEnv",
         {"extraEnv": ENV},
-        {("Deployment", OPERATOR, f"{CONTAINER}.env[1]")},
+        {("Deployment", OPERATOR, f"{CONTAINER}.env[4]")},
         lambda o: [var.get("name") for var in operator_container(o)["env"]],
-        [PORT_ENV, "NODE_NAME"],
+        [PORT_ENV, *PROGRESS_ENV, "NODE_NAME"],
     ),
     Case(
         "metrics.serviceMonitor.enabled",

@@ -233,8 +233,20 @@ def test_the_failure_policy_is_the_values(render: Render, policy: str) -> None:
 
 def test_the_network_policy_admits_the_webhook_port(render: Render) -> None:
     objects = render({**CERT_MANAGER, "networkPolicy": {"enabled": True}})
-    [rule] = one(objects, "NetworkPolicy")["spec"]["ingress"]
+    rule, _ = one(objects, "NetworkPolicy")["spec"]["ingress"]
     assert {"port": "webhook", "protocol": "TCP"} in rule["ports"]
+    assert "from" not in rule  # the API server's address differs between clusters
+
+
+def test_the_network_policy_admits_progress_reports_from_trainer_pods_only(render: Render) -> None:
+    objects = render({"networkPolicy": {"enabled": True}})
+    [_, progress] = one(objects, "NetworkPolicy")["spec"]["ingress"]
+    assert progress["ports"] == [{"port": "progress", "protocol": "TCP"}]
+    [peer] = progress["from"]
+    assert peer == {
+        "namespaceSelector": {},
+        "podSelector": {"matchExpressions": [{"key": "bertjob.dev/job", "operator": "Exists"}]},
+    }
 
 
 def test_listed_namespaces_only(render: Render) -> None:

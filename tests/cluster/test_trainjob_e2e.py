@@ -395,9 +395,6 @@ def test_an_operator_restart_leaves_trainjob_jobs_as_they_were(unguarded: Cluste
         counts = {resource: len(found) for resource, found in children_of(cluster, name).items()}
         assert counts == {
             "v1/configmaps": 1,
-            "v1/serviceaccounts": 1,
-            "rbac.authorization.k8s.io/v1/roles": 1,
-            "rbac.authorization.k8s.io/v1/rolebindings": 1,
             TRAINJOBS: 1,
         }, name
     assert {name: _trainjob(cluster, name)["spec"] for name in (waiting, running)} == trainjobs_before

@@ -32,6 +32,15 @@ Fixed names stay fixed: the CRD's, and the ClusterTrainingRuntimes' that the ope
 {{- printf "%s-webhook-tls" (include "bertjob.operatorName" .) -}}
 {{- end }}
 
+{{/* The progress endpoint's Service, and the Secret where the operator keeps its certificate. */}}
+{{- define "bertjob.progressService" -}}
+{{- printf "%s-progress" (include "bertjob.operatorName" .) -}}
+{{- end }}
+
+{{- define "bertjob.progressSecret" -}}
+{{- printf "%s-progress-tls" (include "bertjob.operatorName" .) -}}
+{{- end }}
+
 {{- define "bertjob.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- .Values.serviceAccount.name | default (include "bertjob.operatorName" .) -}}
@@ -114,6 +123,12 @@ when it serves only some namespaces.
   resources: [namespaces]
   verbs: [list, watch]
 {{- end }}
+{{- if .Values.progress.enabled }}
+# The progress endpoint: checks each trainer's projected token (bertjob.progress).
+- apiGroups: [authentication.k8s.io]
+  resources: [tokenreviews]
+  verbs: [create]
+{{- end }}
 {{- end }}
 
 {{/* Granted in every namespace served: cluster-wide by the ClusterRole, or by a Role in each. */}}
@@ -126,11 +141,10 @@ when it serves only some namespaces.
 - apiGroups: [bertjob.dev]
   resources: [bertpretrainjobs]
   verbs: [get, list, watch, patch]
-# Status: patched by the operator. get too, because the operator creates each job's trainer
-# Role granting get and patch here, and RBAC lets no one grant what they do not hold.
+# Status: patched by the operator, its own fields and the trainers' progress reports alike.
 - apiGroups: [bertjob.dev]
   resources: [bertpretrainjobs/status]
-  verbs: [get, patch]
+  verbs: [patch]
 # Children carry blockOwnerDeletion, which the OwnerReferencesPermissionEnforcement admission
 # plugin allows only to those who may update the owner's finalizers.
 - apiGroups: [bertjob.dev]
@@ -139,10 +153,7 @@ when it serves only some namespaces.
 # The children: created, and read back when a retried handler or a restarted operator finds
 # one existing. No delete: deletion cascades through ownerReferences.
 - apiGroups: [""]
-  resources: [configmaps, serviceaccounts]
-  verbs: [create, get]
-- apiGroups: [rbac.authorization.k8s.io]
-  resources: [roles, rolebindings]
+  resources: [configmaps]
   verbs: [create, get]
 # The data Job and the launchers' training jobs: also watched (outcome, conditions) and
 # patched (suspend and the other safe run-policy fields).
@@ -158,10 +169,11 @@ when it serves only some namespaces.
   resources: [trainjobs]
   verbs: [create, get, list, watch, patch]
 # A job's pods (by its label): listed once when its training job fails, to name the pod that
-# failed and its exit code in the job's status. Never watched, never changed.
+# failed and its exit code in the job's status; read (get) by the progress endpoint, once per pod,
+# to check that a report's pod belongs to the job it reports for. Never watched, never changed.
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list]
+  verbs: [{{ if .Values.progress.enabled }}get, {{ end }}list]
 {{- end }}
 
 {{/*
@@ -239,6 +251,9 @@ fails naming the value and why.
 {{- if eq $env.name "BERTJOB_METRICS_PORT" }}
 {{- fail (printf "extraEnv[%d].name: BERTJOB_METRICS_PORT is set by the chart (the metrics port, 9090)" $index) }}
 {{- end }}
+{{- if and $.Values.progress.enabled (hasPrefix "BERTJOB_PROGRESS_" $env.name) }}
+{{- fail (printf "extraEnv[%d].name: %s is set by the chart from progress.*; set those values instead" $index $env.name) }}
+{{- end }}
 {{- end }}
 {{- $chartArgs := "^(--(standalone|dev|peering|priority|all-namespaces|namespace|liveness|module|quiet|verbose)(=.*)?|-[A-Za-z]*[APLpmnqv].*)$" -}}
 {{- range $index, $arg := .Values.extraArgs }}
@@ -259,5 +274,9 @@ fails naming the value and why.
 {{- $taken := dict "8080" "the health port" "9090" "the metrics port" }}
 {{- with get $taken (toString .Values.webhook.port) }}
 {{- fail (printf "webhook.port: %v is %s of the operator; choose another (1024-65535)" $.Values.webhook.port .) }}
+{{- end }}
+{{- if .Values.webhook.enabled }}{{ $_ := set $taken (toString .Values.webhook.port) "the webhook's port" }}{{ end }}
+{{- with get $taken (toString .Values.progress.port) }}
+{{- fail (printf "progress.port: %v is %s of the operator; choose another (1024-65535)" $.Values.progress.port .) }}
 {{- end }}
 {{- end }}

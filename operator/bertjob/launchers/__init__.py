@@ -55,10 +55,11 @@ class ChildKind:
 
 @dataclass(frozen=True)
 class PodNames:
-    """Names a job's pods refer to, chosen by :mod:`bertjob.render`."""
+    """Names a job's pods refer to, chosen by :mod:`bertjob.render`; ``service_account`` None
+    leaves the pods on their namespace's ``default`` account."""
 
     config_map: str
-    service_account: str
+    service_account: str | None
     labels: Mapping[str, str]
 
 

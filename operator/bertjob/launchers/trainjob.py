@@ -72,7 +72,8 @@ class TrainJobLauncher:
         if spec.train_job.ml_policy == "mpi":
             trainer["command"] = None
         node_pod: dict[str, Any] = {key: whole(value) for key, value in pod["fields"].items()}
-        node_pod["serviceAccountName"] = pod["service_account"]
+        if pod["service_account"] is not None:
+            node_pod["serviceAccountName"] = pod["service_account"]
         node_pod["volumes"] = [
             {"name": pod["config_volume"], "configMap": {"name": pod["config_map"]}},
             *(whole(extra["volume"]) for extra in pod["volumes"]),

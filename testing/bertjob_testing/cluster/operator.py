@@ -29,6 +29,7 @@ from kubernetes.client import ApiClient, CoreV1Api
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config import new_client_from_config
 
+from bertjob import progress
 from bertjob.admission import ADDRESS_ENV, CERT_DIR_ENV, PORT_ENV
 from bertjob_api.contract import KIND
 from bertjob_testing.cluster.build import crds
@@ -44,6 +45,8 @@ NAMESPACE = "bertjob-system"
 OPERATOR = f"{RELEASE}-operator"
 WEBHOOK_SERVICE = f"{OPERATOR}-webhook"
 WEBHOOK_SECRET = f"{OPERATOR}-webhook-tls"
+# Where the chart's operator keeps its progress endpoint's certificate (charts/bertjob/README.md).
+PROGRESS_SECRET = f"{OPERATOR}-progress-tls"
 START_WAIT_S = 60.0
 
 
@@ -245,7 +248,7 @@ def install(plane: ControlPlane, workdir: Path, *values: str) -> RealCluster:
     """
     install_chart(plane, *(f"--set={value}" for value in values))
     plane.kubectl.wait_established()
-    port = free_port()
+    port, progress_port = free_port(), free_port()
     certs = workdir / "webhook-certs"
     assert plane.kubectl.mount_secret(NAMESPACE, WEBHOOK_SECRET, certs), (
         f"the chart's Secret {WEBHOOK_SECRET}"
@@ -263,7 +266,17 @@ def install(plane: ControlPlane, workdir: Path, *values: str) -> RealCluster:
         workdir,
         plane.kubeconfig_for_token(workdir / "operator.kubeconfig", token),
         start_wait_s=START_WAIT_S,
-        env={CERT_DIR_ENV: str(certs), PORT_ENV: str(port), ADDRESS_ENV: "127.0.0.1"},
+        env={
+            CERT_DIR_ENV: str(certs),
+            PORT_ENV: str(port),
+            ADDRESS_ENV: "127.0.0.1",
+            # The progress endpoint as the chart configures it, on this machine's loopback: its
+            # certificate in the chart's Secret name, made by the operator under the chart's RBAC.
+            progress.URL_ENV: f"https://127.0.0.1:{progress_port}",
+            progress.SECRET_ENV: f"{NAMESPACE}/{PROGRESS_SECRET}",
+            progress.PORT_ENV: str(progress_port),
+            progress.ADDRESS_ENV: "127.0.0.1",
+        },
         plane=plane,
     )
     cluster.start()

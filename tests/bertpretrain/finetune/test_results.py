@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +17,13 @@ from bertjob_api.crd import resource_schema
 from bertjob_api.defaults import with_defaults
 from bertjob_api.spec import parse_job
 from bertjob_testing.jobs import valid_job, with_value
-from bertjob_testing.kube_emulator import one_job
 from bertpretrain.finetune import results
 from bertpretrain.finetune.task_files import TaskFiles
 from bertpretrain.finetune.train import RunResult
 from bertpretrain.training.progress import StatusReporter
+from tests.bertpretrain.training.test_progress import Recorder
 from tests.k8s_schema import assert_valid
 
-JOB_STATUS = "/apis/bertjob.dev/v1alpha1/namespaces/team-a/bertpretrainjobs/wiki/status"
 TASK = {
     "name": "mrpc",
     "type": "classification",
@@ -76,17 +76,22 @@ def test_the_status_entry_is_the_headline_metric_and_fits_the_crd() -> None:
     assert_valid({"results": [entry]}, resource_schema()["properties"]["status"])
 
 
-def test_results_land_in_the_jobs_status_beside_the_progress() -> None:
-    with one_job("team-a", "wiki") as (url, api):
-        reporter = StatusReporter(url + JOB_STATUS, total_steps=10)
-        assert reporter.report(2, 10, {"loss": 1.5})
+def test_results_are_reported_to_the_operator_as_the_status_field(tmp_path: Path) -> None:
+    server = Recorder()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        (tmp_path / "progress-url").write_text(server.url)
+        (tmp_path / "token").write_text("a-pods-token")
+        reporter = StatusReporter.from_environment(1, tmp_path, tmp_path)
+        assert reporter is not None
         assert reporter.send_status({"results": [results.status_entry(_summary())]})
-        stored: Any = api.get_namespaced_custom_object(
-            "bertjob.dev", "v1alpha1", "team-a", "bertpretrainjobs", "wiki"
-        )
-    status = stored["status"]
-    assert status["progress"]["step"] == 10
-    assert [(entry["task"], entry["median"]) for entry in status["results"]] == [("mrpc", 0.8)]
+    finally:
+        server.shutdown()
+        server.server_close()
+    [(_, _, body)] = server.requests
+    assert [(entry["task"], entry["median"]) for entry in body["results"]] == [("mrpc", 0.8)]
+    # What the operator's endpoint takes (bertjob.progress.parse): the CRD's status schema.
+    assert_valid(body, resource_schema()["properties"]["status"])
 
 
 def test_outside_a_cluster_nothing_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,5 +1,6 @@
-"""StatusReporter: the trainer's progress PATCHed into its job's status, against a real HTTP
-server on 127.0.0.1 that records each request."""
+"""StatusReporter: the trainer's progress POSTed to the operator's progress endpoint, against a
+real HTTP server on 127.0.0.1 that records each request (tests/bertjob/test_progress.py serves it
+with the operator's own receiver)."""
 
 from __future__ import annotations
 
@@ -13,17 +14,14 @@ from typing import Any
 
 import pytest
 
-from bertjob_api.crd import resource_schema
-from bertjob_testing.kube_emulator import one_job
 from bertpretrain.training.logs import TrainingLog
 from bertpretrain.training.progress import StatusReporter
-from tests.k8s_schema import assert_valid
 
 JOB_STATUS = "/apis/bertjob.dev/v1alpha1/namespaces/team-a/bertpretrainjobs/wiki/status"
 
 
 class Recorder(ThreadingHTTPServer):
-    """Answers every PATCH with ``answer`` and keeps (path, headers, body) of each."""
+    """Answers every POST with ``answer`` and keeps (path, headers, body) of each."""
 
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
@@ -38,7 +36,7 @@ class Recorder(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: Recorder
 
-    def do_PATCH(self) -> None:
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.requests.append((self.path, dict(self.headers), body))
         self.send_response(self.server.answer)
@@ -70,17 +68,17 @@ def token(tmp_path: Path) -> Path:
 VALUES = {"loss": 7.25, "mlm_accuracy": 0.125, "sequences_per_second": 1234.5, "learning_rate": 1e-3}
 
 
-def test_a_report_patches_only_the_progress(server: Recorder, token: Path) -> None:
+def test_a_report_sends_only_the_progress(server: Recorder, token: Path) -> None:
     reporter = StatusReporter(server.url, total_steps=100, token_file=token)
 
     assert reporter.report(1, 20, {**VALUES, "nsp_accuracy": math.nan})
 
     [(path, headers, body)] = server.requests
     assert path == JOB_STATUS
-    assert headers["Content-Type"] == "application/merge-patch+json"
+    assert headers["Content-Type"] == "application/json"
     assert headers["Authorization"] == "Bearer first-token"
-    assert list(body) == ["status"] and list(body["status"]) == ["progress"]
-    progress = body["status"]["progress"]
+    assert list(body) == ["progress"]
+    progress = body["progress"]
     assert progress.pop("updateTime").endswith("Z")
     assert progress == {
         "phase": 1,
@@ -96,7 +94,7 @@ def test_a_diverged_loss_is_left_out(server: Recorder) -> None:
     StatusReporter(server.url, total_steps=100).report(2, 5, {**VALUES, "loss": math.nan})
 
     [(_, headers, body)] = server.requests
-    assert "loss" not in body["status"]["progress"]
+    assert "loss" not in body["progress"]
     assert "Authorization" not in headers
 
 
@@ -106,7 +104,7 @@ def test_reports_are_rate_limited_but_the_last_step_always_goes(server: Recorder
     sent = [reporter.report(1, step, VALUES) for step in (10, 20, 30)]
 
     assert sent == [True, False, True]
-    assert [body["status"]["progress"]["step"] for _, _, body in server.requests] == [10, 30]
+    assert [body["progress"]["step"] for _, _, body in server.requests] == [10, 30]
 
 
 def test_a_rotated_token_is_read_again(server: Recorder, token: Path) -> None:
@@ -154,54 +152,27 @@ def test_the_training_log_reports_training_values_only(server: Recorder, tmp_pat
     log.log(1, 10, "eval", {"mlm_accuracy": 0.5})
     log.close()
 
-    assert [body["status"]["progress"]["mlmAccuracy"] for _, _, body in server.requests] == [0.125]
+    assert [body["progress"]["mlmAccuracy"] for _, _, body in server.requests] == [0.125]
 
 
-@pytest.mark.parametrize(
-    ("env", "url"),
-    [
-        (
-            {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"},
-            "https://10.96.0.1:443" + JOB_STATUS,
-        ),
-        (
-            {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "6443"},
-            "https://[fd00::1]:6443" + JOB_STATUS,
-        ),
-    ],
-)
-def test_in_a_pod_the_job_and_the_api_server_come_from_the_environment(
-    tmp_path: Path, env: dict[str, str], url: str
-) -> None:
-    (tmp_path / "token").write_text("t")
-    env = {**env, "BERTJOB_NAME": "wiki", "BERTJOB_NAMESPACE": "team-a"}
-
-    reporter = StatusReporter.from_environment(7, env, tmp_path)
+def test_in_a_pod_the_url_ca_and_token_come_from_the_mounted_files(tmp_path: Path) -> None:
+    config, tokens = tmp_path / "etc-bertjob", tmp_path / "token-dir"
+    config.mkdir()
+    tokens.mkdir()
+    (config / "progress-url").write_text("https://bertjob-progress.ops.svc:8443" + JOB_STATUS + "\n")
+    # No CA file: the system's trust store (an operator behind a certificate from a public CA).
+    reporter = StatusReporter.from_environment(7, config, tokens)
 
     assert reporter is not None
-    assert (reporter.url, reporter.total_steps, reporter.token_file) == (url, 7, tmp_path / "token")
+    assert (reporter.url, reporter.total_steps, reporter.token_file, reporter.context) == (
+        "https://bertjob-progress.ops.svc:8443" + JOB_STATUS,
+        7,
+        tokens / "token",
+        None,
+    )
 
 
-@pytest.mark.parametrize("missing", ["KUBERNETES_SERVICE_HOST", "BERTJOB_NAME", "BERTJOB_NAMESPACE"])
-def test_outside_a_cluster_nothing_is_reported(tmp_path: Path, missing: str) -> None:
-    env = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "BERTJOB_NAME": "wiki", "BERTJOB_NAMESPACE": "team-a"}
-    del env[missing]
+def test_without_the_operators_url_nothing_is_reported(tmp_path: Path) -> None:
+    (tmp_path / "job.yaml").write_text("{}")
 
-    assert StatusReporter.from_environment(7, env, tmp_path) is None
-
-
-def test_the_progress_lands_in_the_jobs_status_beside_the_operators_fields() -> None:
-    with one_job("team-a", "wiki") as (url, api):
-        api.patch_namespaced_custom_object_status(
-            "bertjob.dev", "v1alpha1", "team-a", "bertpretrainjobs", "wiki", {"status": {"phase": "Running"}}
-        )
-
-        assert StatusReporter(url + JOB_STATUS, total_steps=100).report(1, 40, VALUES)
-
-        stored = api.get_namespaced_custom_object(
-            "bertjob.dev", "v1alpha1", "team-a", "bertpretrainjobs", "wiki"
-        )
-    status = stored["status"]
-    assert status["phase"] == "Running"
-    assert (status["progress"]["step"], status["progress"]["loss"]) == (40, 7.25)
-    assert_valid(status, resource_schema()["properties"]["status"])
+    assert StatusReporter.from_environment(7, tmp_path, tmp_path) is None

@@ -156,8 +156,8 @@ def write_predictions(directory: Path, runs: Sequence[RunResult]) -> None:
 
 
 def report(summaries: Sequence[dict[str, Any]]) -> bool:
-    """Patch ``status.results`` of the job this pod runs (a no-op outside a cluster): one entry
-    per task so far. Returns whether the request was sent and accepted."""
+    """Report ``status.results`` of the job this pod runs to the operator (a no-op outside a
+    cluster): one entry per task so far. Returns whether the request was sent and accepted."""
     reporter = StatusReporter.from_environment(total_steps=1)
     if reporter is None:
         return False

@@ -1,15 +1,19 @@
 """Live progress in the BertPretrainJob's status, so that `kubectl get bertpretrainjobs` shows it.
 
-In a pod rendered by the operator, rank 0 patches ``status.progress`` of its own job through the
-status subresource, with the pod's service-account token. The operator gives that account a Role
-allowing ``get`` and ``patch`` on ``bertpretrainjobs/status`` of this one job and nothing else,
-and passes the job's name and namespace as ``BERTJOB_NAME`` and ``BERTJOB_NAMESPACE``. Outside a
-cluster (no ``KUBERNETES_SERVICE_HOST``, or no such variables) nothing is reported.
+In a pod rendered by the operator, rank 0 sends its progress to the operator, which checks it and
+merges it into ``status.progress`` of the job (``status.results`` for fine-tuning's results); the
+pod itself may do nothing on the API server. The job's ConfigMap, mounted at ``/etc/bertjob``,
+holds the operator's URL for this job and the CA of the operator's certificate
+(:data:`~bertjob_api.contract.PROGRESS_URL_KEY`, :data:`~bertjob_api.contract.PROGRESS_CA_KEY`);
+the request carries the pod's service-account token that Kubernetes projects for the audience
+``bertjob.dev`` alone (at :data:`~bertjob_api.contract.PROGRESS_TOKEN_DIR`), by which the operator
+knows the pod and so the job. Without the URL file (outside a cluster, or an operator that
+serves no progress) nothing is reported.
 
-The request is one JSON merge patch of ``status.progress`` alone, so it never touches what the
-operator writes (phase, conditions). Reporting is best effort: a failure is printed once, and
-training goes on. The standard library's urllib is enough for one PATCH; the trainer image does
-not carry the kubernetes client.
+A report is one POST of a JSON object of status fields (``{"progress": {...}}``), as Kubeflow
+Trainer's progress reports (KEP-2779). Reporting is best effort: a failure (the operator
+restarting, a refusal) is printed once, and training goes on. The standard library's urllib is
+enough for one POST.
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import os
 import ssl
 import sys
 import time
@@ -25,16 +28,22 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
-from bertjob_api.contract import NAME_ENV, NAMESPACE_ENV, PROGRESS_FIELD, PROGRESS_FIELDS, status_path
-
-SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+from bertjob_api.contract import (
+    CONFIG_DIR,
+    PROGRESS_CA_KEY,
+    PROGRESS_FIELD,
+    PROGRESS_FIELDS,
+    PROGRESS_TOKEN_DIR,
+    PROGRESS_TOKEN_FILE,
+    PROGRESS_URL_KEY,
+)
 
 
 class StatusReporter:
-    """Sends a phase's progress to ``url`` (the job's status subresource) as JSON merge patches.
+    """Sends a phase's progress to ``url`` (the operator's progress endpoint for this job).
 
-    ``token_file`` holds the bearer token, read at each request because Kubernetes rotates
-    bound service-account tokens; ``ca_file`` verifies the API server (for ``https`` URLs).
+    ``token_file`` holds the bearer token, read at each request because the kubelet renews the
+    projected token; ``ca_file`` verifies the operator's certificate (for ``https`` URLs).
     At most one request per ``min_interval_s`` seconds, except for the phase's last step, which
     is always sent; each request waits at most ``timeout_s`` seconds.
     """
@@ -59,22 +68,27 @@ class StatusReporter:
 
     @classmethod
     def from_environment(
-        cls, total_steps: int, env: Mapping[str, str] = os.environ, secrets: Path = SERVICE_ACCOUNT
+        cls,
+        total_steps: int,
+        config_dir: Path = Path(CONFIG_DIR),
+        token_dir: Path = Path(PROGRESS_TOKEN_DIR),
     ) -> StatusReporter | None:
-        """The reporter for the job this pod runs, from the variables the operator and the
-        kubelet set; None outside a cluster or without the operator's variables."""
-        host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT", "443")
-        name, namespace = env.get(NAME_ENV), env.get(NAMESPACE_ENV)
-        if not (host and name and namespace):
+        """The reporter for the job this pod runs, from the files the operator's ConfigMap and
+        the kubelet put in the pod; None without the operator's URL file (nothing to report to).
+        """
+        url_file = config_dir / PROGRESS_URL_KEY
+        if not url_file.is_file():
             return None
-        # An IPv6 service address needs brackets in a URL.
-        host = f"[{host}]" if ":" in host else host
-        url = f"https://{host}:{port}" + status_path(namespace, name)
-        ca_file = secrets / "ca.crt"
-        return cls(url, total_steps, secrets / "token", ca_file if ca_file.is_file() else None)
+        ca_file = config_dir / PROGRESS_CA_KEY
+        return cls(
+            url_file.read_text().strip(),
+            total_steps,
+            token_dir / PROGRESS_TOKEN_FILE,
+            ca_file if ca_file.is_file() else None,
+        )
 
     def report(self, phase: int, step: int, values: Mapping[str, float], force: bool = False) -> bool:
-        """Patch ``status.progress`` with phase ``phase`` (from 1), optimizer step ``step`` and
+        """Report ``status.progress``: phase ``phase`` (from 1), optimizer step ``step`` and
         the finite ones of ``values``' loss, mlm_accuracy and sequences_per_second.
 
         Returns:
@@ -96,17 +110,17 @@ class StatusReporter:
         return self.send_status({PROGRESS_FIELD: progress})
 
     def send_status(self, fields: Mapping[str, object]) -> bool:
-        """Patch these fields of ``status`` (``progress``, or ``results``: the fine-tuning results)
-        in one JSON merge patch, unthrottled. Returns whether the request was sent and accepted."""
-        return self._send({"status": dict(fields)})
+        """Send these fields of ``status`` (``progress``, or ``results``: the fine-tuning results)
+        in one report, unthrottled. Returns whether the report was sent and accepted."""
+        return self._send(dict(fields))
 
-    def _send(self, patch: dict[str, object]) -> bool:
-        headers = {"Content-Type": "application/merge-patch+json", "Accept": "application/json"}
+    def _send(self, fields: dict[str, object]) -> bool:
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
         try:
             if self.token_file is not None:
                 headers["Authorization"] = "Bearer " + self.token_file.read_text().strip()
             request = urllib.request.Request(
-                self.url, data=json.dumps(patch).encode(), headers=headers, method="PATCH"
+                self.url, data=json.dumps(fields).encode(), headers=headers, method="POST"
             )
             with urllib.request.urlopen(request, timeout=self.timeout_s, context=self.context):
                 pass
