@@ -34,6 +34,11 @@ compile() {
 
 "$BIN_DIR/python" -c "import sys, tomllib; print('\n'.join(tomllib.load(open(sys.argv[1], 'rb'))['build-system']['requires']))" \
     pyproject.toml > "$work/build-system.in"
+# uv keeps the pins of an existing output file where they still satisfy the inputs: the locks are
+# seeded with the committed ones, so that a new dependency adds its packages and moves no others.
+# To move every pin to the newest allowed, delete requirements/*.lock first.
+cat requirements/operator.lock > "$work/operator.lock" 2>/dev/null || true
+cat requirements/trainer.lock requirements/torch.lock requirements/horovod.lock > "$work/trainer.all" 2>/dev/null || true
 compile pyproject.toml "$work/build-system.in" --no-annotate --output-file "$work/operator.lock"
 
 horovod=$(sed -n 's/^VERSION=\([0-9][0-9.]*\)$/\1/p' trainer_image/build_horovod.sh)
