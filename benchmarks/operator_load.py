@@ -11,7 +11,8 @@ Each round runs each side in turn (before, after, before, after, ...). A side is
 ``after`` is this checkout's ``bertjob``; ``before`` is the ``bertjob`` package of the checkout
 ``DIR``, run with ``PYTHONPATH=DIR/operator`` (and ``DIR/api`` where it has that folder, so that its
 packages are imported instead of ours) and ``BERTJOB_KUSTOMIZE_DIR=DIR/kustomize``. On the real
-server the chart installed is always this checkout's (its CRD and RBAC), whichever operator runs.
+server each side's operator runs under its own checkout's chart (its CRD and RBAC): an older
+operator may need verbs this checkout's chart no longer grants.
 
 The real server (the default): a fresh control plane per side and round
 (:mod:`bertjob_testing.cluster`: etcd, kube-apiserver, controller-manager, scheduler and kwok on
@@ -89,8 +90,8 @@ from kubernetes.client.exceptions import ApiException
 # bertjob_testing is the tests' own package, which the bertjob wheel does not install.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testing"))
 from bertjob_testing.cluster.controlplane import ControlPlane
+from bertjob_testing.cluster.operator import CHART, install
 from bertjob_testing.cluster.operator import NAMESPACE as OPERATOR_NAMESPACE
-from bertjob_testing.cluster.operator import install
 from bertjob_testing.jobs import valid_job, with_value
 from bertjob_testing.kube_emulator import cluster_crds, running_cluster
 
@@ -137,6 +138,9 @@ class Side:
     name: str
     env: dict[str, str]
     runs: list[dict[str, float]] = field(default_factory=list)
+    # The chart installed for this side on the real server: its checkout's, whose RBAC its operator
+    # was written for (this checkout's for ``after``).
+    chart: Path = CHART
 
 
 def cpu_seconds(pid: int) -> float:
@@ -453,7 +457,7 @@ def load_real(side: Side, jobs: int, log: Path | None = None) -> dict[str, Any]:
         cluster = None
         try:
             plane.start()
-            cluster = install(plane, Path(workdir) / "operator")
+            cluster = install(plane, Path(workdir) / "operator", chart=side.chart)
             assert cluster.operator is not None
             plane.kubectl("create", "namespace", LOAD_NAMESPACE)
             audit = plane.workdir / "audit.log"
@@ -549,7 +553,7 @@ def main() -> None:
         # Its own job API package too, where it has one: else ours (installed) would stand in for it.
         packages = [str(before / part) for part in ("operator", "api") if (before / part).is_dir()]
         env = {"PYTHONPATH": os.pathsep.join(packages), "BERTJOB_KUSTOMIZE_DIR": str(before / "kustomize")}
-        sides.insert(0, Side("before", env))
+        sides.insert(0, Side("before", env, chart=before / "charts" / "bertjob"))
     load = load_emulator if args.emulator else load_real
     print(
         f"{args.jobs} jobs, {args.renders} renders, {args.rounds} rounds, "

@@ -219,8 +219,9 @@ def apply_upstream_crds(plane: ControlPlane) -> None:
     plane.kubectl.wait_established()
 
 
-def install_chart(plane: ControlPlane, *flags: str) -> None:
-    """Kubeflow's CRDs, then ``helm install`` of the chart with its webhook on and ``flags``.
+def install_chart(plane: ControlPlane, *flags: str, chart: Path = CHART) -> None:
+    """Kubeflow's CRDs, then ``helm install`` of ``chart`` (this checkout's) with its webhook on
+    and ``flags``.
 
     Raises:
         AssertionError: helm or kubectl failed.
@@ -230,7 +231,7 @@ def install_chart(plane: ControlPlane, *flags: str) -> None:
         plane,
         "install",
         RELEASE,
-        str(CHART),
+        str(chart),
         f"--namespace={NAMESPACE}",
         "--create-namespace",
         "--set=webhook.enabled=true",
@@ -238,15 +239,15 @@ def install_chart(plane: ControlPlane, *flags: str) -> None:
     )
 
 
-def install(plane: ControlPlane, workdir: Path, *values: str) -> RealCluster:
-    """Install the chart (webhook on, ``values`` as ``--set`` arguments) and start the operator
+def install(plane: ControlPlane, workdir: Path, *values: str, chart: Path = CHART) -> RealCluster:
+    """Install ``chart`` (webhook on, ``values`` as ``--set`` arguments) and start the operator
     under the chart's ServiceAccount; the returned cluster's operator is running.
 
     Raises:
         AssertionError: helm or kubectl failed.
         bertjob_testing.kube_emulator.WaitTimeoutError: the operator did not start.
     """
-    install_chart(plane, *(f"--set={value}" for value in values))
+    install_chart(plane, *(f"--set={value}" for value in values), chart=chart)
     plane.kubectl.wait_established()
     port, progress_port = free_port(), free_port()
     certs = workdir / "webhook-certs"
