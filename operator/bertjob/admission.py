@@ -8,6 +8,8 @@ on an UPDATE that changes the spec, the rule by which the operator applies a cha
 (:func:`bertjob.changes.refused_fields`). A refusal lists every problem with its field path. An
 update that leaves the spec as it was (metadata: labels, annotations, finalizers; or the status)
 always passes, even for a job whose stored spec is invalid, so that such a job can be deleted.
+A job it allows may get warnings (:func:`warned`: those of :func:`bertjob_api.validation.warnings`,
+which ``bertjob validate`` prints too), which ``kubectl apply`` shows as ``Warning: ...``.
 
 It is off unless configured: :func:`configure` (called by the operator's startup handler) turns it
 on when ``$BERTJOB_WEBHOOK_CERT_DIR`` names a directory with the serving certificate
@@ -39,6 +41,7 @@ from bertjob_api.contract import GROUP, JOB_FILE, PLURAL, VERSION
 from bertjob_api.jobfile import without_status
 from bertjob_api.spec import JobSpec, SpecError, parse_job, to_document
 from bertjob_api.validation import cluster_job
+from bertjob_api.validation import warnings as spec_warnings
 
 CERT_DIR_ENV = "BERTJOB_WEBHOOK_CERT_DIR"
 PORT_ENV = "BERTJOB_WEBHOOK_PORT"
@@ -140,6 +143,23 @@ def review(
     ]
 
 
+def warned(operation: str, old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[str]:
+    """The admission warnings of ``operation`` (CREATE or UPDATE) of ``new``, a job :func:`review`
+    allows: each of :func:`bertjob_api.validation.warnings`, as ``field path: message`` (the
+    refusal's spelling); [] for an UPDATE that leaves the spec as it was (nothing was checked),
+    or a job whose spec does not parse."""
+    if operation == "UPDATE" and old is not None and old.get("spec") == new.get("spec"):
+        return []
+    document = without_status(dict(new))
+    meta = document.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    try:
+        spec = parse_job(document, f"{meta.get('namespace')}/{meta.get('name')}").spec
+    except SpecError:
+        return []
+    return [f"{path}: {text}" for path, text in spec_warnings(spec)]
+
+
 def message(found: list[tuple[str, str]]) -> str:
     """The AdmissionReview message of a refusal: every problem, each with its field path."""
     count = f"{len(found)} problems" if len(found) > 1 else "1 problem"
@@ -163,9 +183,13 @@ def accepted_document(api: ApiClient, obj: Mapping[str, Any]) -> dict[str, Any] 
     return document if isinstance(document, dict) and isinstance(document.get("spec"), dict) else None
 
 
-def validate_job(body: kopf.Body, memo: Any, logger: Any, **kwargs: Any) -> None:
+def validate_job(
+    body: kopf.Body, memo: Any, logger: Any, warnings: list[str] | None = None, **kwargs: Any
+) -> None:
     """kopf's validating handler for BertPretrainJobs (:func:`review`), registered by
-    :func:`configure`.
+    :func:`configure`. A request it allows gets :func:`warned`'s warnings appended to
+    ``warnings``, the list kopf gives each validating handler and returns in the
+    AdmissionReview's ``response.warnings`` (which ``kubectl apply`` prints).
 
     Raises:
         kopf.AdmissionError: the request is refused; its message names every field at fault
@@ -179,6 +203,8 @@ def validate_job(body: kopf.Body, memo: Any, logger: Any, **kwargs: Any) -> None
         accepted = accepted_document(api, before) if api is not None else None
     try:
         found = review(str(operation), before, new, accepted)
+        if not found and warnings is not None:
+            warnings.extend(warned(str(operation), before, new))
     except Exception as error:
         # A request we cannot judge is refused, and the operator serves the next one.
         logger.exception("admission review failed")

@@ -51,7 +51,7 @@ from bertjob_api.jobfile import (
     without_status,
 )
 from bertjob_api.spec import BertPretrainJob, SpecError, parse_job
-from bertjob_api.validation import checked
+from bertjob_api.validation import checked, warnings
 
 PROG = "bertjob"
 # kubectl runs a plugin as the executable kubectl-NAME (argv[0] its path) and users type "kubectl NAME".
@@ -98,9 +98,11 @@ Check each BertPretrainJob as the operator would before creating anything: the f
 checks across them, that every path it writes lies on one of its volumes, and that each object
 it renders fits what the API server stores (1 MiB; this renders the job, with kustomize or
 kubectl as render does). One line per job on standard output; each invalid job's problems on
-standard error, field path first. A job annotated config.kubernetes.io/local-config: "true"
-(kustomize's mark of an object never sent to a cluster) is checked as run would take it, relative
-paths allowed, and not rendered; examples/bert-tiny-local.yaml is one.
+standard error, field path first, and each warning about a valid job, as the webhook gives it
+to kubectl apply ('warning: JOB: FIELD: ...'; the exit status stays 0). A job annotated
+config.kubernetes.io/local-config: "true" (kustomize's mark of an object never sent to a
+cluster) is checked as run would take it, relative paths allowed, and not rendered;
+examples/bert-tiny-local.yaml is one.
 
 {INPUTS}
 
@@ -118,9 +120,9 @@ examples:
 
 RENDER = f"""\
 Print the objects the operator would create for each BertPretrainJob: its ConfigMap (the job
-file as a block), ServiceAccount, Role and RoleBinding, the data-preparation Job if enabled, and
-the launcher's child (PyTorchJob, MPIJob or TrainJob). Nothing is printed unless every job is
-valid; a job marked config.kubernetes.io/local-config is refused (it is for run, not a cluster).
+file as a block), the data-preparation Job if enabled, and the launcher's child (PyTorchJob,
+MPIJob or TrainJob). Nothing is printed unless every job is valid; a job marked
+config.kubernetes.io/local-config is refused (it is for run, not a cluster).
 
 {INPUTS}
 
@@ -293,6 +295,10 @@ def _validate(args: argparse.Namespace) -> int:
         name, size = found.job.metadata.name, spec.topology.world_size
         where = f" for {PROG} run ({LOCAL_CONFIG})" if found.local else ""
         print(f"{found.source}: valid {JOB_KIND} {name!r}{where}, world size {size}")
+        # What a cluster may do with a valid job (the webhook returns the same to kubectl apply);
+        # a local job meets no cluster.
+        for path, message in [] if found.local else warnings(spec):
+            print(f"warning: {found.source}: {path}: {message}", file=sys.stderr)
     return _none_found(args, report)
 
 

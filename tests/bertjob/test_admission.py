@@ -18,8 +18,9 @@ from bertjob.lifecycle import condition, now
 from bertjob_api.crd import JobStatus
 from bertjob_api.jobfile import load_job
 from bertjob_api.spec import SpecError
-from bertjob_api.validation import cluster_job
+from bertjob_api.validation import KUEUE_TRAINJOB_UNTESTED, cluster_job
 from bertjob_testing.admission_cases import JOB_CASES
+from bertjob_testing.jobs import valid_job, with_value
 
 
 @pytest.mark.parametrize("case", JOB_CASES, ids=[case["id"] for case in JOB_CASES])
@@ -138,14 +139,18 @@ def test_a_job_with_children_takes_its_launchers_safe_fields_only(safe_fields: t
     assert refused == [f for f in ["spec.runPolicy.backoffLimit"] if f not in safe_fields]
 
 
-def _validate(document: dict[str, Any], operation: str = "CREATE", old: Any = None) -> None:
+def _validate(document: dict[str, Any], operation: str = "CREATE", old: Any = None) -> list[str]:
+    """Run the handler as kopf does; the warnings it returns to kubectl (kopf's ``warnings`` list)."""
+    warnings: list[str] = []
     admission.validate_job(
         body=kopf.Body(document),
         memo=kopf.Memo(),
         logger=logging.getLogger("test"),
+        warnings=warnings,
         old=old,
         operation=operation,
     )
+    return warnings
 
 
 def test_the_handler_refuses_with_422_naming_the_fields() -> None:
@@ -165,3 +170,35 @@ def test_a_check_that_fails_refuses_the_request_and_says_so(monkeypatch: pytest.
     with pytest.raises(kopf.AdmissionError, match="could not check this request: boom") as refused:
         _validate(JOB_CASES[0]["document"])
     assert refused.value.code == 500
+
+
+def _queued(launcher: str) -> dict[str, Any]:
+    return with_value(with_value(valid_job(), "spec.launcher", launcher), "spec.queueName", "team-a")
+
+
+def test_a_queued_trainjob_is_allowed_with_a_warning_naming_the_field() -> None:
+    # Kueue v0.17 to v0.19 queue Trainer v2.2's TrainJob, not the v2.3 one it renders: a warning
+    # for kubectl apply (bertjob_api.validation.warnings), not a refusal.
+    assert _validate(_queued("trainjob")) == [f"spec.queueName: {KUEUE_TRAINJOB_UNTESTED}"]
+    changed = with_value(_queued("trainjob"), "spec.queueName", "team-b")
+    assert _validate(changed, "UPDATE", _queued("trainjob")) == [f"spec.queueName: {KUEUE_TRAINJOB_UNTESTED}"]
+
+
+def test_other_requests_get_no_warning() -> None:
+    assert _validate(_queued("pytorchjob")) == []
+    assert _validate(with_value(valid_job(), "spec.launcher", "trainjob")) == []
+    # An update that leaves the spec as it was is not checked, nor warned of again.
+    labelled = with_value(_queued("trainjob"), "metadata.labels", {"team": "a"})
+    assert _validate(labelled, "UPDATE", old=_queued("trainjob")) == []
+    # A refusal carries its problems, no warning beside them.
+    refused = with_value(_queued("trainjob"), "spec.topology.processesPerNode", 3)
+    warnings: list[str] = []
+    with pytest.raises(kopf.AdmissionError):
+        admission.validate_job(
+            body=kopf.Body(refused),
+            memo=kopf.Memo(),
+            logger=logging.getLogger("test"),
+            warnings=warnings,
+            operation="CREATE",
+        )
+    assert warnings == []

@@ -32,7 +32,9 @@ from kubernetes.client import CoreV1Api
 
 from bertjob.admission import ADDRESS_ENV, CERT_DIR_ENV, PORT_ENV, REFUSED_CODE, WEBHOOK_ID
 from bertjob_api.contract import GROUP, JOB_FILE, KIND, PLURAL, VERSION
+from bertjob_api.validation import KUEUE_TRAINJOB_UNTESTED
 from bertjob_testing.admission_cases import CHANGE_CASES, JOB_CASES
+from bertjob_testing.jobs import valid_job, with_value
 from bertjob_testing.kube_emulator import Cluster, cluster_crds, free_port, running_cluster
 
 pytestmark = pytest.mark.timeout(180)
@@ -187,6 +189,21 @@ def test_a_change_is_allowed_where_the_operator_applies_it(webhook: Webhook, cas
         }
         CoreV1Api(webhook.cluster.api).create_namespaced_config_map(meta["namespace"], config_map)
     _assert_decided(webhook.review("UPDATE", case["new"], case["old"]), case)
+
+
+@pytest.mark.parametrize(
+    "launcher, warnings",
+    [("trainjob", [f"spec.queueName: {KUEUE_TRAINJOB_UNTESTED}"]), ("pytorchjob", None)],
+)
+def test_a_queued_trainjob_is_allowed_with_a_warning_for_kubectl(
+    webhook: Webhook, launcher: str, warnings: list[str] | None
+) -> None:
+    """The AdmissionReview's response.warnings, which kubectl apply prints as "Warning: ...":
+    Kueue v0.17 to v0.19 queue no Trainer v2.3 TrainJob (docs/launchers.md)."""
+    document = with_value(with_value(valid_job(), "spec.launcher", launcher), "spec.queueName", "team-a")
+    response = webhook.review("CREATE", document)
+    assert response["allowed"] is True, response
+    assert response.get("warnings") == warnings
 
 
 def test_a_refused_change_set_back_is_refused_without_the_accepted_spec(webhook: Webhook) -> None:

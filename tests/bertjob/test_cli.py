@@ -17,7 +17,8 @@ import yaml
 
 import bertjob.cli
 from bertjob.cli import main
-from bertjob_api.jobfile import dump, read_documents
+from bertjob_api.jobfile import dump, dump_all, read_documents
+from bertjob_api.validation import KUEUE_TRAINJOB_UNTESTED
 from bertjob_testing.jobs import EXAMPLES, REPO, valid_job, with_value
 
 
@@ -101,6 +102,9 @@ def test_validate_r_on_examples_is_a_ci_gate():
     jobs = sorted(str(path.relative_to(REPO)) for path in EXAMPLES.glob("*.yaml"))
     for job in jobs:
         assert f"{job}: valid BertPretrainJob" in result.stdout
+    # Valid, with a warning (Kueue and Trainer v2.3): stderr holds it, the exit code stays 0.
+    warning = f"warning: examples/bert-base-trainjob.yaml: spec.queueName: {KUEUE_TRAINJOB_UNTESTED}\n"
+    assert warning in result.stderr
 
 
 def test_render_and_validate_cover_the_trainjob_launcher(tmp_path, capsys):
@@ -113,6 +117,38 @@ def test_render_and_validate_cover_the_trainjob_launcher(tmp_path, capsys):
     document = with_value(document, "spec.runPolicy", {"backoffLimit": 3})
     assert main(["validate", str(_write(tmp_path, document))]) == 2
     assert "spec.runPolicy.backoffLimit: a TrainJob has none" in capsys.readouterr().err
+
+
+def test_validate_warns_of_a_queued_trainjob_on_stderr_and_exits_0(tmp_path, capsys):
+    # Kueue v0.17 to v0.19 queue no Trainer v2.3 TrainJob: a warning (as the webhook gives
+    # kubectl apply), not a refusal.
+    queued = with_value(with_value(valid_job(), "spec.launcher", "trainjob"), "spec.queueName", "team-a")
+    path = _write(tmp_path, queued)
+    assert main(["validate", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == f"{path}: valid BertPretrainJob 'demo', world size 1\n"
+    assert captured.err == f"warning: {path}: spec.queueName: {KUEUE_TRAINJOB_UNTESTED}\n"
+
+
+def test_a_warning_names_the_job_as_the_line_above_it(monkeypatch, capsys):
+    # One line per warning, naming the document and its job as the job's own line does.
+    queued = {"spec__launcher": "trainjob", "spec__queueName": "team-a"}
+    stream = dump_all(
+        [
+            _job_object("demo", spec__queueName="team-a"),  # a queued PyTorchJob: no warning
+            _job_object("queued", metadata__namespace="team", **queued),
+        ]
+    )
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stream.encode())))
+    assert main(["validate", "-f", "-"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == [
+        "stdin#1 (demo): valid BertPretrainJob 'demo', world size 1",
+        "stdin#2 (team/queued): valid BertPretrainJob 'queued', world size 1",
+    ]
+    assert captured.err.splitlines() == [
+        f"warning: stdin#2 (team/queued): spec.queueName: {KUEUE_TRAINJOB_UNTESTED}"
+    ]
 
 
 HOLE = "__hole__"
