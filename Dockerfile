@@ -61,4 +61,4 @@ RUN pip install --no-deps --no-build-isolation "/src[operator]" \
 USER 10001:10001
 WORKDIR /tmp
 
-CMD ["kopf", "run", "--standalone", "--all-namespaces", "--liveness=http://0.0.0.0:8080/healthz", "-m", "bertjob.handlers"]
+CMD ["kopf", "run", "--all-namespaces", "--liveness=http://0.0.0.0:8080/healthz", "-m", "bertjob.handlers"]

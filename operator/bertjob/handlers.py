@@ -28,7 +28,7 @@ import yaml
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
-from bertjob import admission, changes, lifecycle, prerequisites, progress
+from bertjob import admission, changes, lifecycle, prerequisites, progress, replicas
 from bertjob import monitoring as metrics
 from bertjob.children import (
     ForeignObjectError,
@@ -68,15 +68,16 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     metrics on ``$BERTJOB_METRICS_PORT`` if set, and become ready once the BertPretrainJob CRD
     exists (:mod:`bertjob.prerequisites`, every ``$BERTJOB_CRD_RETRY_SECONDS``, default 30);
     serve the validating admission webhook if ``$BERTJOB_WEBHOOK_CERT_DIR`` is set
-    (:func:`bertjob.admission.configure`), and the trainers' progress endpoint if
-    ``$BERTJOB_PROGRESS_URL`` is (:func:`bertjob.progress.configure`).
+    (:func:`bertjob.admission.configure`), the trainers' progress endpoint if
+    ``$BERTJOB_PROGRESS_URL`` is (:func:`bertjob.progress.configure`), and take part in kopf's
+    peering if ``$BERTJOB_PEERING`` is (:func:`bertjob.replicas.configure`).
 
     Raises:
         OSError: the metrics port is taken.
         ValueError: ``$BERTJOB_CRD_RETRY_SECONDS`` or ``$BERTJOB_WEBHOOK_PORT`` is not a number.
         FileNotFoundError: ``$BERTJOB_WEBHOOK_CERT_DIR`` lacks the certificate or its key.
         kubernetes.client.exceptions.ApiException: the progress endpoint's Secret could not be
-            read or written.
+            read or written, or the peering object made.
     """
     kubernetes.config.load_config()
     memo.api = ApiClient()
@@ -84,6 +85,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # The last spec handled, as a digest when too large for the job's annotations (bertjob.diffbase).
     settings.persistence.diffbase_storage = BoundedDiffBaseStorage(prefix=STORAGE_PREFIX)
     admission.configure(settings)
+    replicas.configure(settings, memo.api)
     if serving := progress.configure(memo.api, os.environ):
         memo.progress_server = serving.server
         memo.progress = serving.endpoint

@@ -37,6 +37,7 @@ from kmock._internal.k8s import KubernetesError, KubernetesObjectNotFoundError
 from kubernetes.client import ApiClient, Configuration, CustomObjectsApi
 from kubernetes.config import new_client_from_config
 
+from bertjob.replicas import PEERING_ENV
 from bertjob_api import crd as bertjob_crd
 from bertjob_api.spec import GROUP, PLURAL, VERSION
 from bertjob_testing.cluster.build import upstream_crd
@@ -475,6 +476,9 @@ class Cluster:
     start_wait_s: float = WAIT_S
     # More environment of the operator's (the webhook's certificate directory and port).
     env: dict[str, str] = attrs.Factory(dict)
+    # The ClusterKopfPeering to run in (bertjob.replicas), as the chart's replicas do; None: kopf's
+    # --standalone, the one operator of the cluster.
+    peering: str | None = None
 
     def start(self) -> None:
         """Start ``kopf run`` and wait until its liveness endpoint answers."""
@@ -491,7 +495,10 @@ class Cluster:
         }
         scope = [f"--namespace={name}" for name in self.namespaces] or ["--all-namespaces"]
         liveness = f"--liveness={self.liveness}"
-        command = ["kopf", "run", "--standalone", *scope, liveness, "-m", "bertjob.handlers"]
+        standalone = ["--standalone"] if self.peering is None else []
+        if self.peering is not None:
+            own[PEERING_ENV] = self.peering
+        command = ["kopf", "run", *standalone, *scope, liveness, "-m", "bertjob.handlers"]
         if self.launch is None:
             command[0] = str(Path(sys.executable).with_name("kopf"))
         else:

@@ -35,6 +35,7 @@ OPERATOR_RULES = {
     ("kubeflow.org", "mpijobs"): {"create", "get", "list", "watch", "patch"},
     ("trainer.kubeflow.org", "trainjobs"): {"create", "get", "list", "watch", "patch"},
     ("", "pods"): {"get", "list"},
+    ("kopf.dev", "clusterkopfpeerings"): {"create", "list", "watch", "patch"},
 }
 
 
@@ -69,8 +70,10 @@ def test_the_manifests_build_and_validate(manifests: Manifests) -> None:
         ("ClusterRole", "bertjob-view"),
         ("ClusterRoleBinding", OPERATOR),
         ("CustomResourceDefinition", "bertpretrainjobs.bertjob.dev"),
+        ("CustomResourceDefinition", "clusterkopfpeerings.kopf.dev"),
         ("Deployment", OPERATOR),
         ("Namespace", NAMESPACE),
+        ("PodDisruptionBudget", OPERATOR),
         ("Role", f"{OPERATOR}-progress-tls"),
         ("RoleBinding", f"{OPERATOR}-progress-tls"),
         ("Service", f"{OPERATOR}-metrics"),
@@ -118,7 +121,8 @@ def test_the_binding_gives_the_role_to_the_operators_account(manifests: Manifest
 
 def test_the_operator_runs_locked_down(manifests: Manifests) -> None:
     deployment = _operator(manifests, "Deployment")
-    assert (deployment["spec"]["replicas"], deployment["spec"]["strategy"]) == (1, {"type": "Recreate"})
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     pod = deployment["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -137,7 +141,7 @@ def test_the_operator_command_and_its_liveness_probe_agree(manifests: Manifests)
     [container] = _operator(manifests, "Deployment")["spec"]["template"]["spec"]["containers"]
     command = container["command"]
     assert command[:2] == ["kopf", "run"]
-    assert {"--standalone", "--all-namespaces"} <= set(command)
+    assert "--all-namespaces" in command and "--standalone" not in command  # peering: bertjob.replicas
     assert command[command.index("-m") + 1] == "bertjob.handlers"
     [liveness] = [arg.removeprefix("--liveness=") for arg in command if arg.startswith("--liveness=")]
     probe = container["livenessProbe"]["httpGet"]
@@ -148,7 +152,7 @@ def test_the_operator_command_and_its_liveness_probe_agree(manifests: Manifests)
 def test_the_metrics_port_serves_the_readiness_probe(manifests: Manifests) -> None:
     pod = _operator(manifests, "Deployment")["spec"]["template"]
     [container] = pod["spec"]["containers"]
-    env = {item["name"]: item["value"] for item in container["env"]}
+    env = {item["name"]: item.get("value") for item in container["env"]}
     [port] = [port["containerPort"] for port in container["ports"] if port["name"] == "metrics"]
     assert env[METRICS_PORT_ENV] == str(port)
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}

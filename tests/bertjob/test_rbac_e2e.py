@@ -50,6 +50,9 @@ WITHOUT_A_CALL = {
     ("bertjob.dev", "bertpretrainjobs/finalizers"): {"update"},
     ("authentication.k8s.io", "tokenreviews"): {"create"},
     ("", "pods"): {"get"},
+    # kopf's peering, which the emulator's operator runs without (--standalone): on the real API
+    # server in tests/cluster/test_replicas.py.
+    ("kopf.dev", "clusterkopfpeerings"): {"create", "list", "watch", "patch"},
 }
 # A training job's status once it runs: Kubeflow's JobConditions, or a TrainJob's ready node Job.
 KUBEFLOW_RUNNING = {"conditions": [kubeflow_condition("Created"), kubeflow_condition("Running")]}

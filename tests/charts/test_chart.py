@@ -225,7 +225,7 @@ def test_the_service_monitor_scrapes_the_metrics_service(render: Render) -> None
 
 
 def test_the_crd_is_the_one_generated_from_the_spec(render: Render) -> None:
-    rendered = one(render(), "CustomResourceDefinition")
+    rendered = one(render(), "CustomResourceDefinition", "bertpretrainjobs.bertjob.dev")
     generated = crd()
     assert rendered["metadata"]["name"] == generated["metadata"]["name"]
     assert rendered["spec"] == generated["spec"]
@@ -253,7 +253,7 @@ BAD: list[tuple[str, Path | dict[str, Any], str, str]] = [
         "unknown-top-level-key",
         BAD_VALUES / "unknown-top-level-key.yaml",
         "at ''",
-        "'replicaCount' not allowed",
+        "'replicas' not allowed",
     ),
     ("unknown-nested-key", {"crds": {"instal": True}}, "at '/crds'", "'instal' not allowed"),
     ("namespace-pattern", {"watchNamespaces": ["team-*"]}, "at '/watchNamespaces/0'", "does not match"),
@@ -493,12 +493,35 @@ def test_the_operator_runs_locked_down(render: Render) -> None:
     assert pod["automountServiceAccountToken"] is True
 
 
-def test_one_replica_recreated_and_standalone(render: Render) -> None:
-    deployment = one(render(), "Deployment")
-    assert (deployment["spec"]["replicas"], deployment["spec"]["strategy"]) == (1, {"type": "Recreate"})
+def test_two_replicas_roll_one_at_a_time_and_elect_their_reconciler(render: Render) -> None:
+    objects = render()
+    deployment = one(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+    }
     [container] = deployment["spec"]["template"]["spec"]["containers"]
-    assert "--standalone" in container["command"]
-    assert not {"replicaCount", "replicas"} & set(values_schema()["properties"])
+    assert "--standalone" not in container["command"]
+    env = {var["name"]: var for var in container["env"]}
+    assert env["BERTJOB_PEERING"]["value"] == f"{RELEASE}-operator"
+    assert env["POD_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert (
+        one(objects, "CustomResourceDefinition", "clusterkopfpeerings.kopf.dev")["spec"]["scope"] == "Cluster"
+    )
+    assert one(objects, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
+
+
+def test_a_budget_that_allows_no_eviction_is_refused(helm: Helm) -> None:
+    result = helm("template", RELEASE, str(CHART), "--set=replicaCount=1")
+    assert result.returncode != 0
+    assert "podDisruptionBudget.minAvailable: 1 of 1 replicas" in result.stderr, result.stderr
+    assert (
+        helm(
+            "template", RELEASE, str(CHART), "--set=replicaCount=1", "--set=podDisruptionBudget.enabled=false"
+        ).returncode
+        == 0
+    )
 
 
 def test_the_default_command_is_the_images(render: Render) -> None:
@@ -507,7 +530,6 @@ def test_the_default_command_is_the_images(render: Render) -> None:
     assert operator_container(render())["command"] == [
         "kopf",
         "run",
-        "--standalone",
         "--all-namespaces",
         "--liveness=http://0.0.0.0:8080/healthz",
         "-m",
@@ -574,6 +596,7 @@ def test_listed_namespaces_get_a_role_each_and_the_cluster_role_keeps_what_kopf_
         ("apiextensions.k8s.io", "customresourcedefinitions"),
         ("", "namespaces"),
         ("authentication.k8s.io", "tokenreviews"),
+        ("kopf.dev", "clusterkopfpeerings"),
     }
 
     command = operator_container(scoped)["command"]

@@ -110,9 +110,9 @@ def test_the_umbrella_chart_can_set_our_values_on_the_command_line(helm: Helm, u
 
 
 def test_a_bad_value_under_the_dependency_is_still_refused(helm: Helm, umbrella: Path) -> None:
-    result = helm("template", UMBRELLA_RELEASE, str(umbrella), "--set=bertjob.replicaCount=2")
+    result = helm("template", UMBRELLA_RELEASE, str(umbrella), "--set=bertjob.replicas=2")
     assert result.returncode != 0
-    assert "'replicaCount' not allowed" in result.stderr, result.stderr
+    assert "'replicas' not allowed" in result.stderr, result.stderr
 
 
 def _validate(obj: dict[str, Any]) -> None:

@@ -83,7 +83,7 @@ def _pod_metadata(objects: Objects) -> dict[str, Any]:
 
 
 def _added_to_command(objects: Objects) -> list[str]:
-    default = ["kopf", "run", "--standalone", "--all-namespaces", "--liveness=http://0.0.0.0:8080/healthz"]
+    default = ["kopf", "run", "--all-namespaces", "--liveness=http://0.0.0.0:8080/healthz"]
     return [arg for arg in operator_container(objects)["command"][:-2] if arg not in default]
 
 
@@ -324,15 +324,33 @@ CASES = [
         "crds.install",
         {"crds": {"install": False}},
         {("CustomResourceDefinition", "bertpretrainjobs.bertjob.dev", "")},
-        lambda o: [obj for obj in o if obj["kind"] == "CustomResourceDefinition"],
-        [],
+        lambda o: [obj["metadata"]["name"] for obj in o if obj["kind"] == "CustomResourceDefinition"],
+        ["clusterkopfpeerings.kopf.dev"],
     ),
     Case(
         "crds.keep",
         {"crds": {"keep": False}},
         {("CustomResourceDefinition", "bertpretrainjobs.bertjob.dev", "metadata.annotations")},
-        lambda o: one(o, "CustomResourceDefinition")["metadata"].get("annotations"),
+        lambda o: one(o, "CustomResourceDefinition", "bertpretrainjobs.bertjob.dev")["metadata"].get(
+            "annotations"
+        ),
         None,
+    ),
+    # Two replicas by default (one reconciles); one, with the budget that would block drains off.
+    Case(
+        "replicaCount",
+        {"replicaCount": 3},
+        {("Deployment", OPERATOR, "spec.replicas")},
+        lambda o: one(o, "Deployment")["spec"]["replicas"],
+        3,
+    ),
+    # Another kopf-based operator's release installed it: this one uses it as it is.
+    Case(
+        "peering.installCRD",
+        {"peering": {"installCRD": False}},
+        {("CustomResourceDefinition", "clusterkopfpeerings.kopf.dev", "")},
+        lambda o: [obj["metadata"]["name"] for obj in o if obj["kind"] == "CustomResourceDefinition"],
+        ["bertpretrainjobs.bertjob.dev"],
     ),
     Case(
         "serviceAccount.create",
@@ -514,9 +532,9 @@ CASES = [
     Case(
         "extraEnv",
         {"extraEnv": ENV},
-        {("Deployment", OPERATOR, f"{CONTAINER}.env[4]")},
+        {("Deployment", OPERATOR, f"{CONTAINER}.env[6]")},
         lambda o: [var.get("name") for var in operator_container(o)["env"]],
-        [PORT_ENV, *PROGRESS_ENV, "NODE_NAME"],
+        [PORT_ENV, "BERTJOB_PEERING", "POD_ID", *PROGRESS_ENV, "NODE_NAME"],
     ),
     Case(
         "metrics.serviceMonitor.enabled",
@@ -543,16 +561,10 @@ CASES = [
     ),
     Case(
         "podDisruptionBudget.enabled",
-        {"podDisruptionBudget": {"enabled": True}},
+        {"podDisruptionBudget": {"enabled": False}},
         {("PodDisruptionBudget", OPERATOR, "")},
-        lambda o: one(o, "PodDisruptionBudget")["spec"]["selector"],
-        {
-            "matchLabels": {
-                "app.kubernetes.io/name": "bertjob",
-                "app.kubernetes.io/instance": RELEASE,
-                "app.kubernetes.io/component": "operator",
-            }
-        },
+        lambda o: [obj for obj in o if obj["kind"] == "PodDisruptionBudget"],
+        [],
     ),
     Case(
         "podDisruptionBudget.minAvailable",

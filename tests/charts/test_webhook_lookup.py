@@ -26,6 +26,7 @@ RENDERED_KINDS = [
     ("v1/secrets", "Secret", True),
     ("v1/services", "Service", True),
     ("apps/v1/deployments", "Deployment", True),
+    ("policy/v1/poddisruptionbudgets", "PodDisruptionBudget", True),
     ("rbac.authorization.k8s.io/v1/clusterroles", "ClusterRole", False),
     ("rbac.authorization.k8s.io/v1/clusterrolebindings", "ClusterRoleBinding", False),
     (

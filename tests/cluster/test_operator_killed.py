@@ -67,6 +67,37 @@ def _all_pending(cluster: RealCluster, names: list[str]) -> dict[str, dict[str, 
     return jobs if done else None
 
 
+def assert_each_job_once(cluster: RealCluster, names: list[str], jobs: dict[str, dict[str, Any]]) -> None:
+    """No job lost and nothing made twice: every job of ``names`` stored, each with exactly one
+    child of each kind, owned once, by its job, and one Pending Event."""
+    uids = {name: job["metadata"]["uid"] for name, job in jobs.items()}
+    assert sorted(uids) == names
+
+    # Every child of every job: exactly one of each kind, owned once, by its job.
+    counts: collections.Counter[tuple[str, str]] = collections.Counter()
+    for resource in OWNED:
+        for child in cluster.stored(resource, home(cluster)):
+            owner = (child["metadata"].get("labels") or {}).get(JOB_LABEL)
+            if owner is None:
+                continue
+            counts[(owner, resource)] += 1
+            refs = child["metadata"].get("ownerReferences") or []
+            assert [(ref["uid"], ref.get("controller")) for ref in refs] == [(uids[owner], True)], (
+                f"{resource} {child['metadata']['name']}: {refs}"
+            )
+    for name in names:
+        found = {resource: count for (owner, resource), count in counts.items() if owner == name}
+        assert found == dict.fromkeys(CHILDREN, 1), (name, found)
+
+    # No event lost nor posted twice: one Pending Event per job.
+    pending = collections.Counter(
+        event["involvedObject"]["name"]
+        for event in cluster.stored("v1/events", home(cluster))
+        if event["reason"] == "Pending" and event["involvedObject"].get("kind") == "BertPretrainJob"
+    )
+    assert {name: pending[name] for name in names} == dict.fromkeys(names, 1)
+
+
 def test_an_operator_killed_under_50_jobs_loses_none_and_makes_nothing_twice(unguarded: RealCluster) -> None:
     cluster = unguarded
     assert cluster.plane is not None and cluster.operator is not None
@@ -105,32 +136,7 @@ def test_an_operator_killed_under_50_jobs_loses_none_and_makes_nothing_twice(ung
 
     jobs = cluster.wait_for("every job Pending, its Events posted", lambda: _all_pending(cluster, names), 120)
     elapsed = time.monotonic() - started
-    uids = {name: job["metadata"]["uid"] for name, job in jobs.items()}
-    assert sorted(uids) == names
-
-    # Every child of every job: exactly one of each kind, owned once, by its job.
-    counts: collections.Counter[tuple[str, str]] = collections.Counter()
-    for resource in OWNED:
-        for child in cluster.stored(resource, home(cluster)):
-            owner = (child["metadata"].get("labels") or {}).get(JOB_LABEL)
-            if owner is None:
-                continue
-            counts[(owner, resource)] += 1
-            refs = child["metadata"].get("ownerReferences") or []
-            assert [(ref["uid"], ref.get("controller")) for ref in refs] == [(uids[owner], True)], (
-                f"{resource} {child['metadata']['name']}: {refs}"
-            )
-    for name in names:
-        found = {resource: count for (owner, resource), count in counts.items() if owner == name}
-        assert found == dict.fromkeys(CHILDREN, 1), (name, found)
-
-    # No event lost nor posted twice: one Pending Event per job.
-    pending = collections.Counter(
-        event["involvedObject"]["name"]
-        for event in cluster.stored("v1/events", home(cluster))
-        if event["reason"] == "Pending" and event["involvedObject"].get("kind") == "BertPretrainJob"
-    )
-    assert {name: pending[name] for name in names} == dict.fromkeys(names, 1)
+    assert_each_job_once(cluster, names, jobs)
     print(
         f"\nkilled after {killed_at} of {JOBS} created, {done} reconciled; all reconciled in {elapsed:.1f} s"
     )

@@ -123,6 +123,11 @@ when it serves only some namespaces.
   resources: [namespaces]
   verbs: [list, watch]
 {{- end }}
+# kopf's peering (bertjob.replicas): the replicas read and renew their records in the
+# ClusterKopfPeering of the release, which the first replica makes.
+- apiGroups: [kopf.dev]
+  resources: [clusterkopfpeerings]
+  verbs: [create, list, watch, patch]
 {{- if .Values.progress.enabled }}
 # The progress endpoint: checks each trainer's projected token (bertjob.progress).
 - apiGroups: [authentication.k8s.io]
@@ -269,6 +274,11 @@ fails naming the value and why.
 {{- range $index, $mount := .Values.extraVolumeMounts }}
 {{- if has (trimSuffix "/" $mount.mountPath) (list "/tmp" "/etc/bertjob/webhook") }}
 {{- fail (printf "extraVolumeMounts[%d].mountPath: %q is where the chart mounts a volume of its own; choose another path" $index $mount.mountPath) }}
+{{- end }}
+{{- end }}
+{{- with .Values.podDisruptionBudget }}
+{{- if and .enabled (kindIs "float64" .minAvailable) (ge (int .minAvailable) (int $.Values.replicaCount)) }}
+{{- fail (printf "podDisruptionBudget.minAvailable: %v of %v replicas (replicaCount) would let no drain evict any; lower it or raise replicaCount" .minAvailable $.Values.replicaCount) }}
 {{- end }}
 {{- end }}
 {{- $taken := dict "8080" "the health port" "9090" "the metrics port" }}
