@@ -2,23 +2,26 @@
 tests/images builds it) imported into containerd with no registry, the chart's Deployment's pod
 running it with in-cluster configuration and its ServiceAccount's mounted token, and the API server
 calling its webhook through the chart's Service and the pod's endpoint (no ExternalName rewrite):
-a job only the webhook refuses is refused at ``kubectl apply``; with the Deployment scaled to 0,
-the chart's ``failurePolicy: Fail`` refuses every job.
+a job only the webhook refuses is refused at ``kubectl apply``, also at every moment of a
+``helm upgrade`` that rolls both replicas; with the Deployment scaled to 0, the chart's
+``failurePolicy: Fail`` refuses every job.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import threading
+import time
 from typing import Any
 
 import pytest
 
 from bertjob_testing.admission_cases import JOB_CASES
 from bertjob_testing.cluster.node import RealNode
-from bertjob_testing.cluster.operator import NAMESPACE, OPERATOR
+from bertjob_testing.cluster.operator import CHART, NAMESPACE, OPERATOR, RELEASE, helm
 from bertjob_testing.jobs import valid_job, with_value
-from tests.node.conftest import rollout
+from tests.node.conftest import ROLLOUT_S, rollout
 
 WEBHOOK_DENIED = 'admission webhook "bertpretrainjobs.bertjob.dev" denied the request'
 UNREACHABLE = 'failed calling webhook "bertpretrainjobs.bertjob.dev"'
@@ -43,13 +46,77 @@ def apply(node: RealNode, document: dict[str, Any], namespace: str) -> subproces
     return node.plane.kubectl("apply", "-f", "-", input=json.dumps(document), check=False)
 
 
+def _operator_pods(node: RealNode) -> list[dict[str, Any]]:
+    pods = node.plane.kubectl.get("pods", "-n", NAMESPACE)["items"]
+    # Not those on their way out (a rolling update's old pods while they stop).
+    return [
+        p
+        for p in pods
+        if p["metadata"]["name"].startswith(OPERATOR) and not p["metadata"].get("deletionTimestamp")
+    ]
+
+
 def test_the_operator_runs_from_its_image_on_the_real_node(chart_on_node: RealNode) -> None:
-    pods = chart_on_node.plane.kubectl.get("pods", "-n", NAMESPACE)["items"]
-    [pod] = [p for p in pods if p["metadata"]["name"].startswith(OPERATOR)]
-    assert pod["spec"]["nodeName"] == chart_on_node.name
-    assert pod["status"]["phase"] == "Running"
-    [status] = pod["status"]["containerStatuses"]
-    assert status["ready"] and status["containerID"].startswith("containerd://")
+    pods = _operator_pods(chart_on_node)
+    assert len(pods) == 2, "the chart's two replicas"
+    for pod in pods:
+        assert pod["spec"]["nodeName"] == chart_on_node.name
+        assert pod["status"]["phase"] == "Running"
+        [status] = pod["status"]["containerStatuses"]
+        assert status["ready"] and status["containerID"].startswith("containerd://")
+    # One reconciles, the other has paused for it (kopf's peering: bertjob.replicas).
+    logs = [
+        chart_on_node.plane.kubectl("logs", pod["metadata"]["name"], "-n", NAMESPACE).stdout for pod in pods
+    ]
+    assert sum("Pausing operations in favour of" in log for log in logs) == 1, logs
+
+
+def test_a_bad_job_is_refused_at_every_moment_of_a_helm_upgrade(
+    chart_on_node: RealNode, namespace: str
+) -> None:
+    plane = chart_on_node.plane
+    secret = f"{OPERATOR}-webhook-tls"
+    before = plane.kubectl.get("secret", secret, "-n", NAMESPACE)["data"]
+    old_pods = {pod["metadata"]["name"] for pod in _operator_pods(chart_on_node)}
+    document, field = WEBHOOK_ONLY["checkpoint-on-no-volume"]
+    answers: list[str] = []
+    upgraded = threading.Event()
+
+    def apply_until_upgraded() -> None:
+        # Server-side dry runs: the webhook answers each, nothing is stored.
+        while not upgraded.is_set() or len(answers) < 5:
+            document_in = {**document, "metadata": {**document["metadata"], "namespace": namespace}}
+            result = plane.kubectl(
+                "apply", "--dry-run=server", "-f", "-", input=json.dumps(document_in), check=False
+            )
+            answers.append(result.stderr if result.returncode else "stored")
+
+    thread = threading.Thread(target=apply_until_upgraded)
+    thread.start()
+    try:
+        # A new pod template: the Deployment rolls both replicas, one at a time.
+        helm(
+            plane,
+            "upgrade",
+            RELEASE,
+            str(CHART),
+            f"--namespace={NAMESPACE}",
+            "--reuse-values",
+            f"--set-string=podAnnotations.upgraded={time.time_ns()}",
+            "--wait",
+            f"--timeout={ROLLOUT_S}s",
+        )
+        rollout(chart_on_node)
+    finally:
+        upgraded.set()
+        thread.join(timeout=120)
+    assert not old_pods & {pod["metadata"]["name"] for pod in _operator_pods(chart_on_node)}, "no rollout"
+    refused = [answer for answer in answers if WEBHOOK_DENIED in answer and field in answer]
+    assert len(refused) == len(answers) >= 5, [a for a in answers if a not in refused][:3]
+    print(f"\n{len(answers)} applies during the upgrade, each refused by the webhook")
+    # The chart's own certificate is kept through the upgrade (its lookup), so the CA the API server
+    # holds still verifies the new pods.
+    assert plane.kubectl.get("secret", secret, "-n", NAMESPACE)["data"] == before
 
 
 @pytest.mark.parametrize("case", sorted(WEBHOOK_ONLY))
@@ -83,7 +150,7 @@ def test_with_no_operator_pod_the_charts_failure_policy_refuses_every_job(
         refused = apply(chart_on_node, valid_job(), namespace)
         assert refused.returncode != 0 and UNREACHABLE in refused.stderr, refused.stderr
     finally:
-        plane.kubectl("scale", f"deployment/{OPERATOR}", "-n", NAMESPACE, "--replicas=1")
+        plane.kubectl("scale", f"deployment/{OPERATOR}", "-n", NAMESPACE, "--replicas=2")
         rollout(chart_on_node)
     allowed = apply(chart_on_node, valid_job(), namespace)
     assert allowed.returncode == 0, allowed.stderr

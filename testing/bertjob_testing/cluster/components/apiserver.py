@@ -107,6 +107,9 @@ class APIServer:
             f"--client-ca-file={self.authority.cert}",
             # Node: the real node's kubelet (system:node:<name>) reads and writes its own objects.
             "--authorization-mode=Node,RBAC",
+            # On in OpenShift: whoever sets blockOwnerDeletion on an ownerReference (the operator,
+            # on every child) must be allowed to update the owner's finalizers.
+            "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
             f"--service-account-issuer={self.url}",
             f"--service-account-key-file={self.keys.cert}",
             f"--service-account-signing-key-file={self.keys.key}",
