@@ -210,3 +210,51 @@ def test_a_flood_from_one_pod_is_answered_429_without_a_write_each(endpoint: Any
 
     assert codes.count(202) <= 12 and codes.count(429) >= 28, codes
     assert len(objects.patches) == codes.count(202)
+
+
+class TokenReviews:
+    """Answers TokenReviews as the API server would for a pod's bound token, until ``expired``."""
+
+    def __init__(self) -> None:
+        self.reviews = 0
+        self.expired = False
+
+    def create_token_review(self, review: Any) -> Any:
+        from kubernetes.client import V1TokenReview, V1TokenReviewStatus, V1UserInfo
+
+        self.reviews += 1
+        user = V1UserInfo(
+            username="system:serviceaccount:team-a:default",
+            extra={progress.POD_NAME_EXTRA: ["wiki-master-0"], progress.POD_UID_EXTRA: ["uid-1"]},
+        )
+        audiences = review.spec.audiences
+        return V1TokenReview(
+            spec=review.spec,
+            status=V1TokenReviewStatus(authenticated=not self.expired, audiences=audiences, user=user),
+        )
+
+
+def _jwt(expires: float) -> str:
+    import base64
+
+    claims = base64.urlsafe_b64encode(json.dumps({"exp": expires}).encode()).decode().rstrip("=")
+    return f"header.{claims}.signature"
+
+
+def test_a_review_is_kept_until_the_token_expires_then_asked_again() -> None:
+    clock = Clock()
+    reviewer = progress.Reviewer(None, Limits(review_cache_s=600), clock=clock)  # type: ignore[arg-type]
+    reviews = TokenReviews()
+    reviewer.auth = reviews  # type: ignore[assignment]
+    token = _jwt(expires=clock.now + 60)
+
+    assert reviewer.sender(token, "digest").pod == "wiki-master-0"
+    clock.now += 30
+    assert reviewer.sender(token, "digest").pod == "wiki-master-0"
+    assert reviews.reviews == 1, "the answer is cached while the token is valid"
+
+    clock.now += 31  # past the token's exp: asked again, and the API server refuses it now
+    reviews.expired = True
+    with pytest.raises(RefusedError) as refused:
+        reviewer.sender(token, "digest")
+    assert refused.value.code == 401 and reviews.reviews == 2
