@@ -88,6 +88,8 @@ POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 FIELDS = (PROGRESS_FIELD, RESULTS_FIELD)
 HANDSHAKE_TIMEOUT_S = 10.0
+# Entries a cache (reviews, rate buckets, last writes) holds before it drops the stale ones.
+MAX_KEYS = 10_000
 # The most of a refused body read (and dropped) so that its sender still reads the answer, bytes.
 DRAIN_BYTES = 1024 * 1024
 
@@ -163,7 +165,7 @@ class Reviewer:
         sender = Sender(namespace, extra[POD_NAME_EXTRA][0], (extra.get(POD_UID_EXTRA) or [""])[0])
         until = min(now + self.limits.review_cache_s, _expiry(token) or now + self.limits.review_cache_s)
         with self._lock:
-            if len(self._senders) > 10_000:  # tokens rotate hourly: drop the expired
+            if len(self._senders) > MAX_KEYS:  # tokens rotate hourly: drop the expired
                 self._senders = {key: value for key, value in self._senders.items() if value[1] > now}
             self._senders[digest] = (sender, until)
         return sender
@@ -191,6 +193,8 @@ class Reviewer:
             if meta is not None and meta.uid == sender.uid:
                 job = (meta.labels or {}).get(JOB_LABEL)
             with self._lock:
+                if len(self._jobs) > MAX_KEYS:  # pods come and go: read again what is still asked
+                    self._jobs.clear()
                 self._jobs[sender.uid] = job
         if job != name:
             raise RefusedError(403, f"the pod {namespace}/{sender.pod} is not a pod of the job {name}")
@@ -208,6 +212,9 @@ class RateLimiter:
         """Take one from ``key``'s bucket; False when it is empty."""
         now = self.clock()
         with self._lock:
+            if len(self._buckets) > MAX_KEYS:  # tokens rotate hourly: forget the full, idle buckets
+                idle = self.burst / self.rate
+                self._buckets = {k: v for k, v in self._buckets.items() if now - v[1] < idle}
             level, then = self._buckets.get(key, (float(self.burst), now))
             level = min(float(self.burst), level + (now - then) * self.rate)
             if level < 1:
@@ -260,7 +267,9 @@ class StatusWriter:
     def _flush(self, key: tuple[str, str]) -> None:
         with self._lock:
             fields = self._pending.pop(key)
-            self._last[key] = self.clock()
+            now = self._last[key] = self.clock()
+            if len(self._last) > MAX_KEYS:  # jobs come and go: forget those past their interval
+                self._last = {k: t for k, t in self._last.items() if now - t < self.interval_s}
         namespace, name = key
         self.objects.patch_namespaced_custom_object_status(
             GROUP, VERSION, namespace, PLURAL, name, {"status": fields}
