@@ -505,7 +505,7 @@ def test_the_values_schema_check_catches_a_bad_value() -> None:
     validator = Draft7Validator(json.loads((CHART / "values.schema.json").read_text()))
     [given] = [values for where, values in _helm_values().items() if where.startswith("HelmRelease")]
 
-    for bad in ({"replicaCount": 2}, {"crds": {"install": "yes"}}, {"image": {"tag": 1}}):
+    for bad in ({"replicas": 2}, {"crds": {"install": "yes"}}, {"image": {"tag": 1}}):
         assert list(validator.iter_errors(_coalesce(_chart_default_values(), _coalesce(given, bad)))), bad
 
 
@@ -565,6 +565,11 @@ def test_the_flux_no_helm_patch_keeps_the_crd(tmp_path: Path) -> None:
 
     objects = _build(tmp_path)
 
-    [crd] = _by_kind(objects, "CustomResourceDefinition")
-    assert crd["metadata"]["annotations"]["kustomize.toolkit.fluxcd.io/prune"] == "disabled"
+    crds = _by_kind(objects, "CustomResourceDefinition")
+    assert sorted(crd["metadata"]["name"] for crd in crds) == [
+        "bertpretrainjobs.bertjob.dev",
+        "clusterkopfpeerings.kopf.dev",
+    ]
+    for crd in crds:
+        assert crd["metadata"]["annotations"]["kustomize.toolkit.fluxcd.io/prune"] == "disabled"
     assert {"Deployment", "ServiceAccount"} <= {obj["kind"] for obj in objects}
