@@ -25,13 +25,12 @@ from bertjob import progress
 from bertjob.admission import PORT_ENV
 from bertjob.replicas import LIFETIME_S
 from bertjob_api.contract import GROUP, PLURAL, VERSION
-from bertjob_testing.cluster.operator import OPERATOR, RealCluster
+from bertjob_testing.cluster.operator import OPERATOR, RealCluster, is_paused
 from bertjob_testing.cluster.process import free_port
 from tests.bertjob.e2e import home, named_job
 from tests.cluster.test_operator_killed import JOBS, PACE_S, _all_pending, _jobs, assert_each_job_once
 
 pytestmark = [pytest.mark.xdist_group("operator"), pytest.mark.slow, pytest.mark.timeout(400)]
-PAUSED = "Pausing operations in favour of"
 
 
 def _replica(cluster: RealCluster, workdir: Path) -> RealCluster:
@@ -53,14 +52,13 @@ def test_the_reconciling_replica_killed_under_50_jobs_the_other_takes_over_losin
         for replica in replicas:
             replica.start()
         # Once both records are in the peering, the lower priority pauses; the other reconciles.
-        paused = cluster.wait_for(
-            "one replica to pause for the other",
-            lambda: [r for r in replicas if PAUSED in r.log.read_text()] or None,
+        cluster.wait_for(
+            "one replica to reconcile and the other to pause for it",
+            lambda: [is_paused(r.log.read_text()) for r in replicas].count(False) == 1 or None,
             wait_s=60,
         )
-        assert len(paused) == 1, [r.log_tail() for r in replicas]
-        [active] = [r for r in replicas if r is not paused[0]]
-        standby = paused[0]
+        [standby] = [r for r in replicas if is_paused(r.log.read_text())]
+        [active] = [r for r in replicas if r is not standby]
         assert active.operator is not None
 
         names = [f"burst-{index:02d}" for index in range(JOBS)]

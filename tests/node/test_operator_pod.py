@@ -19,7 +19,7 @@ import pytest
 
 from bertjob_testing.admission_cases import JOB_CASES
 from bertjob_testing.cluster.node import RealNode
-from bertjob_testing.cluster.operator import CHART, NAMESPACE, OPERATOR, RELEASE, helm
+from bertjob_testing.cluster.operator import CHART, NAMESPACE, OPERATOR, RELEASE, helm, is_paused, wait_until
 from bertjob_testing.jobs import valid_job, with_value
 from tests.node.conftest import ROLLOUT_S, rollout
 
@@ -64,11 +64,19 @@ def test_the_operator_runs_from_its_image_on_the_real_node(chart_on_node: RealNo
         assert pod["status"]["phase"] == "Running"
         [status] = pod["status"]["containerStatuses"]
         assert status["ready"] and status["containerID"].startswith("containerd://")
-    # One reconciles, the other has paused for it (kopf's peering: bertjob.replicas).
-    logs = [
-        chart_on_node.plane.kubectl("logs", pod["metadata"]["name"], "-n", NAMESPACE).stdout for pod in pods
-    ]
-    assert sum("Pausing operations in favour of" in log for log in logs) == 1, logs
+
+    # One reconciles, the other has paused for it (kopf's peering: bertjob.replicas), once each
+    # has seen the other's record.
+    def logs() -> list[str]:
+        kubectl = chart_on_node.plane.kubectl
+        return [kubectl("logs", pod["metadata"]["name"], "-n", NAMESPACE).stdout for pod in pods]
+
+    wait_until(
+        "one replica to reconcile and the other to pause for it",
+        lambda: [is_paused(log) for log in logs()].count(False) == 1 or None,
+        wait_s=60,
+    )
+    assert [is_paused(log) for log in logs()].count(True) == 1, logs()
 
 
 def test_a_bad_job_is_refused_at_every_moment_of_a_helm_upgrade(

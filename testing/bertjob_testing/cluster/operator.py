@@ -342,3 +342,12 @@ def wait_until(what: str, probe: Any, wait_s: float = 60.0) -> Any:
             return value
         time.sleep(0.2)
     raise AssertionError(f"waited {wait_s:.0f} s for {what}")
+
+
+def is_paused(log: str) -> bool:
+    """Whether a replica in the chart's peering (bertjob.replicas) has paused for another, from its
+    log: kopf starts a replica of a mandatory peering paused, logs "Resuming operations" when it
+    finds no higher priority and "Pausing operations in favour of" when one appears later; a
+    replica that found a higher one at its start logs neither."""
+    resumed, paused = log.rfind("Resuming operations"), log.rfind("Pausing operations")
+    return resumed < 0 or paused > resumed
