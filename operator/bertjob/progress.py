@@ -492,11 +492,13 @@ def configure(api: ApiClient, environ: Mapping[str, str], limits: Limits = Limit
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
         raise ValueError(f"${PORT_ENV}: {port_text!r} is not a port number (1-65535)")
     certificate = certificates.kept(api, namespace, name, [parsed.hostname])
-    directory = Path(tempfile.mkdtemp(prefix="bertjob-progress-"))
-    cert_file, key_file = directory / certificates.CERT_KEY, directory / certificates.PRIVATE_KEY
-    cert_file.write_text(certificate.cert)
-    key_file.touch(mode=0o600)
-    key_file.write_text(certificate.key)
     address = environ.get(ADDRESS_ENV) or "0.0.0.0"
-    server = serve(Receiver(api, limits), address, int(port_text), cert_file, key_file)
+    # ssl reads the pair from files only; they are gone once the server's context holds them.
+    with tempfile.TemporaryDirectory(prefix="bertjob-progress-") as directory:
+        cert_file = Path(directory) / certificates.CERT_KEY
+        key_file = Path(directory) / certificates.PRIVATE_KEY
+        cert_file.write_text(certificate.cert)
+        key_file.touch(mode=0o600)
+        key_file.write_text(certificate.key)
+        server = serve(Receiver(api, limits), address, int(port_text), cert_file, key_file)
     return Serving(ProgressEndpoint(url.rstrip("/"), certificate.ca), server)
