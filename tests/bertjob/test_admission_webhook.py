@@ -11,9 +11,7 @@ for the same table."""
 
 from __future__ import annotations
 
-import datetime
 import http.client
-import ipaddress
 import json
 import ssl
 import uuid
@@ -24,12 +22,9 @@ from typing import Any
 import attrs
 import pytest
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from kubernetes.client import CoreV1Api
 
+from bertjob import certificates
 from bertjob.admission import ADDRESS_ENV, CERT_DIR_ENV, PORT_ENV, REFUSED_CODE, WEBHOOK_ID
 from bertjob_api.contract import GROUP, JOB_FILE, KIND, PLURAL, VERSION
 from bertjob_api.validation import KUEUE_TRAINJOB_UNTESTED
@@ -41,42 +36,17 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def _certificates(directory: Path) -> Path:
-    """A CA (returned, as ca.crt) and a server certificate for 127.0.0.1 and localhost signed by
-    it (tls.crt, tls.key), as the chart's genSignedCert or cert-manager would mount them."""
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "bertjob-webhook-test-ca")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.IPv4Address("127.0.0.1"))]
-    server = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "bertjob-webhook")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    pem = serialization.Encoding.PEM
-    (directory / "tls.crt").write_bytes(server.public_bytes(pem))
-    (directory / "tls.key").write_bytes(
-        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    (directory / "ca.crt").write_bytes(ca.public_bytes(pem))
-    return directory / "ca.crt"
+    """A CA (returned, as ca.crt) and a server certificate for localhost and 127.0.0.1 signed by
+    it (tls.crt, tls.key), as the chart's genSignedCert or cert-manager would mount them: the
+    operator's own maker (bertjob.certificates), which the progress endpoint serves with."""
+    made = certificates.make(["localhost", "127.0.0.1"], days=1)
+    for name, text in (
+        (certificates.CA_KEY, made.ca),
+        (certificates.CERT_KEY, made.cert),
+        (certificates.PRIVATE_KEY, made.key),
+    ):
+        (directory / name).write_text(text)
+    return directory / certificates.CA_KEY
 
 
 @attrs.define
