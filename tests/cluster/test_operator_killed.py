@@ -67,6 +67,36 @@ def _all_pending(cluster: RealCluster, names: list[str]) -> dict[str, dict[str, 
     return jobs if done else None
 
 
+class Burst:
+    """The jobs ``names`` created one after another, :data:`PACE_S` apart, by a thread with a
+    client of its own (the main thread keeps using ``cluster.api``); ``created`` grows as they are."""
+
+    def __init__(self, cluster: RealCluster, names: list[str]) -> None:
+        assert cluster.plane is not None
+        self.created: list[str] = []
+        self.errors: list[BaseException] = []
+        creator = CustomObjectsApi(new_client_from_config(config_file=str(cluster.plane.admin)))
+
+        def create_all() -> None:
+            try:
+                for name in names:
+                    creator.create_namespaced_custom_object(
+                        GROUP, VERSION, home(cluster), PLURAL, named_job(name)
+                    )
+                    self.created.append(name)
+                    time.sleep(PACE_S)
+            except BaseException as error:  # reported by join()
+                self.errors.append(error)
+
+        self.thread = threading.Thread(target=create_all)
+        self.thread.start()
+
+    def join(self) -> None:
+        """Wait for the last create; fail if one failed."""
+        self.thread.join(timeout=60)
+        assert not self.thread.is_alive() and not self.errors, self.errors
+
+
 def assert_each_job_once(cluster: RealCluster, names: list[str], jobs: dict[str, dict[str, Any]]) -> None:
     """No job lost and nothing made twice: every job of ``names`` stored, each with exactly one
     child of each kind, owned once, by its job, and one Pending Event."""
@@ -102,36 +132,19 @@ def test_an_operator_killed_under_50_jobs_loses_none_and_makes_nothing_twice(ung
     cluster = unguarded
     assert cluster.plane is not None and cluster.operator is not None
     names = [f"burst-{index:02d}" for index in range(JOBS)]
-    created: list[str] = []
-    errors: list[BaseException] = []
-    # The creating thread's own client (the main thread keeps using cluster.api).
-    creator = CustomObjectsApi(new_client_from_config(config_file=str(cluster.plane.admin)))
-
-    def create_all() -> None:
-        try:
-            for name in names:
-                creator.create_namespaced_custom_object(
-                    GROUP, VERSION, home(cluster), PLURAL, named_job(name)
-                )
-                created.append(name)
-                time.sleep(PACE_S)
-        except BaseException as error:  # reported below
-            errors.append(error)
-
     started = time.monotonic()
-    thread = threading.Thread(target=create_all)
-    thread.start()
+    burst = Burst(cluster, names)
     # Killed once it has reconciled a first job, in the middle of the others.
     cluster.wait_for(
-        "a first job reconciled", lambda: errors or any(job.get("status") for job in _jobs(cluster).values())
+        "a first job reconciled",
+        lambda: burst.errors or any(job.get("status") for job in _jobs(cluster).values()),
     )
     cluster.operator.kill()
     cluster.operator.wait(timeout=10)
-    killed_at = len(created)
+    killed_at = len(burst.created)
     done = sum(bool(job.get("status")) for job in _jobs(cluster).values())
     assert killed_at < JOBS and done < killed_at, f"killed after {killed_at} created, {done} reconciled"
-    thread.join(timeout=60)
-    assert not thread.is_alive() and not errors, errors
+    burst.join()
     cluster.start()
 
     jobs = cluster.wait_for("every job Pending, its Events posted", lambda: _all_pending(cluster, names), 120)

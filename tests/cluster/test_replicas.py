@@ -12,23 +12,18 @@ Why kwok: no pod needs to run: 50 jobs at once, their children checked as stored
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
 import attrs
 import pytest
-from kubernetes.client import CustomObjectsApi
-from kubernetes.config import new_client_from_config
 
 from bertjob import progress
 from bertjob.admission import PORT_ENV
 from bertjob.replicas import LIFETIME_S
-from bertjob_api.contract import GROUP, PLURAL, VERSION
 from bertjob_testing.cluster.operator import OPERATOR, RealCluster, is_paused
 from bertjob_testing.cluster.process import free_port
-from tests.bertjob.e2e import home, named_job
-from tests.cluster.test_operator_killed import JOBS, PACE_S, _all_pending, _jobs, assert_each_job_once
+from tests.cluster.test_operator_killed import JOBS, Burst, _all_pending, _jobs, assert_each_job_once
 
 pytestmark = [pytest.mark.xdist_group("operator"), pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -62,31 +57,15 @@ def test_the_reconciling_replica_killed_under_50_jobs_the_other_takes_over_losin
         assert active.operator is not None
 
         names = [f"burst-{index:02d}" for index in range(JOBS)]
-        created: list[str] = []
-        errors: list[BaseException] = []
-        creator = CustomObjectsApi(new_client_from_config(config_file=str(cluster.plane.admin)))
-
-        def create_all() -> None:
-            try:
-                for name in names:
-                    creator.create_namespaced_custom_object(
-                        GROUP, VERSION, home(cluster), PLURAL, named_job(name)
-                    )
-                    created.append(name)
-                    time.sleep(PACE_S)
-            except BaseException as error:  # reported below
-                errors.append(error)
-
-        thread = threading.Thread(target=create_all)
-        thread.start()
+        burst = Burst(cluster, names)
         cluster.wait_for(
             "a first job reconciled",
-            lambda: errors or any(job.get("status") for job in _jobs(cluster).values()),
+            lambda: burst.errors or any(job.get("status") for job in _jobs(cluster).values()),
         )
         active.operator.kill()
         killed = time.monotonic()
         active.operator.wait(timeout=10)
-        killed_at = len(created)
+        killed_at = len(burst.created)
         done_before = sum(bool(job.get("status")) for job in _jobs(cluster).values())
         assert killed_at < JOBS, "killed after every job was created: too late to test a takeover"
 
@@ -96,8 +75,7 @@ def test_the_reconciling_replica_killed_under_50_jobs_the_other_takes_over_losin
 
         cluster.wait_for("the standby to reconcile a job", reconciled_since, wait_s=LIFETIME_S + 60)
         takeover_s = time.monotonic() - killed
-        thread.join(timeout=60)
-        assert not thread.is_alive() and not errors, errors
+        burst.join()
 
         jobs = cluster.wait_for(
             "every job Pending, its Events posted", lambda: _all_pending(cluster, names), 180
