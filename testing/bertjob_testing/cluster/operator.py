@@ -34,6 +34,7 @@ from bertjob.admission import ADDRESS_ENV, CERT_DIR_ENV, PORT_ENV
 from bertjob_api.contract import KIND
 from bertjob_testing.cluster.build import crds
 from bertjob_testing.cluster.catalog import REPO
+from bertjob_testing.cluster.components.apiserver import OPERATOR_NAMESPACE
 from bertjob_testing.cluster.controlplane import ControlPlane
 from bertjob_testing.cluster.nodes import EXIT_CODE_ANNOTATION
 from bertjob_testing.cluster.process import free_port, takes_connections
@@ -41,7 +42,7 @@ from bertjob_testing.kube_emulator import Cluster
 
 CHART = REPO / "charts" / "bertjob"
 RELEASE = "bertjob"
-NAMESPACE = "bertjob-system"
+NAMESPACE = OPERATOR_NAMESPACE
 OPERATOR = f"{RELEASE}-operator"
 WEBHOOK_SERVICE = f"{OPERATOR}-webhook"
 WEBHOOK_SECRET = f"{OPERATOR}-webhook-tls"

@@ -21,6 +21,8 @@ SERVICE_CIDR = "10.96.0.0/16"
 # The kubernetes Service's ClusterIP: the first of the range.
 SERVICE_IP = ipaddress.ip_network(SERVICE_CIDR).network_address + 1
 AUDIT_LOG = "audit.log"
+# The namespace the tests install the chart into (bertjob_testing.cluster.operator.NAMESPACE).
+OPERATOR_NAMESPACE = "bertjob-system"
 # What the audit log records: the training jobs' changes, with their bodies (who wrote what to a
 # child, which the status alone does not tell: a write that another controller undoes at once
 # leaves no trace there), and who patched a BertPretrainJob's status (the trainer pod's progress,
@@ -43,6 +45,10 @@ AUDIT_POLICY: dict[str, Any] = {
             "verbs": ["patch"],
             "resources": [{"group": "bertjob.dev", "resources": ["bertpretrainjobs/status"]}],
         },
+        # Every request of the chart's ServiceAccounts (the operator's), without bodies: which
+        # (verb, resource) it used, for the RBAC audit of the whole cluster tier
+        # (tests/cluster/test_rbac_audit.py).
+        {"level": "Metadata", "userGroups": [f"system:serviceaccounts:{OPERATOR_NAMESPACE}"]},
         {"level": "None"},
     ],
 }
