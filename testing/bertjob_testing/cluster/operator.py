@@ -242,7 +242,8 @@ def install_chart(plane: ControlPlane, *flags: str, chart: Path = CHART) -> None
 
 def install(plane: ControlPlane, workdir: Path, *values: str, chart: Path = CHART) -> RealCluster:
     """Install ``chart`` (webhook on, ``values`` as ``--set`` arguments) and start the operator
-    under the chart's ServiceAccount; the returned cluster's operator is running.
+    under the chart's ServiceAccount, in the namespaces its Deployment names (``--namespace`` per
+    ``watchNamespaces`` entry) or in all; the returned cluster's operator is running.
 
     Raises:
         AssertionError: helm or kubectl failed.
@@ -261,6 +262,9 @@ def install(plane: ControlPlane, workdir: Path, *values: str, chart: Path = CHAR
         plane.kubectl("get", "deployment", OPERATOR, "-n", NAMESPACE, "-o", "json").stdout
     )
     account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    # kopf's scope as the chart's pod would run it: the Deployment's own --namespace arguments.
+    [container] = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "operator"]
+    scope = [arg for arg in container["command"] if arg.startswith("--namespace=")]
     token = plane.kubectl.service_account_token(NAMESPACE, account, seconds=6 * 3600)
     cluster = RealCluster(
         new_client_from_config(config_file=str(plane.admin)),
@@ -268,6 +272,7 @@ def install(plane: ControlPlane, workdir: Path, *values: str, chart: Path = CHAR
         workdir,
         plane.kubeconfig_for_token(workdir / "operator.kubeconfig", token),
         start_wait_s=START_WAIT_S,
+        namespaces=tuple(arg.removeprefix("--namespace=") for arg in scope),
         env={
             CERT_DIR_ENV: str(certs),
             PORT_ENV: str(port),
