@@ -112,12 +112,46 @@ def unguarded(
         yield cluster
 
 
+HERE = Path(__file__).parent
+# Marks a test that reads what the whole tier did (tests/cluster/test_rbac_audit.py): it runs after
+# every other test of this folder.
+TIER_AUDIT_MARK = "tier_audit"
+# The tests of this folder that -k, -m or --deselect left out in this run.
+_DESELECTED: list[str] = []
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test here that runs the operator joins the xdist group ``operator``."""
-    here = Path(__file__).parent
+    """Every test here that runs the operator joins the xdist group ``operator``; the tests marked
+    :data:`TIER_AUDIT_MARK` move after the last test of this folder (in the same xdist group, which
+    one worker runs in this order)."""
     for item in items:
-        if item.path.is_relative_to(here) and "operator" in getattr(item, "fixturenames", ()):
+        if item.path.is_relative_to(HERE) and "operator" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group(OPERATOR_GROUP))
+    audits = [item for item in items if item.get_closest_marker(TIER_AUDIT_MARK)]
+    if not audits:
+        return
+    for item in audits:
+        item.add_marker(pytest.mark.xdist_group(OPERATOR_GROUP))
+        items.remove(item)
+    last = max((index for index, item in enumerate(items) if item.path.is_relative_to(HERE)), default=-1)
+    items[last + 1 : last + 1] = audits
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    """Remember which tests of this folder were deselected (:func:`incomplete_tier`)."""
+    _DESELECTED.extend(item.nodeid for item in items if item.path.is_relative_to(HERE))
+
+
+def incomplete_tier(session: pytest.Session) -> str:
+    """Why this run is not the whole cluster tier ('' when it is): a test module of this folder not
+    collected, or tests of it deselected."""
+    collected = {item.path.name for item in session.items if item.path.is_relative_to(HERE)}
+    missing = sorted(path.name for path in HERE.glob("test_*.py") if path.name not in collected)
+    if missing:
+        return f"not collected: {', '.join(missing)}"
+    if _DESELECTED:
+        return f"{len(_DESELECTED)} tests deselected, such as {_DESELECTED[0]}"
+    return ""
 
 
 @pytest.hookimpl(wrapper=True)
