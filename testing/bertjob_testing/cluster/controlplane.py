@@ -74,6 +74,8 @@ class ControlPlane:
     timings: dict[str, float] = field(default_factory=dict)
     # The processes this object started (another process's plane has none: see pids).
     processes: dict[str, Process] = field(default_factory=dict)
+    # What each of them runs, by name (the etcd URL, an API server's certificates and port).
+    components: dict[str, Component] = field(default_factory=dict)
     kubectl: Kubectl = field(default_factory=lambda: Kubectl(Path(), Path()))
     reaper: int = 0
 
@@ -147,6 +149,7 @@ class ControlPlane:
                 :data:`START_TIMEOUT_S`; PortTakenError after :data:`PORT_TRIES` tries.
         """
         kind.extra_args = [*kind.extra_args, *self.extra_args.get(kind.name, ())]
+        self.components[kind.name] = kind
         for attempt in range(PORT_TRIES):
             process = launch(kind, self.workdir / f"{kind.name}.log", self.registry)
             self.processes[kind.name] = process
@@ -160,6 +163,58 @@ class ControlPlane:
                 continue
             return process
         raise AssertionError("unreachable")
+
+    def stop_component(self, name: str) -> None:
+        """Stop the component ``name`` (SIGTERM to its process group, then SIGKILL), as a crash or
+        a rolling restart of that one process would; the others run on. Nothing happens when it
+        is not running."""
+        process, pid = self.processes.pop(name, None), self.registry.groups().get(name)
+        if process is not None:
+            process.stop()  # and reaped
+        elif pid is not None:
+            stop_group(pid)
+        self.registry.remove(name)
+
+    def start_apiserver(
+        self, name: str = APIServer.name, port: int = 0, issuer: str = "", audit: bool = True
+    ) -> APIServer:
+        """Start a kube-apiserver ``name`` over this plane's etcd, with the first one's CA,
+        service-account keys and build (:class:`APIServer`: ``port``, ``issuer``, ``audit``), and
+        wait until it is ready: the first started again (its name and port, after
+        :meth:`stop_component`), or another member of an HA control plane (another name).
+
+        Raises:
+            KeyError: this plane has started no API server.
+            bertjob_testing.cluster.process.StartError: it did not start.
+        """
+        first = self.components[APIServer.name]
+        assert isinstance(first, APIServer)
+        server = APIServer(
+            self.workdir,
+            first.etcd,
+            first.authority,
+            first.keys,
+            first.admin,
+            first.component_name,
+            name=name,
+            port=port,
+            issuer=issuer,
+            audit=audit,
+        )
+        self.start_component(server)
+        return server
+
+    def admin_kubectl(self, server: str, path: Path) -> Kubectl:
+        """kubectl as ``admin`` (``system:masters``) of the API server at ``server`` (a URL; one
+        of :meth:`start_apiserver`'s), its kubeconfig written to ``path``.
+
+        Raises:
+            KeyError: this plane has started no API server.
+        """
+        first = self.components[APIServer.name]
+        assert isinstance(first, APIServer)
+        path.write_text(kubeconfig_text(server, self.ca, cert_user(first.admin)))
+        return Kubectl(self.kubectl.binary, path)
 
     def stop(self) -> None:
         """Stop every component, the last started first, then the reaper (always safe to call

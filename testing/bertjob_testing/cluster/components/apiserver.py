@@ -62,6 +62,12 @@ class APIServer:
 
     ``component_name`` picks the catalog's build: ``kubernetes``, or ``kube-apiserver`` for the
     oldest version the chart claims.
+
+    A second server over the same etcd (an HA control plane's other member) gets another ``name``
+    (its certificate and files are named after it), ``issuer`` the first's URL (the tokens the
+    first issued are valid here too) and ``audit`` False (the audit log stays the first's alone);
+    ``port`` fixes the secure port (0: a free one at each start), so that a server started again
+    serves where its clients' kubeconfigs point.
     """
 
     workdir: Path
@@ -73,6 +79,9 @@ class APIServer:
     extra_args: list[str] = field(default_factory=list)
     name: str = "kube-apiserver"
     url: str = ""
+    port: int = 0
+    issuer: str = ""
+    audit: bool = True
 
     @property
     def version(self) -> str:
@@ -80,10 +89,13 @@ class APIServer:
         return component(self.component_name).version
 
     def command(self) -> list[str]:
-        """kube-apiserver's command with a fresh secure port."""
-        port = free_port()
+        """kube-apiserver's command with a fresh secure port (:attr:`port` when set)."""
+        port = self.port or free_port()
+        # The first server's files keep their names; another's are its own, not overwritten under
+        # a running server that reloads them.
+        prefix = "" if self.name == APIServer.name else f"{self.name}-"
         serving = self.authority.issue(
-            "apiserver",
+            f"{prefix}apiserver",
             "kube-apiserver",
             # The kubernetes Service's ClusterIP and names: the real node's pods dial them.
             hosts=(
@@ -98,10 +110,11 @@ class APIServer:
         )
         self.url = f"https://127.0.0.1:{port}"
         kubelet_client = self.authority.issue(
-            "apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",)
+            f"{prefix}apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",)
         )
         policy = self.workdir / "audit-policy.yaml"
         policy.write_text(yaml.safe_dump(AUDIT_POLICY))
+        audit = [f"--audit-policy-file={policy}", f"--audit-log-path={self.workdir / AUDIT_LOG}"]
         return [
             str(executable(self.component_name, "kube-apiserver")),
             f"--etcd-servers={self.etcd}",
@@ -116,7 +129,7 @@ class APIServer:
             # On in OpenShift: whoever sets blockOwnerDeletion on an ownerReference (the operator,
             # on every child) must be allowed to update the owner's finalizers.
             "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
-            f"--service-account-issuer={self.url}",
+            f"--service-account-issuer={self.issuer or self.url}",
             f"--service-account-key-file={self.keys.cert}",
             f"--service-account-signing-key-file={self.keys.key}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
@@ -129,8 +142,7 @@ class APIServer:
             # What the API server shows a kubelet that checks its clients (the real node's).
             f"--kubelet-client-certificate={kubelet_client.cert}",
             f"--kubelet-client-key={kubelet_client.key}",
-            f"--audit-policy-file={policy}",
-            f"--audit-log-path={self.workdir / AUDIT_LOG}",
+            *(audit if self.audit else []),
             "--v=1",
         ]
 
