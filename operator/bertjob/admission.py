@@ -32,6 +32,7 @@ import kopf
 import yaml
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
 from bertjob import changes, launchers, lifecycle
 from bertjob.children import read
@@ -169,7 +170,8 @@ def message(found: list[tuple[str, str]]) -> str:
 def accepted_document(api: ApiClient, obj: Mapping[str, Any]) -> dict[str, Any] | None:
     """The job document the children of ``obj`` were rendered from (its ConfigMap's job.yaml, as
     the operator's update handler reads it); None when the job has none yet, or it cannot be
-    read (gone, not YAML, or the API server failed: admission then compares with the old object)."""
+    read (gone, not YAML, the API server failed or could not be reached, as while it restarts:
+    admission then compares with the old object)."""
     name = lifecycle.of(obj).config_map
     namespace = (obj.get("metadata") or {}).get("namespace")
     if name is None or namespace is None:
@@ -178,7 +180,7 @@ def accepted_document(api: ApiClient, obj: Mapping[str, Any]) -> dict[str, Any] 
         meta = {"name": name, "namespace": namespace}
         found = read(api, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta})
         document = yaml.safe_load(((found or {}).get("data") or {}).get(JOB_FILE) or "null")
-    except (ApiException, yaml.YAMLError):
+    except (ApiException, HTTPError, yaml.YAMLError):
         return None
     return document if isinstance(document, dict) and isinstance(document.get("spec"), dict) else None
 

@@ -11,6 +11,7 @@ from typing import Any
 import kopf
 import pytest
 import yaml
+from kubernetes.client import ApiClient, Configuration
 
 from bertjob import admission, changes
 from bertjob.cli import LOCAL_CONFIG, main
@@ -20,6 +21,7 @@ from bertjob_api.jobfile import load_job
 from bertjob_api.spec import SpecError
 from bertjob_api.validation import KUEUE_TRAINJOB_UNTESTED, cluster_job
 from bertjob_testing.admission_cases import JOB_CASES
+from bertjob_testing.cluster.process import free_port
 from bertjob_testing.jobs import valid_job, with_value
 
 
@@ -202,3 +204,13 @@ def test_other_requests_get_no_warning() -> None:
             operation="CREATE",
         )
     assert warnings == []
+
+
+def test_an_api_server_out_of_reach_leaves_the_change_judged_against_the_old_object() -> None:
+    # While the operator's API server restarts, the webhook (served by the operator) is still
+    # called by the cluster's other API servers: reading the accepted spec fails to connect, and
+    # the change is judged as the docstring promises instead of refused with the connection error.
+    configuration = Configuration(host=f"https://127.0.0.1:{free_port()}")
+    configuration.retries = 0
+    job = {"metadata": {"name": "a", "namespace": "team"}, "status": {"configMap": "a-job"}}
+    assert admission.accepted_document(ApiClient(configuration), job) is None

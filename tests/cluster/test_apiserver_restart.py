@@ -17,10 +17,10 @@ operator's server starts again where the operator's kubeconfig points. kopf logs
 at debug level, so the re-list is read from the audit log instead: after the return, a watch from
 a compacted resourceVersion, then a list.
 
-The job whose spec changes while the operator is away lives in a namespace the webhook does not
-serve, as on a cluster where the chart's webhook is off (its default): where it serves, the webhook
-refuses every spec change while the operator cannot reach its API server (it reads the job's
-ConfigMap to judge the change, and a refused connection is not the API error it falls back on).
+The job whose spec changes while the operator is away changes through the webhook, which the
+operator serves: it reads the job's ConfigMap to judge the change, cannot reach its own API server,
+and judges the change against the old object instead (before this test it refused every change,
+the refused connection not being the API error it fell back on).
 
 Why kwok: not even kwok: no pod needs to run, no controller either (etcd and two API servers only).
 The jobs' children are checked as stored objects; their status is written as Kubeflow's training
@@ -51,11 +51,8 @@ from bertjob_testing.cluster.kubectl import Kubectl
 from bertjob_testing.cluster.operator import (
     NAMESPACE,
     OPERATOR,
-    UNSERVED_LABEL,
-    UNSERVED_VALUE,
     RealCluster,
     install,
-    skip_webhook_in_labelled_namespaces,
     wait_until,
 )
 from tests.bertjob.e2e import named_job
@@ -65,7 +62,6 @@ from tests.kubeflow_env import kubeflow_condition
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 JOBS_NAMESPACE = "restart"
-UNSERVED_NAMESPACE = "restart-unserved"
 # The operator's service account, as the API server names it (the chart's Deployment runs as it).
 OPERATOR_USER = f"system:serviceaccount:{NAMESPACE}:{OPERATOR}"
 SECOND = "kube-apiserver-2"
@@ -74,7 +70,6 @@ SECOND = "kube-apiserver-2"
 KEPT, FOLLOWED, SUSPENDED, DELETED = "kept", "followed", "suspended", "deleted"
 BEFORE = (KEPT, FOLLOWED, SUSPENDED, DELETED)
 CREATED = ("new-0", "new-1")
-NAMESPACES = {SUSPENDED: UNSERVED_NAMESPACE}
 HANDLED = "last-handled-configuration"
 WAIT_S = 60.0
 # The gauge follows the events the phases came with: a moment at most.
@@ -130,13 +125,8 @@ def _revision(plane: ControlPlane) -> int:
     return int(_etcd(plane, "/v3/kv/range", {"key": base64.b64encode(b"\0").decode()})["header"]["revision"])
 
 
-def _namespace(name: str) -> str:
-    """Where job ``name`` lives."""
-    return NAMESPACES.get(name, JOBS_NAMESPACE)
-
-
 def _job(kubectl: Kubectl, name: str) -> dict[str, Any] | None:
-    return kubectl.get(PLURAL, name, "-n", _namespace(name))
+    return kubectl.get(PLURAL, name, "-n", JOBS_NAMESPACE)
 
 
 def _settled(kubectl: Kubectl, name: str, phase: str) -> dict[str, Any] | None:
@@ -218,12 +208,9 @@ def outage(ha: tuple[RealCluster, APIServer]) -> Outage:
     port = urllib.parse.urlsplit(plane.server).port
     assert port is not None
     other = plane.admin_kubectl(second.url, plane.workdir / f"{SECOND}.kubeconfig")
-    skip_webhook_in_labelled_namespaces(plane)
     plane.kubectl("create", "namespace", JOBS_NAMESPACE)
-    plane.kubectl("create", "namespace", UNSERVED_NAMESPACE)
-    plane.kubectl("label", "namespace", UNSERVED_NAMESPACE, f"{UNSERVED_LABEL}={UNSERVED_VALUE}")
     for name in BEFORE:
-        plane.kubectl.apply(named_job(name), "-n", _namespace(name))
+        plane.kubectl.apply(named_job(name), "-n", JOBS_NAMESPACE)
     for name in BEFORE:
         wait_until(f"{name} Pending", lambda n=name: _settled(plane.kubectl, n, "Pending"), WAIT_S)
     seen = _revision(plane)
@@ -234,7 +221,7 @@ def outage(ha: tuple[RealCluster, APIServer]) -> Outage:
     for name in CREATED:
         other.apply(named_job(name), "-n", JOBS_NAMESPACE)
     suspend = {"spec": {"runPolicy": {"suspend": True}}}
-    other("patch", PLURAL, SUSPENDED, "-n", UNSERVED_NAMESPACE, "--type=merge", "-p", json.dumps(suspend))
+    other("patch", PLURAL, SUSPENDED, "-n", JOBS_NAMESPACE, "--type=merge", "-p", json.dumps(suspend))
     other("delete", PLURAL, DELETED, "-n", JOBS_NAMESPACE, "--wait=false")
     running = {"status": {"conditions": [kubeflow_condition("Created"), kubeflow_condition("Running")]}}
     patch = ["--subresource=status", "--type=merge", "-p", json.dumps(running)]
@@ -291,7 +278,7 @@ def test_what_changed_while_the_operator_was_away_reaches_the_children_and_the_j
     phases = {name: ((_job(kubectl, name) or {}).get("status") or {}).get("phase") for name in WANTED}
     assert phases == WANTED, f"{WAIT_S:.0f} s after the return"
     assert outage.handled_s is not None, "the phases right, not every job settled (Events, kopf's record)"
-    child = kubectl.get("pytorchjob", SUSPENDED, "-n", UNSERVED_NAMESPACE)
+    child = kubectl.get("pytorchjob", SUSPENDED, "-n", JOBS_NAMESPACE)
     assert child["spec"]["runPolicy"].get("suspend") is True, child["spec"]["runPolicy"]
     assert _job(kubectl, DELETED) is None
     jobs = kubectl.get(PLURAL, "-A")["items"]
@@ -302,7 +289,7 @@ def test_every_job_has_one_child_created_once_by_the_operator(outage: Outage) ->
     for name in (*BEFORE, *CREATED):
         creates = [
             event["user"]["username"]
-            for event in outage.plane.audited_changes("pytorchjobs", _namespace(name), name)
+            for event in outage.plane.audited_changes("pytorchjobs", JOBS_NAMESPACE, name)
             if event["verb"] == "create"
         ]
         assert creates == [OPERATOR_USER], (name, creates)
