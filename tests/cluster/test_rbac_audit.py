@@ -8,9 +8,9 @@ reads the shared control plane's audit log once every other test of this folder 
 moved after them: tests/cluster/conftest.py), against the chart rendered as the ``operator``
 fixture installs it.
 
-Why the shared plane and no workload of its own: the point is what the operator really asked for
-while the whole tier drove it (jobs of each launcher, failures, progress reports, peering,
-restarts), which no single test covers.
+Why kwok: the audit reads what the operator asked of the API server while the whole tier drove it
+on kwok's nodes (jobs of each launcher, failures, progress reports, peering, restarts), which no
+single test covers; no pod of its own needs to run.
 """
 
 from __future__ import annotations
