@@ -65,16 +65,18 @@ READY = threading.Event()
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Connect the Kubernetes client (in-cluster, or ``$KUBECONFIG``), place kopf's state, serve
-    metrics on ``$BERTJOB_METRICS_PORT`` if set, and become ready once the BertPretrainJob CRD
-    exists (:mod:`bertjob.prerequisites`, every ``$BERTJOB_CRD_RETRY_SECONDS``, default 30);
-    serve the validating admission webhook if ``$BERTJOB_WEBHOOK_CERT_DIR`` is set
-    (:func:`bertjob.admission.configure`), the trainers' progress endpoint if
-    ``$BERTJOB_PROGRESS_URL`` is (:func:`bertjob.progress.configure`), and take part in kopf's
-    peering if ``$BERTJOB_PEERING`` is (:func:`bertjob.replicas.configure`).
+    metrics on ``$BERTJOB_METRICS_PORT`` if set, recount ``bertjob_jobs`` from lists every
+    ``$BERTJOB_JOBS_RESYNC_SECONDS`` (:func:`bertjob.monitoring.start_resync`, default 60), and
+    become ready once the BertPretrainJob CRD exists (:mod:`bertjob.prerequisites`, every
+    ``$BERTJOB_CRD_RETRY_SECONDS``, default 30); serve the validating admission webhook if
+    ``$BERTJOB_WEBHOOK_CERT_DIR`` is set (:func:`bertjob.admission.configure`), the trainers'
+    progress endpoint if ``$BERTJOB_PROGRESS_URL`` is (:func:`bertjob.progress.configure`), and
+    take part in kopf's peering if ``$BERTJOB_PEERING`` is (:func:`bertjob.replicas.configure`).
 
     Raises:
         OSError: the metrics port is taken.
-        ValueError: ``$BERTJOB_CRD_RETRY_SECONDS`` or ``$BERTJOB_WEBHOOK_PORT`` is not a number.
+        ValueError: ``$BERTJOB_CRD_RETRY_SECONDS``, ``$BERTJOB_JOBS_RESYNC_SECONDS`` or
+            ``$BERTJOB_WEBHOOK_PORT`` is not a number.
         FileNotFoundError: ``$BERTJOB_WEBHOOK_CERT_DIR`` lacks the certificate or its key.
         kubernetes.client.exceptions.ApiException: the progress endpoint's Secret could not be
             read or written, or the peering object made.
@@ -92,15 +94,18 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     if port := os.environ.get(metrics.PORT_ENV):
         memo.metrics = metrics.serve(int(port), READY)
     retry_s = float(os.environ.get(prerequisites.RETRY_ENV, prerequisites.RETRY_S))
+    resync_s = float(os.environ.get(metrics.JOBS_RESYNC_ENV, metrics.JOBS_RESYNC_S))
     memo.crd_check = prerequisites.start(memo.api, READY, retry_s)
+    memo.jobs_resync = metrics.start_resync(memo.api, resync_s)
 
 
 @kopf.on.cleanup()
 def stop_metrics(memo: kopf.Memo, **_: Any) -> None:
-    """Stop serving metrics and progress reports, and checking for the CRD."""
+    """Stop serving metrics and progress reports, recounting the jobs, and checking for the CRD."""
     READY.clear()
-    if stop := memo.get("crd_check"):
-        stop.set()
+    for thread in ("crd_check", "jobs_resync"):
+        if stop := memo.get(thread):
+            stop.set()
     if server := memo.get("metrics"):
         server.shutdown()
     if server := memo.get("progress_server"):

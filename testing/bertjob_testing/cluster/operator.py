@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -240,10 +241,13 @@ def install_chart(plane: ControlPlane, *flags: str, chart: Path = CHART) -> None
     )
 
 
-def install(plane: ControlPlane, workdir: Path, *values: str, chart: Path = CHART) -> RealCluster:
+def install(
+    plane: ControlPlane, workdir: Path, *values: str, chart: Path = CHART, env: Mapping[str, str] = {}
+) -> RealCluster:
     """Install ``chart`` (webhook on, ``values`` as ``--set`` arguments) and start the operator
     under the chart's ServiceAccount, in the namespaces its Deployment names (``--namespace`` per
-    ``watchNamespaces`` entry) or in all; the returned cluster's operator is running.
+    ``watchNamespaces`` entry) or in all, with ``env`` added to its environment; the returned
+    cluster's operator is running.
 
     Raises:
         AssertionError: helm or kubectl failed.
@@ -283,6 +287,7 @@ def install(plane: ControlPlane, workdir: Path, *values: str, chart: Path = CHAR
             progress.SECRET_ENV: f"{NAMESPACE}/{PROGRESS_SECRET}",
             progress.PORT_ENV: str(progress_port),
             progress.ADDRESS_ENV: "127.0.0.1",
+            **env,
         },
         plane=plane,
     )
