@@ -73,7 +73,8 @@ BEFORE = (KEPT, FOLLOWED, SUSPENDED, DELETED)
 CREATED = ("new-0", "new-1")
 HANDLED = "last-handled-configuration"
 WAIT_S = 60.0
-# The gauge follows the events the phases came with: a moment at most.
+# The gauge follows the events the phases came with, and forgets the job deleted meanwhile at the
+# next resync (every 2 s here): a few seconds at most.
 GAUGE_WAIT_S = 5.0
 # What each job's phase is once the operator has handled what happened while it was away.
 WANTED = {KEPT: "Pending", FOLLOWED: "Running", SUSPENDED: "Suspended", **dict.fromkeys(CREATED, "Pending")}
@@ -147,8 +148,10 @@ def _audit_lines(plane: ControlPlane) -> list[dict[str, Any]]:
 
 
 def _operator_reads(events: list[dict[str, Any]], resource: str) -> list[tuple[str, int]]:
-    """The operator's lists and watches of ``resource`` in ``events`` (audit events), in order:
-    (verb, the resourceVersion it asked from; 0 for none), one per request."""
+    """The operator's cluster-wide lists and watches of ``resource`` in ``events`` (audit events),
+    in order: (verb, the resourceVersion it asked from; 0 for none), one per request. kopf watches
+    every namespace here (``--all-namespaces``); the gauge's resync lists one namespace at a time
+    (bertjob.monitoring.resync), which is not kopf's re-list and is left out."""
     found, requests = [], set()
     for event in events:
         target = event.get("objectRef") or {}
@@ -157,6 +160,7 @@ def _operator_reads(events: list[dict[str, Any]], resource: str) -> list[tuple[s
             event.get("user", {}).get("username") == OPERATOR_USER
             and target.get("resource") == resource
             and event.get("verb") in ("list", "watch")
+            and not target.get("namespace")
             and event["auditID"] not in requests
         ):
             requests.add(event["auditID"])
