@@ -355,11 +355,25 @@ TORCHRUN_RESERVED_ENV = (
 MPI_ENV_LIST_SEPARATOR = ";"
 
 
+# The longest ``spec.trainer.image`` Kubeflow Trainer v2.3's TrainJob CRD takes (its maxLength):
+# other launchers pass the image to a pod template, which has no such bound.
+TRAINJOB_IMAGE_MAX = 500
+
+
 def trainjob_problems(spec: JobSpec) -> list[tuple[str, str]]:
     """What launcher trainjob (Kubeflow Trainer v2) cannot run: elastic training (Trainer v2 has no
     elastic policy), horovodrun, fields that live in the Trainer v2 runtime rather than in a
-    TrainJob, and environment variables that Trainer v2 or Open MPI's forwarding reserve."""
+    TrainJob, environment variables that Trainer v2 or Open MPI's forwarding reserve, and an image
+    longer than a TrainJob holds (:data:`TRAINJOB_IMAGE_MAX` characters)."""
     found: list[tuple[str, str]] = []
+    if len(spec.image) > TRAINJOB_IMAGE_MAX:
+        found.append(
+            (
+                "spec.image",
+                f"{len(spec.image):,} characters; a TrainJob's trainer.image holds at most "
+                f"{TRAINJOB_IMAGE_MAX} (Kubeflow Trainer's CRD)",
+            )
+        )
     if spec.elastic is not None:
         found.append(("spec.elastic", "Kubeflow Trainer v2 has no elastic training; use launcher pytorchjob"))
     policy = spec.train_job.ml_policy

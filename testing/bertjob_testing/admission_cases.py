@@ -229,6 +229,13 @@ def job_cases() -> list[dict[str, Any]]:
             ["spec.pod.annotations"],
             cel=False,
         ),
+        # Trainer's TrainJob CRD bounds trainer.image at 500 characters; a pod template does not.
+        _job(
+            "trainjob-image-over-500",
+            with_value(example("bert-base-trainjob.yaml"), "spec.image", "registry/" + "i" * 492),
+            ["spec.image"],
+            cel=False,
+        ),
         *_examples(),
     ]
 

@@ -193,6 +193,15 @@ def test_a_ramp_with_accumulation_under_ddp_is_accepted():
             "launcher trainjob with trainJob.mlPolicy mpi cannot run accelerator habana-hpu",
         ),
         (
+            {
+                "spec.launcher": "trainjob",
+                "spec.trainJob": {"mlPolicy": "torch"},
+                "spec.image": "r/" + "i" * 499,
+            },
+            "spec.image",
+            "501 characters; a TrainJob's trainer.image holds at most 500",
+        ),
+        (
             {"spec.elastic": {"minNodes": 2, "maxNodes": 4}},
             "spec.elastic.minNodes",
             "2 is more than the 1 nodes of spec.topology",
@@ -887,3 +896,13 @@ def test_many_small_values_held_are_named_by_their_list():
     document = _document({"spec.pod.env": env})
     [(field, _)] = object_size_problems(document, [_object("MPIJob", *env, *env)])
     assert field == "spec.pod.env"
+
+
+@pytest.mark.parametrize(
+    ("launcher", "length"), [("trainjob", 500), ("pytorchjob", 501), ("mpijob", 100_000)]
+)
+def test_only_a_trainjob_bounds_the_image(launcher, length):
+    document = with_value(valid_job(), "spec.launcher", launcher)
+    document = with_value(document, "spec.image", "r/" + "i" * (length - 2))
+    found = problems(with_defaults(parse_job(document).spec))
+    assert not [where for where, _ in found if where == "spec.image"], found
