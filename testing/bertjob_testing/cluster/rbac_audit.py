@@ -20,7 +20,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from itertools import product
 from pathlib import Path
 from typing import Any
 
@@ -236,33 +237,23 @@ def audit(requests: Iterable[Request], rules: Iterable[Rule]) -> Findings:
         example = f"{first.name} {where}" if first.name else where
         more = f" and {len(alike) - 1} more" if len(alike) > 1 else ""
         findings.missing.append(f"{kind} ({example}{more})")
+    allowed = [request for request in requests if not request.denied]
     for rule in rules:
         explained = rule.only_when()
-        for group in rule.groups:
-            for resource in rule.resources:
-                for verb in rule.verbs:
-                    for name in rule.names or ("",):
-                        if verb in explained or any(
-                            _uses(request, group, resource, verb, name, rule) for request in requests
-                        ):
-                            continue
-                        named = f" of {name}" if name else ""
-                        findings.unused.append(
-                            f"{rule.describe()}: {verb} {resource}{named} never used, and no comment line "
-                            f"'# {verb}: only when ...' above the rule says when it is"
-                        )
+        names = rule.names or ("",)
+        for group, resource, verb, name in product(rule.groups, rule.resources, rule.verbs, names):
+            # The rule narrowed to this one permission: used when it allows a request made.
+            one = replace(
+                rule, groups=(group,), resources=(resource,), verbs=(verb,), names=(name,) if name else ()
+            )
+            if verb in explained or any(one.allows(request) for request in allowed):
+                continue
+            named = f" of {name}" if name else ""
+            findings.unused.append(
+                f"{rule.describe()}: {verb} {resource}{named} never used, and no comment line "
+                f"'# {verb}: only when ...' above the rule says when it is"
+            )
     return findings
-
-
-def _uses(request: Request, group: str, resource: str, verb: str, name: str, rule: Rule) -> bool:
-    return (
-        not request.denied
-        and (group == "*" or request.group == group)
-        and (resource == "*" or request.resource == resource)
-        and (verb == "*" or request.verb == verb)
-        and (not name or request.name == name)
-        and (not rule.namespace or request.namespace == rule.namespace)
-    )
 
 
 __all__ = ["ONLY_WHEN", "Findings", "Request", "Rule", "audit", "granted_rules", "used_permissions"]
