@@ -247,4 +247,3 @@ def test_the_operator_used_each_permission_the_chart_grants_and_no_other(
     assert not findings.unused, "the chart grants what the cluster tier never used:\n" + "\n".join(
         findings.unused
     )
-

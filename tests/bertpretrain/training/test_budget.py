@@ -1,27 +1,41 @@
-"""The wall-clock budget: a phase fixes its steps once from its measured speed, records them before
-step 1, trains exactly as a job with those steps would, and a later run reads the record."""
+"""The wall-clock budget: a phase fits its steps from its measured speed, records the fit before step
+1, re-fits as the clock runs, ends within 2% of its share whatever the speed does after the
+calibration, trains exactly as a job with its steps written while the speed holds, and a later run
+reads the record (and refuses one made for another spec).
+
+Most tests run on a clock of their own (:class:`StepClock`) that advances by a fixed number of
+seconds per micro-batch: the budget's arithmetic is then exact and the machine's load cannot move it.
+"""
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+import bertpretrain.training.budget
+import bertpretrain.training.phase
 from bertjob_api.defaults import budget_shares
 from bertjob_api.spec import PhaseSpec
 from bertjob_api.spec.phases import duration_seconds
+from bertpretrain.runtime.engine import Engine
 from bertpretrain.training.budget import (
     BUDGET_FILE,
     BudgetError,
     Calibration,
-    fitted_steps,
+    Fit,
+    budget_fields,
+    check_fields,
+    first_fit,
     read_calibration,
+    refit,
     write_calibration,
 )
 from bertpretrain.training.checkpoint import read_checkpoint
+from bertpretrain.training.schedule import ramped_micro_batches
 from tests.bertpretrain.training.test_phase import log_records, train_phase
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -60,21 +74,100 @@ def test_phases_share_the_budget_by_time() -> None:
 
 def test_the_steps_that_fit() -> None:
     # 100 s of the phase, 10 of them spent calibrating, 0.7 s a step: floor(90 / 0.7) = 128.
-    assert fitted_steps(100.0, 10.0, 0.7, "phase 1/1") == 128
+    assert first_fit(100.0, 10.0, 0.7, 1, lambda step, steps: step, "phase 1/1") == Fit(0, 128, 10.0, 0.7)
+    # The same step in 4 micro-batches of 0.175 s: the same 128.
+    assert first_fit(100.0, 10.0, 0.7, 4, lambda step, steps: 4 * step, "phase 1/1").steps == 128
+    # A batch ramp over the first 30% reads fewer micro-batches: more steps fit in the same time.
+    ramped = first_fit(
+        100.0, 10.0, 0.7, 4, lambda step, steps: ramped_micro_batches(step, steps, 4, 0.3), "x"
+    )
+    assert ramped.steps > 128
+    assert ramped_micro_batches(ramped.steps, ramped.steps, 4, 0.3) * 0.175 <= 90.0
+    assert ramped_micro_batches(ramped.steps + 1, ramped.steps + 1, 4, 0.3) * 0.175 > 90.0
     with pytest.raises(BudgetError, match=r"^spec\.budget\.time: phase 2/2 has 0:00:05 .* no step fits"):
-        fitted_steps(5.0, 4.9, 0.2, "phase 2/2")
+        first_fit(5.0, 4.9, 0.2, 1, lambda step, steps: step, "phase 2/2")
+
+
+def test_a_refit_fits_what_is_left_at_the_speed_measured() -> None:
+    # After step 50, 60 s of 100 gone, 0.5 s a micro-batch: 80 more steps.
+    assert refit(50, 60.0, 100.0, 0.5, lambda n: n) == Fit(51, 130, 60.0, 0.5)
+    assert refit(50, 60.0, 100.0, 0.5, lambda n: 2 * n).steps == 90
+    # Out of time: one more step, whose rate is already set, then the end.
+    assert refit(50, 101.0, 100.0, 0.5, lambda n: n).steps == 51
+
+
+def test_progress_follows_the_fits_without_a_jump() -> None:
+    one = Calibration(0.1, 3, 100.0, 2.0, (Fit(0, 100, 2.0, 0.1),))
+    assert [one.progress(step) for step in (0, 37, 100)] == [0.0, 37 / 100, 1.0]
+    # A re-fit after step 40 to 70 steps: the rest of the way, 0.6 at step 41 (already set), in 29 steps.
+    bent = one.with_fit(Fit(41, 70, 40.0, 0.2))
+    assert bent.progress(40) == one.progress(40) and bent.progress(41) == one.progress(41)
+    assert bent.progress(70) == 1.0 and bent.progress(56) == pytest.approx(0.41 + 0.59 * 15 / 29)
+    assert all(bent.progress(step) < bent.progress(step + 1) for step in range(70))
+    # A re-fit that keeps the count keeps the line, bit for bit.
+    kept = one.with_fit(Fit(41, 100, 40.0, 0.1))
+    assert all(kept.progress(step) == step / 100 for step in range(101))
+    # A resume from step 30's checkpoint drops the fit made after step 40.
+    assert bent.until(30).fits == one.fits and bent.until(40).fits == bent.fits
 
 
 def test_the_record_round_trips_and_a_damaged_one_is_none(tmp_path: Path) -> None:
     calibration = Calibration(
-        steps=42, step_seconds=0.5, timed_steps=4, phase_seconds=30.0, calibration_seconds=9.0
+        step_seconds=0.5,
+        timed_steps=4,
+        phase_seconds=30.0,
+        calibration_seconds=9.0,
+        fits=(Fit(0, 42, 9.0, 0.5), Fit(11, 40, 16.0, 0.55)),
+        spec={"spec.budget.time": "30s"},
     )
     write_calibration(tmp_path / "phase1", calibration)
     assert read_calibration(tmp_path / "phase1") == calibration
+    assert json.loads((tmp_path / "phase1" / BUDGET_FILE).read_text())["steps"] == 40
     assert [path.name for path in (tmp_path / "phase1").iterdir() if path.name != ".lock"] == [BUDGET_FILE]
     (tmp_path / "phase1" / BUDGET_FILE).write_text('{"steps": 0}')
     assert read_calibration(tmp_path / "phase1") is None
     assert read_calibration(tmp_path / "absent") is None
+
+
+def test_a_record_for_another_spec_is_refused_naming_the_field(make_spec, make_phase, tmp_path: Path) -> None:
+    phase = {key: value for key, value in make_phase().items() if key != "steps"}
+    spec = make_spec([phase], budget={"time": "3s"})
+    recorded = Calibration(0.1, 3, 3.0, 0.1, (Fit(0, 20, 0.1, 0.1),), budget_fields(spec, 1))
+    check_fields(recorded, budget_fields(spec, 1), tmp_path)
+    bigger = make_spec([phase | {"globalBatchSize": 32}], budget={"time": "3s"})
+    with pytest.raises(BudgetError, match=r"^spec\.phases\[0\]\.globalBatchSize: .* was 16, is 32;"):
+        check_fields(recorded, budget_fields(bigger, 1), tmp_path)
+    with pytest.raises(BudgetError, match=r"^world size: .* was 1, is 2;"):
+        check_fields(recorded, budget_fields(spec, 2), tmp_path)
+
+
+class StepClock:
+    """A clock that moves only when a micro-batch is trained, by ``seconds`` (``slow`` times that
+    once the budget's calibration is recorded): powers of two keep its sums exact."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, seconds: float = 2.0**-5, slow: float = 1.0):
+        self.now, self.seconds, self.slow, self.calibrated = 0.0, seconds, slow, False
+        forward_backward, write = Engine.forward_backward, bertpretrain.training.phase.write_calibration
+
+        def timed(engine: Engine, *args: Any, **kwargs: Any) -> Any:
+            self.now += self.seconds * (self.slow if self.calibrated else 1.0)
+            return forward_backward(engine, *args, **kwargs)
+
+        def recorded(*args: Any, **kwargs: Any) -> None:
+            self.calibrated = True
+            write(*args, **kwargs)
+
+        monkeypatch.setattr(Engine, "forward_backward", timed)
+        monkeypatch.setattr(bertpretrain.training.phase, "write_calibration", recorded)
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _budgeted(make_spec, make_phase, path: Path, time: str = "3s", **fields: Any):  # type: ignore[no-untyped-def]
+    phase = {key: value for key, value in make_phase(learningRate=2e-2).items() if key != "steps"} | fields
+    checkpoint = {"path": str(path), "everySteps": 5, "keep": 2}
+    return make_spec([phase], budget={"time": time, "calibrationProportion": 0.02}, checkpoint=checkpoint)
 
 
 def test_a_budgeted_phase_trains_as_the_steps_it_fixed_and_keeps_them(
@@ -84,26 +177,24 @@ def test_a_budgeted_phase_trains_as_the_steps_it_fixed_and_keeps_them(
     vocab_size: int,
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    phase = {key: value for key, value in make_phase(learningRate=2e-2).items() if key != "steps"}
-    budget = {"time": "3s", "calibrationProportion": 0.2}
-    budgeted = make_spec(
-        [phase], budget=budget, checkpoint={"path": str(tmp_path / "a"), "everySteps": 5, "keep": 2}
-    )
-    final = train_phase(budgeted, 0, shard_dir, vocab_size)
+    budgeted = _budgeted(make_spec, make_phase, tmp_path / "a")
+    final = train_phase(budgeted, 0, shard_dir, vocab_size, clock=StepClock(monkeypatch))
     output = capsys.readouterr().out
     recorded = json.loads((final.parent / BUDGET_FILE).read_text())
+    # 4 calibration steps of 1/32 s (at least 3 timed after the first, and 2% of 3 s), then
+    # (3 - 0.125) * 32 = 92 steps; every re-fit finds the same count at the same speed.
     steps = recorded["steps"]
-    assert final.name == f"step_{steps:06d}.pt" and steps >= 1
-    assert recorded["timed_steps"] >= 3 and recorded["calibration_seconds"] >= 0.6  # 20% of 3 s
-    assert math.floor((3.0 - recorded["calibration_seconds"]) / recorded["step_seconds"]) == steps
+    assert (steps, recorded["timed_steps"], recorded["calibration_seconds"]) == (92, 3, 0.125)
+    assert [fit["steps"] for fit in recorded["fits"]] == [92] * 7 and recorded["finished_seconds"] == 3.0
+    assert final.name == f"step_{steps:06d}.pt"
     assert "phase 1/1: budget 0:00:03 for this phase; calibrated " in output
-    assert f"{steps:,} steps fit in the" in output
+    assert "92 steps fit in the" in output and "re-fitted to 92 steps at 25% of the budget" in output
+    assert "phase 1/1: trained 3.0 s of its 3.0 s budget (+0.0%), in 7 fits" in output
     train = [record["data"] for record in log_records(budgeted) if record["type"] == "LOG"]
-    assert train[-1]["budget_left_seconds"] == 0.0 and train[0]["budget_left_seconds"] > 0
-    assert " budget left 0:00:00" in next(
-        line for line in output.splitlines() if f"step {steps}/{steps} loss" in line
-    )
+    assert train[-1]["budget_left_seconds"] == 0.0 and train[0]["budget_left_seconds"] == 3.0 - 0.125 - 5 / 32
+    assert " budget left 0:00:00" in next(line for line in output.splitlines() if "step 92/92 loss" in line)
 
     # The same job with those steps written: the same weights, bit for bit.
     fixed = make_spec(
@@ -114,15 +205,65 @@ def test_a_budgeted_phase_trains_as_the_steps_it_fixed_and_keeps_them(
     found = read_checkpoint(final)["model"]
     assert all(torch.equal(found[name], tensor) for name, tensor in expected.items())
 
-    # A run killed after the record and a checkpoint resumes with the recorded steps, exactly.
+    # A run killed after step 90's checkpoint resumes with the fits made by then, and its clock goes
+    # on from that checkpoint's count: it ends as the first run did.
     final.unlink()
     capsys.readouterr()
-    assert train_phase(budgeted, 0, shard_dir, vocab_size) == final
+    assert train_phase(budgeted, 0, shard_dir, vocab_size, clock=StepClock(monkeypatch)) == final
     output = capsys.readouterr().out
-    assert f"phase 1/1: {steps:,} steps, fixed by the budget's calibration" in output
-    assert "calibrated" not in output
+    assert "phase 1/1: 92 steps, fixed by the budget's record" in output
+    assert "calibrated" not in output and "trained 3.0 s of its 3.0 s budget" in output
     resumed = read_checkpoint(final)["model"]
     assert all(torch.equal(resumed[name], tensor) for name, tensor in expected.items())
+
+
+@pytest.mark.parametrize(
+    "fields", [{}, {"microBatchSize": 4, "batchRampProportion": 0.3}], ids=["plain", "ramp"]
+)
+def test_steps_twice_as_slow_after_the_calibration_still_end_within_2_percent(
+    make_spec,
+    make_phase,
+    shard_dir: Path,
+    vocab_size: int,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fields: dict[str, Any],
+) -> None:
+    budgeted = _budgeted(make_spec, make_phase, tmp_path / "a", **fields)
+    per_micro_batch = 2.0**-5 / (4 if fields else 1)
+    final = train_phase(
+        budgeted, 0, shard_dir, vocab_size, clock=StepClock(monkeypatch, per_micro_batch, 2.0)
+    )
+    recorded = json.loads((final.parent / BUDGET_FILE).read_text())
+    assert abs(recorded["finished_seconds"] - 3.0) <= 0.02 * 3.0, recorded
+    first, *refits = recorded["fits"]
+    assert refits and recorded["steps"] < first["steps"] * 0.6, recorded["fits"]
+    # The schedule ends where the run does: the last step's learning rate is 0, and none before.
+    rates = [record["data"]["learning_rate"] for record in log_records(budgeted) if record["type"] == "LOG"]
+    assert rates[-1] == 0.0 and min(rates[:-1]) > 0.0
+    assert f"step {recorded['steps']}/{recorded['steps']} loss" in capsys.readouterr().out
+
+
+def test_a_ramp_ends_at_its_budget(
+    make_spec, make_phase, shard_dir: Path, vocab_size: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No re-fit: the first fit alone, which counts the ramp's cheaper steps, ends the phase on time.
+    monkeypatch.setattr(bertpretrain.training.budget, "REFIT_AT", ())
+    budgeted = _budgeted(make_spec, make_phase, tmp_path / "a", microBatchSize=4, batchRampProportion=0.3)
+    final = train_phase(budgeted, 0, shard_dir, vocab_size, clock=StepClock(monkeypatch, 2.0**-7))
+    recorded = json.loads((final.parent / BUDGET_FILE).read_text())
+    assert len(recorded["fits"]) == 1 and abs(recorded["finished_seconds"] - 3.0) <= 0.02 * 3.0, recorded
+
+
+def test_a_record_made_for_another_spec_stops_the_phase(
+    make_spec, make_phase, shard_dir: Path, vocab_size: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = _budgeted(make_spec, make_phase, tmp_path / "a", time="1s")
+    train_phase(first, 0, shard_dir, vocab_size, clock=StepClock(monkeypatch))
+    longer = _budgeted(make_spec, make_phase, tmp_path / "a", time="2s")
+    with pytest.raises(BudgetError, match=r"^spec\.budget\.time: .*budget\.json was made for another spec"):
+        train_phase(longer, 0, shard_dir, vocab_size, clock=StepClock(monkeypatch))
 
 
 def test_a_budget_too_short_stops_naming_the_field(

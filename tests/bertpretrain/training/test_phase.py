@@ -7,6 +7,8 @@ import json
 import os
 import re
 import signal
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +55,18 @@ def progress(output: str, pattern: re.Pattern[str] = LINE) -> list[re.Match[str]
 
 
 def train_phase(
-    spec: JobSpec, index: int, shard_dir: Path, vocab_size: int, init_from: Path | None = None
+    spec: JobSpec,
+    index: int,
+    shard_dir: Path,
+    vocab_size: int,
+    init_from: Path | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Path:
     """Phase ``index`` of ``spec``'s plan (for its topology) on the shards in ``shard_dir``, in a
-    process group of its own."""
+    process group of its own; a budget's time read from ``clock``."""
     data = PreparedData(shard_dir.parent / "vocab", vocab_size, [shard_dir] * len(spec.phases))
     with contextlib.closing(join(spec.accelerator, spec.tf32, spec.distributed)) as parallel:
-        return Phase(Plan.resolve(spec), index, data, parallel, init_from).train()
+        return Phase(Plan.resolve(spec), index, data, parallel, init_from, clock).train()
 
 
 def log_records(spec: JobSpec) -> list[dict[str, Any]]:

@@ -92,13 +92,16 @@ def save_checkpoint(
     data_position: dict[str, Any] | None = None,
     rng: list[dict[str, Any]] | None = None,
     learning_rate: dict[str, Any] | None = None,
+    budget_seconds: float | None = None,
 ) -> Path:
     """Write the training state after ``step`` optimizer steps; delete all but the newest ``keep``.
 
     ``data_position`` is rank 0's (``DataPosition.to_dict()``); ``rng`` holds every rank's
     :func:`rng_states` in rank order (default: this process's alone); ``learning_rate`` says how
     the phase's learning rate was made (:meth:`bertjob_api.plan.Plan.learning_rate`: the rate used,
-    the spec's, the scaling and its reference batch), stored as ``learning_rate``.
+    the spec's, the scaling and its reference batch), stored as ``learning_rate``; under
+    ``spec.budget``, ``budget_seconds`` is the phase's training time by the clock at this step
+    (wall-clock seconds, its calibration included), from which a resumed run goes on counting.
 
     Returns:
         The path written, ``root/phase<n>/step_<step:06d>.pt``.
@@ -116,6 +119,8 @@ def save_checkpoint(
         "rng": rng if rng is not None else [rng_states()],
         "learning_rate": learning_rate or {},
     }
+    if budget_seconds is not None:
+        state["budget_seconds"] = budget_seconds
     with files.writing(path.parent, TEMPORARY):
         write_atomically(path, lambda file: torch.save(state, file), _tensor_bytes(state))
         _prune(path.parent, keep)
@@ -397,10 +402,12 @@ def _listing(directory: Path, count: int = 10) -> str:
 @dataclass(frozen=True)
 class ResumePoint:
     """Where a resumed phase continues: after ``step`` optimizer steps, with ``sequences`` rows
-    (instances, or packed rows) already read by each rank."""
+    (instances, or packed rows) already read by each rank; under ``spec.budget``, with
+    ``budget_seconds`` of the phase's time spent (None in a checkpoint without it)."""
 
     step: int
     sequences: int
+    budget_seconds: float | None = None
 
 
 def load_training_state(
@@ -439,7 +446,8 @@ def load_training_state(
     random.setstate(rng["python"])
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
-    return ResumePoint(int(state["step"]), sequences)
+    seconds = state.get("budget_seconds")
+    return ResumePoint(int(state["step"]), sequences, None if seconds is None else float(seconds))
 
 
 def record_evaluation(root: Path, phase_index: int, step: int, values: dict[str, float]) -> None:

@@ -104,6 +104,11 @@ class TrainingLog:
             self._dllogger.log("PARAMETER", dllogger.parameter_data(data))
         self._write("PARAMETER", "PARAMETER", data)
 
+    def total_steps(self, steps: int) -> None:
+        """The phase now has ``steps`` optimizer steps (a budget's re-fit): the status reports them."""
+        if self._status is not None:
+            self._status.total_steps = steps
+
     def log(
         self, phase: int, step: int, split: Split, values: dict[str, float], step_loss: float | None = None
     ) -> None:

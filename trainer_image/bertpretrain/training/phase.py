@@ -23,8 +23,8 @@ import datetime
 import itertools
 import signal
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +57,13 @@ from bertpretrain.runtime.sharding import parameter_count, whole_parameters
 from bertpretrain.training.accuracy import StepStatistics, step_statistics
 from bertpretrain.training.budget import (
     MIN_TIMED_STEPS,
+    BudgetClock,
     BudgetError,
     Calibration,
-    fitted_steps,
+    Fit,
+    budget_fields,
+    check_fields,
+    first_fit,
     read_calibration,
     write_calibration,
 )
@@ -108,6 +112,8 @@ class Phase:
     data: PreparedData
     parallel: DataParallel
     init_from: Path | None = None
+    # Wall-clock seconds for spec.budget: its calibration, re-fits and end (a test passes its own).
+    clock: Callable[[], float] = time.perf_counter
 
     @property
     def spec(self) -> JobSpec:
@@ -170,16 +176,17 @@ class Phase:
                     f"{self.name}: the plan is for world size {self.plan.world_size}, but "
                     f"{parallel.world.world_size} processes train"
                 )
-            phase = self if self.phase_plan.steps is not None else _budgeted(self)
+            phase, calibration = (self, None) if self.phase_plan.steps is not None else _budgeted(self)
             engine = Engine(parallel, spec.precision, step_statistics)
             directory = self.plan.paths.logs if engine.is_main else None
             status = StatusReporter.from_environment(phase.steps) if directory else None
             log = TrainingLog(directory, spec.logging.tensorboard, status, spec.logging.format)
-            run = _build(phase, engine, log)
+            run = _build(phase, engine, log, calibration)
+            log.total_steps(run.steps)
             with StopSignals() as stop:
                 _train(run, stop)
             engine.barrier()
-            return checkpoint_path(self.root, self.index, phase.steps)
+            return checkpoint_path(self.root, self.index, run.steps)
         finally:
             if log is not None:
                 log.close()
@@ -214,9 +221,18 @@ class _Run:
     loader: DataLoader[Batch]
     heldout: list[Shard]
     masking: DynamicMasking | None
-    start_step: int
+    start: ResumePoint
     log: TrainingLog
-    calibration: Calibration | None = None  # the budget's, under spec.budget
+    budget: BudgetClock | None = None  # under spec.budget
+
+    @property
+    def start_step(self) -> int:
+        return self.start.step
+
+    @property
+    def steps(self) -> int:
+        """The phase's optimizer steps: as written, or as the budget's last fit has them."""
+        return self.phase.steps if self.budget is None else self.budget.calibration.steps
 
     @property
     def batches(self) -> PretrainingBatches:
@@ -229,39 +245,61 @@ class _Run:
         planned, ramp = self.phase.phase_plan, self.phase.phase_spec.batch_ramp_proportion
         if ramp is None:
             return planned.accumulation_steps
-        return ramp_accumulation_steps(step, self.phase.steps, planned.accumulation_steps, ramp)
+        return ramp_accumulation_steps(step, self.ramp_steps, planned.accumulation_steps, ramp)
 
     def micro_batches(self, step: int) -> int:
         """Micro-batches each rank has consumed after ``step`` optimizer steps (where the data
         stands in a checkpoint of that step)."""
-        planned, ramp = self.phase.phase_plan, self.phase.phase_spec.batch_ramp_proportion
-        if ramp is None:
-            return step * planned.accumulation_steps
-        return ramped_micro_batches(step, self.phase.steps, planned.accumulation_steps, ramp)
+        return _micro_batches(self.phase, self.ramp_steps, step)
+
+    @property
+    def ramp_steps(self) -> int:
+        """The steps a batch ramp's span is a proportion of (the budget's first fit's)."""
+        return self.phase.steps if self.budget is None else self.budget.calibration.ramp_steps
+
+
+def _micro_batches(phase: Phase, ramp_steps: int, step: int) -> int:
+    """Micro-batches per rank that steps 1..``step`` of ``phase`` read, its batch ramp's span a
+    proportion of ``ramp_steps``."""
+    planned, ramp = phase.phase_plan, phase.phase_spec.batch_ramp_proportion
+    if ramp is None:
+        return step * planned.accumulation_steps
+    return ramped_micro_batches(step, ramp_steps, planned.accumulation_steps, ramp)
 
 
 # The steps a calibrating run is built for: its schedule is never followed to an end.
 _PROVISIONAL_STEPS = 1_000_000
 
 
-def _budgeted(of: Phase) -> Phase:
-    """``of`` with the optimizer steps its share of ``spec.budget`` fixes (collective): those
-    recorded in its checkpoint directory by an earlier run, else those :func:`_calibrate` measures,
-    recorded before step 1 (see :mod:`bertpretrain.training.budget`).
+def _budgeted(of: Phase) -> tuple[Phase, Calibration]:
+    """``of`` with the optimizer steps its share of ``spec.budget`` fixes, and the budget's record
+    (collective): the record in its checkpoint directory from an earlier run, else the one
+    :func:`_calibrate` makes and writes before step 1 (see :mod:`bertpretrain.training.budget`).
 
     Raises:
-        BudgetError: not one step fits in the phase's share (on every rank).
+        BudgetError: not one step fits in the phase's share, or the record was made for another
+            spec (on every rank).
     """
-    engine_rank0 = of.parallel.world.rank == 0
-    found = read_calibration(of.checkpoint_dir) if engine_rank0 else None
-    recorded = of.parallel.broadcast_object(asdict(found) if found else None)
-    if recorded is None:
+    outcome: object = None
+    if of.parallel.world.rank == 0:
+        found = read_calibration(of.checkpoint_dir)
+        try:
+            if found is not None:
+                check_fields(found, budget_fields(of.spec, of.plan.world_size), of.checkpoint_dir)
+            outcome = found
+        except BudgetError as error:
+            outcome = str(error)
+    outcome = of.parallel.broadcast_object(outcome)
+    if isinstance(outcome, str):
+        raise BudgetError(outcome)
+    if outcome is None:
         calibrated = _calibrate(of)
     else:
-        calibrated = Calibration(**recorded)  # type: ignore[arg-type]
-        if engine_rank0:
-            print(f"{of.name}: {calibrated.steps:,} steps, fixed by the budget's calibration", flush=True)
-    return dataclasses.replace(of, plan=of.plan.with_steps(of.index, calibrated.steps))
+        assert isinstance(outcome, Calibration)
+        calibrated = outcome
+        if of.parallel.world.rank == 0:
+            print(f"{of.name}: {calibrated.steps:,} steps, fixed by the budget's record", flush=True)
+    return dataclasses.replace(of, plan=of.plan.with_steps(of.index, calibrated.steps)), calibrated
 
 
 def _calibrate(of: Phase) -> Calibration:
@@ -281,43 +319,60 @@ def _calibrate(of: Phase) -> Calibration:
     target = spec.budget.calibration_proportion * phase_seconds
     # The budget counts optimizer steps, the calibration's among them; building the model and the
     # loader (twice, here and for the run) is outside it, as a Trainer's set-up is.
-    started = time.perf_counter()
+    started = of.clock()
     while True:
-        began = time.perf_counter()
+        began = of.clock()
         stats = torch.zeros(StepStatistics.SIZE, device=engine.device)
         for _ in range(accumulation):
             stats += engine.forward_backward(next(batches), accumulation)
         engine.optimizer_step()
         engine.sum_over_ranks(stats).cpu()  # the step's all-reduce, and the device's work done
-        times.append(time.perf_counter() - began)
+        times.append(of.clock() - began)
         # Rank 0's clock decides for every rank; the first step (compiling, caches) is not timed.
-        done = len(times) > MIN_TIMED_STEPS and time.perf_counter() - started >= target
+        done = len(times) > MIN_TIMED_STEPS and of.clock() - started >= target
         if engine.any_rank(done and engine.is_main):
             break
     del run, batches
     step_seconds = sum(times[1:]) / len(times[1:])
     outcome: object = None
     if engine.is_main:
-        spent = time.perf_counter() - started
+        spent = of.clock() - started
         try:
-            steps = fitted_steps(phase_seconds, spent, step_seconds, of.name)
-            calibration = Calibration(steps, step_seconds, len(times) - 1, phase_seconds, spent)
+            fit = first_fit(
+                phase_seconds,
+                spent,
+                step_seconds,
+                accumulation,
+                lambda step, steps: _micro_batches(of, steps, step),
+                of.name,
+            )
+            calibration = Calibration(
+                step_seconds,
+                len(times) - 1,
+                phase_seconds,
+                spent,
+                (fit,),
+                budget_fields(spec, of.plan.world_size),
+            )
             write_calibration(of.checkpoint_dir, calibration)
             print(calibration.describe(of.name), flush=True)
-            outcome = asdict(calibration)
+            outcome = calibration
         except BudgetError as error:
             outcome = str(error)
     outcome = of.parallel.broadcast_object(outcome)
     if isinstance(outcome, str):
         raise BudgetError(outcome)
-    return Calibration(**outcome)  # type: ignore[arg-type]
+    assert isinstance(outcome, Calibration)
+    return outcome
 
 
 def _seed(*parts: int) -> int:
     return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
 
 
-def _build(of: Phase, engine: Engine, log: TrainingLog, announce: bool = True) -> _Run:
+def _build(
+    of: Phase, engine: Engine, log: TrainingLog, calibration: Calibration | None = None, announce: bool = True
+) -> _Run:
     spec, index, phase, written = of.spec, of.index, of.phase_plan, of.phase_spec
     vocab_size, shard_dir = of.data.vocab_size, of.shard_dir
     torch.manual_seed(_seed(spec.seed, index))
@@ -327,6 +382,13 @@ def _build(of: Phase, engine: Engine, log: TrainingLog, announce: bool = True) -
         model.set_activation_checkpointing(True)
     resume = _resumable(of, engine)
     origin = _initialise(spec, model, resume.path if resume else None, of.init_from, engine)
+    budget = None
+    if calibration is not None:
+        # The fits made after the checkpoint resumed from are gone with the steps they were made at.
+        kept = calibration.until(int(resume.state["step"]) if resume else 0)
+        budget = BudgetClock(kept, lambda step: _micro_batches(of, kept.ramp_steps, step), of.clock)
+        if kept != calibration and engine.is_main:
+            write_calibration(of.checkpoint_dir, kept)
     if spec.compiles:
         compiling.reset()  # each phase compiles for its own shapes, not phase 1's made dynamic
     engine.prepare(model, compile=spec.compiles, required=spec.compile is not None)
@@ -339,7 +401,12 @@ def _build(of: Phase, engine: Engine, log: TrainingLog, announce: bool = True) -
         _deepspeed_config(spec, phase, engine.world_size),
     )
     scheduler = build_schedule(
-        optimizer, spec.optimizer.schedule, of.steps, written.warmup_proportion, spec.optimizer.poly_power
+        optimizer,
+        spec.optimizer.schedule,
+        of.steps if budget is None else budget.calibration.steps,
+        written.warmup_proportion,
+        spec.optimizer.poly_power,
+        progress=None if budget is None else budget.progress,
     )
     engine.attach(
         optimizer, scheduler, None if spec.optimizer.name == "lamb" else spec.optimizer.max_grad_norm
@@ -379,7 +446,7 @@ def _build(of: Phase, engine: Engine, log: TrainingLog, announce: bool = True) -
         if any(shard_dir.glob(HELDOUT_PATTERN))
         else []
     )
-    run = _Run(of, engine, model, loader, heldout, masking, start.step, log, of.calibration)
+    run = _Run(of, engine, model, loader, heldout, masking, start, log, budget)
     if announce:
         _announce(run, origin)
     return run
@@ -436,7 +503,7 @@ def _announce(run: _Run, origin: str) -> None:
         "phase": run.phase.index + 1,
         "model": spec.model.preset,
         "parameters": parameter_count(run.model),
-        "steps": run.phase.steps,
+        "steps": run.steps,
         "global_batch_size": phase.global_batch_size,
         "micro_batch_size": phase.micro_batch_size,
         "gradient_accumulation_steps": phase.accumulation_steps,
@@ -465,7 +532,7 @@ def _announce(run: _Run, origin: str) -> None:
     ramped = f", ramped from 1 over the first {ramp:.0%} of the steps" if ramp is not None else ""
     print(
         f"{run.phase.name}: {spec.model.preset} ({description['parameters']:,} parameters), "
-        f"{run.phase.steps} steps x {phase.global_batch_size} {rows} of {phase.max_seq_length} tokens "
+        f"{run.steps} steps x {phase.global_batch_size} {rows} of {phase.max_seq_length} tokens "
         f"(micro-batch {phase.micro_batch_size} x {phase.accumulation_steps} accumulation steps{ramped} x "
         f"world size {engine.world_size}), {engine.device} {spec.precision} {spec.optimizer.name}; "
         f"from {origin} at step {run.start_step}",
@@ -474,14 +541,22 @@ def _announce(run: _Run, origin: str) -> None:
 
 
 def _train(run: _Run, stop: StopSignals) -> None:
-    engine, spec = run.engine, run.phase.spec
+    engine, spec, budget = run.engine, run.phase.spec, run.budget
+    if budget is not None:
+        # The clock goes on from the checkpoint's count (set-up since is outside the budget).
+        recorded = run.start.budget_seconds
+        budget.start(recorded if recorded is not None else budget.calibration.fits[-1].elapsed_seconds)
     if run.heldout and _evaluation_owed(run):
         _evaluate(run, run.start_step)
     batches: Iterator[Batch] = iter(run.loader)
-    if run.start_step < run.phase.steps:
+    if run.start_step < run.steps:
         batches = _warm_up(run, batches)
+    if budget is not None:
+        budget.measure_from(run.start_step)
     progress = _Progress(run)
-    for step in range(run.start_step + 1, run.phase.steps + 1):
+    step = run.start_step
+    while step < run.steps:
+        step += 1
         stats = torch.zeros(StepStatistics.SIZE, device=engine.device)
         accumulation = run.accumulation(step)
         for _ in range(accumulation):
@@ -492,14 +567,53 @@ def _train(run: _Run, stop: StopSignals) -> None:
             step, StepStatistics.from_tensor(engine.sum_over_ranks(stats).cpu()), lr, skipped, accumulation
         )
         stopping = engine.any_rank(stop.received is not None)
-        last = step == run.phase.steps
+        if budget is not None and not stopping and step < run.steps:
+            _refit_if_due(run, budget, step)
+        last = step == run.steps
         if stopping or last or step % spec.checkpoint.every_steps == 0:
             saved = _save(run, step)
             if stopping:
                 raise Preempted(stop.received or signal.SIGTERM, step, saved)
+        if last and budget is not None and engine.is_main:
+            _finish(run, budget)
         if run.heldout and _evaluation_due(run, step):
             _evaluate(run, step)
     progress.summary()
+
+
+def _refit_if_due(run: _Run, budget: BudgetClock, step: int) -> None:
+    """Re-fit the phase's steps after ``step`` when rank 0's clock says a fraction of the budget
+    has passed (collective): rank 0 fits, records and says so; every rank follows its fit."""
+    engine = run.engine
+    if not engine.any_rank(engine.is_main and budget.refit_due()):
+        return
+    fit = engine.parallel.broadcast_object(budget.refit(step) if engine.is_main else None)
+    assert isinstance(fit, Fit)
+    before = run.steps
+    budget.apply(fit)
+    run.log.total_steps(fit.steps)
+    if engine.is_main:
+        write_calibration(run.phase.checkpoint_dir, budget.calibration)
+        print(
+            f"{run.phase.name} step {step}/{before}: re-fitted to {fit.steps:,} steps at "
+            f"{fit.elapsed_seconds / budget.calibration.phase_seconds:.0%} "
+            f"of the budget ({fit.micro_batch_seconds:.4f} s per micro-batch since the last fit), "
+            f"{datetime.timedelta(seconds=round(budget.left()))} left",
+            flush=True,
+        )
+
+
+def _finish(run: _Run, budget: BudgetClock) -> None:
+    """Record the phase's training time by the clock, once its last step's checkpoint is written,
+    and say how it compares with its share (rank 0)."""
+    seconds, share = budget.elapsed(), budget.calibration.phase_seconds
+    budget.calibration = dataclasses.replace(budget.calibration, finished_seconds=seconds)
+    write_calibration(run.phase.checkpoint_dir, budget.calibration)
+    print(
+        f"{run.phase.name}: trained {seconds:.1f} s of its {share:.1f} s budget "
+        f"({seconds / share - 1:+.1%}), in {len(budget.calibration.fits)} fits",
+        flush=True,
+    )
 
 
 def _warm_up(run: _Run, batches: Iterator[Batch]) -> Iterator[Batch]:
@@ -519,7 +633,7 @@ def _warm_up(run: _Run, batches: Iterator[Batch]) -> Iterator[Batch]:
 
 def _evaluation_due(run: _Run, step: int) -> bool:
     every = run.phase.spec.evaluation.every_steps
-    return step == run.phase.steps or bool(every and step % every == 0)
+    return step == run.steps or bool(every and step % every == 0)
 
 
 def _evaluation_owed(run: _Run) -> bool:
@@ -559,6 +673,7 @@ def _save(run: _Run, step: int) -> Path:
                 data_position=run.batches.position(run.micro_batches(step)).to_dict(),
                 rng=rng,  # type: ignore[arg-type]
                 learning_rate=run.phase.plan.learning_rate(run.phase.index),
+                budget_seconds=None if run.budget is None else run.budget.elapsed(),
             )
     return path
 
@@ -589,7 +704,7 @@ def _evaluate(run: _Run, step: int) -> Evaluation:
             accuracy += f" nsp_acc {result.accuracy.nsp:.4f}"
             losses += f" (mlm {result.mlm_loss:.3f} nsp {result.nsp_loss:.3f})"
         print(
-            f"{run.phase.name} step {step}/{run.phase.steps} held-out: {accuracy} {losses}, "
+            f"{run.phase.name} step {step}/{run.steps} held-out: {accuracy} {losses}, "
             f"{result.accuracy.sequences:,} sequences in {result.seconds:.1f} s",
             flush=True,
         )
@@ -642,8 +757,8 @@ class _Progress:
             self.steps += 1
             self.micro_batches += micro_batches
             self.step_loss = stats.mean_losses(micro_batches).loss
-        phase = self.run.phase
-        if step % phase.spec.logging.every_steps == 0 or step == phase.steps:
+        run = self.run
+        if step % run.phase.spec.logging.every_steps == 0 or step == run.steps:
             self._emit(step, lr)
             self._reset()
 
@@ -682,9 +797,8 @@ class _Progress:
             values |= {"nsp_loss": nsp, "nsp_accuracy": accuracy.nsp}
         values |= {"learning_rate": lr, "sequences_per_second": rate}
         budget_left = ""
-        if run.calibration is not None:
-            # At the calibrated speed: the same figure whatever restarts the run had.
-            left = (run.phase.steps - step) * run.calibration.step_seconds
+        if run.budget is not None:
+            left = max(run.budget.left(), 0.0)
             values["budget_left_seconds"] = left
             budget_left = f" budget left {datetime.timedelta(seconds=round(left))}"
         values["sequences"] = float(accuracy.sequences)
@@ -695,11 +809,11 @@ class _Progress:
         self.last_loss = loss
         if not run.engine.is_main:
             return
-        eta = datetime.timedelta(seconds=round((run.phase.steps - step) * elapsed / max(steps_done, 1)))
+        eta = datetime.timedelta(seconds=round((run.steps - step) * elapsed / max(steps_done, 1)))
         skipped = f" skipped {self.skipped} (fp16 overflow)" if self.skipped else ""
         parts = f" (mlm {mlm:.3f} nsp {nsp:.3f})" if has_nsp else ""
         print(
-            f"{run.phase.name} step {step}/{run.phase.steps} loss {loss:.3f}{parts} "
+            f"{run.phase.name} step {step}/{run.steps} loss {loss:.3f}{parts} "
             f"mlm_acc {accuracy.mlm:.3f} lr {lr:.2e} seq/s {rate:.1f} eta {eta}{budget_left}{skipped}",
             flush=True,
         )

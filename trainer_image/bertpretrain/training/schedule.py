@@ -41,7 +41,7 @@ ScheduleName = Literal["poly", "linear", "one-cycle"]
 
 
 def poly_warmup_multiplier(
-    step: int, total_steps: int, warmup_proportion: float, degree: float = 0.5
+    step: float, total_steps: float, warmup_proportion: float, degree: float = 0.5
 ) -> float:
     """The peak-rate multiplier in NVIDIA's ``PolyWarmUpScheduler`` after ``step`` optimizer steps.
 
@@ -53,7 +53,7 @@ def poly_warmup_multiplier(
     return max(1.0 - progress, 0.0) ** degree
 
 
-def linear_warmup_multiplier(step: int, total_steps: int, warmup_proportion: float) -> float:
+def linear_warmup_multiplier(step: float, total_steps: float, warmup_proportion: float) -> float:
     """The peak-rate multiplier in NVIDIA's ``LinearWarmUpScheduler`` after ``step`` optimizer steps.
 
     1 at the end of warm-up (``step = warmup_proportion * total_steps``), 0 at ``total_steps``
@@ -65,7 +65,7 @@ def linear_warmup_multiplier(step: int, total_steps: int, warmup_proportion: flo
     return max((1.0 - progress) / (1.0 - warmup_proportion), 0.0)
 
 
-def one_cycle_multiplier(step: int, total_steps: int, warmup_proportion: float) -> float:
+def one_cycle_multiplier(step: float, total_steps: float, warmup_proportion: float) -> float:
     """The peak-rate multiplier of the one-cycle schedule after ``step`` optimizer steps.
 
     Smith and Topin 2019 ("Super-Convergence"), as torch's ``OneCycleLR`` with
@@ -97,6 +97,7 @@ def build_schedule(
     total_steps: int,
     warmup_proportion: float,
     degree: float = 0.5,
+    progress: Callable[[int], float] | None = None,
 ) -> LambdaLR:
     """A ``LambdaLR`` that sets each group's rate to its initial rate x the ``name`` multiplier.
 
@@ -112,6 +113,9 @@ def build_schedule(
         warmup_proportion: the fraction of ``total_steps`` spent warming up, in ``[0, 1)``.
         degree: the exponent of the poly decay (the spec's ``polyPower``), ``> 0``; checked but
             unused by the other schedules.
+        progress: the phase's progress after each step, from 0 to 1 at its last step, in place of
+            ``step / total_steps`` (a wall-clock budget's re-fits bend it:
+            :meth:`bertpretrain.training.budget.Calibration.progress`); read at every step.
 
     Raises:
         ValueError: an unknown ``name``, ``total_steps < 1``, ``warmup_proportion`` outside
@@ -123,25 +127,21 @@ def build_schedule(
         raise ValueError(f"warmup_proportion must be in [0, 1), got {warmup_proportion}")
     if degree <= 0:
         raise ValueError(f"degree must be > 0, got {degree}")
-    multiplier: Callable[[int], float]
+    # Each multiplier is given the progress and a total of 1: step / total_steps is the progress,
+    # and (step / total_steps) / 1 is it bit for bit.
+    multiplier: Callable[[float], float]
     if name == "poly":
         multiplier = partial(
-            poly_warmup_multiplier,
-            total_steps=total_steps,
-            warmup_proportion=warmup_proportion,
-            degree=degree,
+            poly_warmup_multiplier, total_steps=1, warmup_proportion=warmup_proportion, degree=degree
         )
     elif name == "linear":
-        multiplier = partial(
-            linear_warmup_multiplier, total_steps=total_steps, warmup_proportion=warmup_proportion
-        )
+        multiplier = partial(linear_warmup_multiplier, total_steps=1, warmup_proportion=warmup_proportion)
     elif name == "one-cycle":
-        multiplier = partial(
-            one_cycle_multiplier, total_steps=total_steps, warmup_proportion=warmup_proportion
-        )
+        multiplier = partial(one_cycle_multiplier, total_steps=1, warmup_proportion=warmup_proportion)
     else:
         raise ValueError(f"schedule must be 'poly', 'linear' or 'one-cycle', got {name!r}")
-    return LambdaLR(optimizer, lambda step: multiplier(step + 1))
+    at = progress if progress is not None else (lambda step: step / total_steps)
+    return LambdaLR(optimizer, lambda step: multiplier(at(step + 1)))
 
 
 def poly_warmup_schedule(
