@@ -44,6 +44,14 @@ def test_defaults_depend_on_the_type() -> None:
     assert (written.finetune[0].learning_rate, written.finetune[0].max_seq_length) == (5e-5, 256)
 
 
+def test_a_task_fine_tunes_with_dropout_0_1_whatever_pretraining_uses() -> None:
+    no_dropout = {"preset": "bert-tiny", "hiddenDropoutProb": 0, "attentionProbsDropoutProb": 0}
+    spec = with_defaults(parse_job(_job(CLASSIFICATION, **{"spec.model": no_dropout})).spec)
+    assert (spec.model.hidden_dropout_prob, spec.finetune[0].dropout) == (0, 0.1)
+    written = parse_job(_job({**CLASSIFICATION, "dropout": 0})).spec
+    assert written.finetune[0].dropout == 0
+
+
 def test_the_micro_batch_splits_over_the_ranks_only_in_data_parallel_mode() -> None:
     topology = {"spec.topology": {"nodes": 2, "processesPerNode": 2}}
     data = with_defaults(parse_job(_job(CLASSIFICATION, **topology)).spec).finetune[0]
@@ -77,6 +85,8 @@ def test_the_micro_batch_splits_over_the_ranks_only_in_data_parallel_mode() -> N
         ({**CLASSIFICATION, "seeds": 0}, "spec.finetune[0].seeds", "greater than or equal to 1"),
         ({**CLASSIFICATION, "parallelism": "ranks"}, "spec.finetune[0].parallelism", "'data' or 'seeds'"),
         ({**CLASSIFICATION, "epoch": 3}, "spec.finetune[0].epoch", "unknown field"),
+        ({**CLASSIFICATION, "dropout": 1}, "spec.finetune[0].dropout", "less than 1"),
+        ({**CLASSIFICATION, "dropout": -0.1}, "spec.finetune[0].dropout", "greater than or equal to 0"),
     ],
 )
 def test_a_bad_task_is_refused_naming_the_field(task: dict[str, Any], path: str, message: str) -> None:

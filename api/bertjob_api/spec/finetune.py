@@ -91,6 +91,15 @@ class FinetuneTaskSpec(_Spec):
     max_answer_length: Int64 = Field(30, ge=1, description="squad: longest answer predicted, in tokens.")
     warmup_proportion: float = Field(0.1, ge=0, lt=1, description="Share of steps in linear warm-up.")
     weight_decay: float = Field(0.01, ge=0, description="AdamW's decoupled weight decay.")
+    dropout: float = Field(
+        0.1,
+        ge=0,
+        lt=1,
+        description="Hidden and attention-probability dropout of the fine-tuned model (the "
+        "classification head's dropout is the hidden one), whatever pretraining used "
+        "(spec.model.hiddenDropoutProb, attentionProbsDropoutProb), for the pretrained and the "
+        "baseline runs alike: MosaicBERT and Cramming pretrain without dropout and fine-tune with 0.1.",
+    )
     seeds: Int64 = Field(
         1,
         ge=1,

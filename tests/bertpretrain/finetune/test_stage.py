@@ -19,8 +19,14 @@ from typing import Any
 import pytest
 import torch
 import yaml
+from torch import nn
 
 from bertjob_api.contract import FINETUNE_DIR, FINETUNE_RESULTS
+from bertjob_api.defaults import with_defaults
+from bertjob_api.plan import Plan
+from bertjob_api.spec import parse_job
+from bertpretrain.finetune import train as finetune_train
+from bertpretrain.finetune.stage import finetune_config
 from bertpretrain.model.bert import BertForPreTraining
 from bertpretrain.model.config import BertConfig
 from bertpretrain.model.huggingface import save_hf
@@ -277,6 +283,81 @@ def test_a_missing_file_stops_the_job_before_training(
     assert bertpretrain_main(["run", "--config", str(_job(tmp_path, export, [task]))]) == 1
     assert str(missing) in capfd.readouterr().err
     assert not list((tmp_path / "checkpoints").rglob("*.pt"))  # no phase ran
+
+
+# The real one, which a test's spy wraps (a second spy would otherwise wrap the first).
+BUILD_MODEL = finetune_train.build_model
+
+
+def _with_pretraining_dropout(job: Path, dropout: float) -> Path:
+    """``job`` with ``dropout`` as pretraining's hidden and attention-probability dropout."""
+    document = yaml.safe_load(job.read_text())
+    document["spec"]["model"].update(hiddenDropoutProb=dropout, attentionProbsDropoutProb=dropout)
+    job.write_text(yaml.safe_dump(document))
+    return job
+
+
+def _fine_tuned(
+    tmp_path: Path, export: Path, monkeypatch: pytest.MonkeyPatch, pretraining: float, **fields: Any
+) -> list[tuple[str, BertConfig, set[float], set[float]]]:
+    """Fine-tune a small task with a random-weights baseline in a job whose pretraining dropout is
+    ``pretraining``; returns, for each model the runs built, its init, the config it was built
+    with, and the dropout probabilities its modules apply (``nn.Dropout`` layers: hidden and the
+    classification head's; the attention modules' ``dropout_p``)."""
+    built: list[tuple[str, BertConfig, set[float], set[float]]] = []
+
+    def spy(task: Any, config: BertConfig, num_labels: int | None, source: Path | None) -> nn.Module:
+        model = BUILD_MODEL(task, config, num_labels, source)
+        hidden = {module.p for module in model.modules() if isinstance(module, nn.Dropout)}
+        attention = {module.dropout_p for module in model.modules() if hasattr(module, "dropout_p")}
+        built.append(("random" if source is None else "pretrained", config, hidden, attention))
+        return model
+
+    monkeypatch.setattr(finetune_train, "build_model", spy)
+    tmp_path.mkdir(exist_ok=True)
+    task = {
+        "name": "nouns",
+        "type": "classification",
+        "train": str(_write_classification(tmp_path, 16, seed=1)),
+        "validation": str(_write_classification(tmp_path, 8, seed=2)),
+        "epochs": 1,
+        "globalBatchSize": 8,
+        "maxSeqLength": 16,
+        "baseline": True,
+        **fields,
+    }
+    job = _with_pretraining_dropout(_job(tmp_path, export, [task]), pretraining)
+    assert bertpretrain_main(["finetune", "--config", str(job)]) == 0
+    assert [init for init, *_ in built] == ["pretrained", "random"]
+    return built
+
+
+@pytest.mark.parametrize(("fields", "expected"), [({}, 0.1), ({"dropout": 0.25}, 0.25)])
+def test_fine_tuning_uses_the_tasks_dropout_when_pretraining_has_none(
+    tmp_path: Path,
+    export: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fields: dict[str, Any],
+    expected: float,
+) -> None:
+    for _, config, hidden, attention in _fine_tuned(tmp_path, export, monkeypatch, 0.0, **fields):
+        assert (config.hidden_dropout_prob, config.attention_probs_dropout_prob) == (expected, expected)
+        assert (hidden, attention) == ({expected}, {expected})
+
+
+def test_jobs_differing_only_in_pretraining_dropout_fine_tune_alike(
+    tmp_path: Path, export: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    modern = _fine_tuned(tmp_path / "modern", export, monkeypatch, 0.0)
+    classic = _fine_tuned(tmp_path / "classic", export, monkeypatch, 0.1)
+    assert modern == classic
+    # The jobs do differ, in pretraining, and fine-tuning leaves that as the job says.
+    jobs = [tmp_path / name / "job.yaml" for name in ("modern", "classic")]
+    plans = [Plan.resolve(with_defaults(parse_job(yaml.safe_load(job.read_text())).spec)) for job in jobs]
+    assert [plan.model.hidden_dropout_prob for plan in plans] == [0.0, 0.1]
+    tasks = [plan.spec.finetune[0] for plan in plans]
+    assert finetune_config(tasks[0], plans[0], 30) == finetune_config(tasks[1], plans[1], 30)
+    assert [plan.model.attention_probs_dropout_prob for plan in plans] == [0.0, 0.1]
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ bertpretrain finetune``). With ``parallelism: data`` every run spans all ranks; 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -181,7 +182,7 @@ def finetune(plan: Plan, parallel: DataParallel, export_dir: Path | None) -> lis
                 f"(features in {time.perf_counter() - started:.1f} s)",
                 flush=True,
             )
-        config = BertConfig.from_dims(plan.model, _vocab_size(source, tokenizer))
+        config = finetune_config(task, plan, _vocab_size(source, tokenizer))
         inits: list[tuple[Init, Path | None]] = [("pretrained", source)]
         if task.baseline:
             inits.append(("random", None))
@@ -195,6 +196,27 @@ def finetune(plan: Plan, parallel: DataParallel, export_dir: Path | None) -> lis
             results.write(plan.paths.finetune, summaries)
             results.report(summaries)
     return summaries
+
+
+def finetune_config(task: FinetuneTaskSpec, plan: Plan, vocab_size: int) -> BertConfig:
+    """The config every run of ``task`` builds its model with, from pretrained or random weights:
+    the job's dimensions (``plan.model``) and ``vocab_size``, with the task's ``dropout`` as both the
+    hidden and the attention-probability dropout (the classification head's is the hidden one).
+
+    Pretraining's dropout (``spec.model.hiddenDropoutProb``, ``attentionProbsDropoutProb``) does not
+    reach fine-tuning: a job that pretrains without dropout, as MosaicBERT (Portes et al. 2023) and
+    Cramming (Geiping and Goldstein 2023) do, fine-tunes with the same dropout as one that pretrains
+    with BERT's 0.1 (Devlin et al. 2019), so that a gap in the scores is pretraining's, not the
+    fine-tuning recipe's. ``plan.model`` is left as it is.
+
+    Raises:
+        ValueError: the dimensions do not make a BERT (see :class:`BertConfig`).
+    """
+    return dataclasses.replace(
+        BertConfig.from_dims(plan.model, vocab_size),
+        hidden_dropout_prob=task.dropout,
+        attention_probs_dropout_prob=task.dropout,
+    )
 
 
 def _vocab_size(source: Path, tokenizer: Tokenizer) -> int:
