@@ -38,6 +38,7 @@ from bertjob_api.spec.cel import (
     RAMP_LR_SCALING,
     RAMP_NO_ACCUMULATION,
 )
+from bertjob_api.spec.data import FINAL_MASKING_PROBLEM
 
 # Volumes the base pod template mounts itself (kustomize/base): a job volume may not take their names.
 TOLERATION_OPERATORS = ("Exists", "Equal")
@@ -67,6 +68,11 @@ def problems(spec: JobSpec, training: bool = True) -> list[tuple[str, str]]:
         found.append(
             ("spec.data.packing", "packing needs static masking: packs are made of masked instances")
         )
+    final = data.final_masked_lm_prob
+    if final is not None and (
+        data.masking != "dynamic" or data.whole_word_mask or final > data.masked_lm_prob
+    ):
+        found.append(("spec.data.finalMaskedLmProb", FINAL_MASKING_PROBLEM.split(": ", 1)[1]))
     if spec.model.init_from is not None and data.vocab.file is None:
         found.append(
             (

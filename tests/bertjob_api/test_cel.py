@@ -295,6 +295,28 @@ CASES: list[tuple[str, dict[str, Any], set[str]]] = [
         {"spec.data.packing"},
     ),
     (
+        "masking-schedule-with-static-masking",
+        _job(spec__data__finalMaskedLmProb=0.1),
+        {"spec.data.finalMaskedLmProb"},
+    ),
+    (
+        "masking-schedule-with-whole-words",
+        _job(
+            spec__data__finalMaskedLmProb=0.1, spec__data__masking="dynamic", spec__data__wholeWordMask=True
+        ),
+        {"spec.data.finalMaskedLmProb"},
+    ),
+    (
+        "masking-schedule-rising",
+        _job(spec__data__finalMaskedLmProb=0.2, spec__data__masking="dynamic"),
+        {"spec.data.finalMaskedLmProb"},
+    ),
+    (
+        "masking-schedule",
+        _job(spec__data__finalMaskedLmProb=0.1, spec__data__masking="dynamic"),
+        set(),
+    ),
+    (
         "vocabulary-twice",
         _job(spec__data__vocab={"trainSize": 100, "file": "/data/vocab.txt"}),
         {"spec.data.vocab"},
@@ -656,6 +678,8 @@ def _rule_fields(draw: st.DrawFn) -> dict[str, Any]:
         "spec.data.maxShardMB": draw(_maybe(st.just(10))),
         "spec.data.packing": draw(_maybe(st.sampled_from(["none", "spfhp"]))),
         "spec.data.masking": draw(_maybe(st.sampled_from(["static", "dynamic"]))),
+        "spec.data.finalMaskedLmProb": draw(_maybe(st.sampled_from([0.1, 0.2]))),
+        "spec.data.wholeWordMask": draw(_maybe(st.booleans())),
         "spec.data.vocab": draw(
             _maybe(
                 st.fixed_dictionaries(

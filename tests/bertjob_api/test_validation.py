@@ -164,6 +164,20 @@ def test_a_ramp_with_accumulation_under_ddp_is_accepted():
             "packing needs static masking",
         ),
         (
+            {"spec.data.finalMaskedLmProb": 0.1},
+            "spec.data.finalMaskedLmProb",
+            "needs dynamic masking without wholeWordMask",
+        ),
+        (
+            {
+                "spec.data.masking": "dynamic",
+                "spec.data.maskedLmProb": 0.15,
+                "spec.data.finalMaskedLmProb": 0.3,
+            },
+            "spec.data.finalMaskedLmProb",
+            "a masking schedule falls from maskedLmProb",
+        ),
+        (
             {"spec.model": {"preset": "bert-base", "initFrom": "/models/bert-base-uncased"}},
             "spec.data.vocab.file",
             "needs its own vocabulary",

@@ -70,6 +70,12 @@ class SourceSpec(_Spec):
     )
 
 
+FINAL_MASKING_PROBLEM = (
+    "spec.data.finalMaskedLmProb: a masking schedule falls from maskedLmProb (each step keeps a random "
+    "share of the tokens masked at maskedLmProb) and needs dynamic masking without wholeWordMask"
+)
+
+
 class DataSpec(_Spec):
     """The corpus and what is made of it: vocabulary and masked-LM/NSP instances in HDF5 shards."""
 
@@ -85,6 +91,12 @@ class DataSpec(_Spec):
                 "self.packing == 'none' || self.masking != 'dynamic'",
                 "spec.data.packing: packing needs static masking: packs are made of masked instances",
                 field_path=".packing",
+            ),
+            Rule(
+                "!has(self.finalMaskedLmProb) || (self.masking == 'dynamic' && !self.wholeWordMask "
+                "&& self.finalMaskedLmProb <= self.maskedLmProb)",
+                FINAL_MASKING_PROBLEM,
+                field_path=".finalMaskedLmProb",
             ),
         )
     )
@@ -105,6 +117,14 @@ class DataSpec(_Spec):
         0.1, ge=0, le=1, description="Share of instances given a shorter target length (Google's default)."
     )
     masked_lm_prob: float = Field(0.15, gt=0, lt=1, description="Share of tokens masked per instance.")
+    final_masked_lm_prob: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="With dynamic masking: the masking rate at the end of each phase, at most "
+        "maskedLmProb, reached linearly from it over the phase's progress (Ankner et al. 2023: 0.3 to "
+        "0.15). Default: maskedLmProb throughout. Held-out rows are masked at this rate.",
+    )
     masking: Literal["static", "dynamic"] = Field(
         "static",
         description="static: masks drawn once, stored in NVIDIA's HDF5 schema; dynamic: unmasked "

@@ -48,6 +48,7 @@ from bertpretrain.data.load.loader import (
     find_shards,
     heldout_batches,
 )
+from bertpretrain.data.load.mask_schedule import scheduled_rate, thin_masks
 from bertpretrain.model.bert import BertForPreTraining
 from bertpretrain.model.config import BertConfig
 from bertpretrain.runtime import compiling
@@ -220,7 +221,7 @@ class _Run:
     model: BertForPreTraining
     loader: DataLoader[Batch]
     heldout: list[Shard]
-    masking: DynamicMasking | None
+    masking: DynamicMasking | None  # the held-out rows' (at the phase's final rate)
     start: ResumePoint
     log: TrainingLog
     budget: BudgetClock | None = None  # under spec.budget
@@ -228,6 +229,20 @@ class _Run:
     @property
     def start_step(self) -> int:
         return self.start.step
+
+    def progress(self, step: int) -> float:
+        """The phase's progress after ``step`` steps, 0 to 1 (as the schedule reads it)."""
+        return step / self.steps if self.budget is None else self.budget.progress(step)
+
+    def micro_batch(self, batches: Iterator[Batch], step: int, generator: torch.Generator | None) -> Batch:
+        """The next micro-batch of optimizer step ``step``, its masks thinned to the rate of the
+        phase's masking schedule at the step's start (``generator`` seeded by the step) if it has one."""
+        batch = next(batches)
+        data = self.phase.spec.data
+        if generator is None or data.final_masked_lm_prob is None:
+            return batch
+        rate = scheduled_rate(data.masked_lm_prob, data.final_masked_lm_prob, self.progress(step - 1))
+        return thin_masks(batch, rate, generator)
 
     @property
     def steps(self) -> int:
@@ -419,6 +434,9 @@ def _build(
     engine.broadcast_state()
 
     micro_batch = phase.micro_batch_size
+    # Under a masking schedule the loader masks at its start, the highest rate; each step keeps its
+    # own share (validation refuses a rising schedule).
+    final = spec.data.final_masked_lm_prob
     masking = _dynamic_masking(spec, of.data.vocab_dir)
     loader = build_loader(
         shard_dir,
@@ -446,6 +464,8 @@ def _build(
         if any(shard_dir.glob(HELDOUT_PATTERN))
         else []
     )
+    if masking is not None and final is not None:
+        masking = dataclasses.replace(masking, masked_lm_prob=final)
     run = _Run(of, engine, model, loader, heldout, masking, start, log, budget)
     if announce:
         _announce(run, origin)
@@ -559,8 +579,11 @@ def _train(run: _Run, stop: StopSignals) -> None:
         step += 1
         stats = torch.zeros(StepStatistics.SIZE, device=engine.device)
         accumulation = run.accumulation(step)
+        thinning = None
+        if spec.data.final_masked_lm_prob is not None:
+            thinning = torch.Generator().manual_seed(_seed(spec.seed, run.phase.index, 2, engine.rank, step))
         for _ in range(accumulation):
-            stats += engine.forward_backward(next(batches), accumulation)
+            stats += engine.forward_backward(run.micro_batch(batches, step, thinning), accumulation)
         lr, skipped = engine.optimizer_step()
         # The step's one all-reduce, of every statistic at once.
         progress.record(
@@ -801,6 +824,13 @@ class _Progress:
             left = max(run.budget.left(), 0.0)
             values["budget_left_seconds"] = left
             budget_left = f" budget left {datetime.timedelta(seconds=round(left))}"
+        data, masking = run.phase.spec.data, ""
+        if data.final_masked_lm_prob is not None:
+            masked_lm_prob = scheduled_rate(
+                data.masked_lm_prob, data.final_masked_lm_prob, run.progress(step - 1)
+            )
+            values["masked_lm_prob"] = masked_lm_prob
+            masking = f" mask {masked_lm_prob:.1%}"
         values["sequences"] = float(accuracy.sequences)
         if self.skipped:
             values["skipped_steps"] = float(self.skipped)
@@ -814,6 +844,7 @@ class _Progress:
         parts = f" (mlm {mlm:.3f} nsp {nsp:.3f})" if has_nsp else ""
         print(
             f"{run.phase.name} step {step}/{run.steps} loss {loss:.3f}{parts} "
-            f"mlm_acc {accuracy.mlm:.3f} lr {lr:.2e} seq/s {rate:.1f} eta {eta}{budget_left}{skipped}",
+            f"mlm_acc {accuracy.mlm:.3f} lr {lr:.2e}{masking} seq/s {rate:.1f} "
+            f"eta {eta}{budget_left}{skipped}",
             flush=True,
         )
