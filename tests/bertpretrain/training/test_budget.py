@@ -10,17 +10,22 @@ seconds per micro-batch: the budget's arithmetic is then exact and the machine's
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import yaml
 
 import bertpretrain.training.budget
 import bertpretrain.training.phase
 from bertjob_api.defaults import budget_shares
 from bertjob_api.spec import PhaseSpec
 from bertjob_api.spec.phases import duration_seconds
+from bertjob_testing.jobs import small_training_job, with_value
 from bertpretrain.runtime.engine import Engine
 from bertpretrain.training.budget import (
     BUDGET_FILE,
@@ -275,3 +280,24 @@ def test_a_budget_too_short_stops_naming_the_field(
     with pytest.raises(BudgetError, match=r"^spec\.budget\.time: phase 1/1 has 0:00:01 of the budget"):
         train_phase(spec, 0, shard_dir, vocab_size)
     assert not (Path(spec.checkpoint.path) / "phase1" / BUDGET_FILE).exists()
+
+
+@pytest.mark.slow
+def test_two_ranks_refit_together_and_end_on_the_same_step(tmp_path: Path) -> None:
+    """Under torchrun with 2 processes on the real clock: rank 0's re-fits reach rank 1 (a rank
+    that missed one would train a different number of steps and hang the last all-reduce)."""
+    document = small_training_job(tmp_path, processes=2)
+    phase = {key: value for key, value in document["spec"]["phases"][0].items() if key != "steps"}
+    document = with_value(document, "spec.phases", [phase])
+    document = with_value(document, "spec.budget", {"time": "8s"})
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(document))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command += ["-m", "bertpretrain", "run", "--config", str(job)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    recorded = json.loads((Path(document["spec"]["checkpoint"]["path"]) / "phase1" / BUDGET_FILE).read_text())
+    assert len(recorded["fits"]) > 1 and recorded["finished_seconds"] is not None, recorded
+    assert f"re-fitted to {recorded['steps']:,} steps" in result.stdout
+    assert f"step {recorded['steps']}/{recorded['steps']} loss" in result.stdout
