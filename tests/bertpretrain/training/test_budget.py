@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -295,9 +296,16 @@ def test_two_ranks_refit_together_and_end_on_the_same_step(tmp_path: Path) -> No
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     command += ["-m", "bertpretrain", "run", "--config", str(job)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, check=False)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # A session of its own, so that a hang's timeout stops the ranks too, not torchrun alone.
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                          start_new_session=True) as process:  # fmt: skip
+        try:
+            stdout, stderr = process.communicate(timeout=600)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 0, stdout[-3000:] + stderr[-3000:]
     recorded = json.loads((Path(document["spec"]["checkpoint"]["path"]) / "phase1" / BUDGET_FILE).read_text())
     assert len(recorded["fits"]) > 1 and recorded["finished_seconds"] is not None, recorded
-    assert f"re-fitted to {recorded['steps']:,} steps" in result.stdout
-    assert f"step {recorded['steps']}/{recorded['steps']} loss" in result.stdout
+    assert f"re-fitted to {recorded['steps']:,} steps" in stdout
+    assert f"step {recorded['steps']}/{recorded['steps']} loss" in stdout
