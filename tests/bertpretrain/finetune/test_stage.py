@@ -182,6 +182,11 @@ def test_classification_learns_the_task_and_its_metrics_match_its_predictions(
     assert re.search(progress, output), output
 
     [summary] = _results(tmp_path)["tasks"]
+    # What a reader needs to compare fine-tuning protocols, the dropout among it.
+    assert summary["settings"] == {
+        "epochs": 15, "learningRate": 3e-3, "globalBatchSize": 16, "maxSeqLength": 16,
+        "warmupProportion": 0.1, "weightDecay": 0.01, "dropout": 0.1,
+    }  # fmt: skip
     assert [(run["init"], run["seed"], run["steps"]) for run in summary["runs"]] == [
         ("pretrained", 7, 90),
         ("random", 7, 90),

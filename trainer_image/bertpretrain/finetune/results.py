@@ -49,7 +49,15 @@ def task_summary(
         "settings": task.model_dump(
             mode="json",
             by_alias=True,
-            include={"epochs", "learning_rate", "global_batch_size", "max_seq_length", "warmup_proportion"},
+            include={
+                "epochs",
+                "learning_rate",
+                "global_batch_size",
+                "max_seq_length",
+                "warmup_proportion",
+                "weight_decay",
+                "dropout",
+            },
         ),
         "runs": [{key: value for key, value in asdict(run).items() if key != "predictions"} for run in runs],
         "summary": by_init,
