@@ -200,6 +200,46 @@ def test_heldout_documents_never_reach_training(
     assert len(heldout_rows) == made["heldout"]["instances"] > 0
 
 
+def unmasked(path: Path) -> dict[str, np.ndarray]:
+    """A static shard's arrays, ``input_ids`` (int64 [N, L]) as before masking: each masked
+    position given back its ``masked_lm_ids`` (a random replacement may be any id)."""
+    arrays = read_shard(path)
+    ids = arrays["input_ids"].astype(np.int64)
+    rows, slots = np.nonzero(arrays["masked_lm_positions"])
+    ids[rows, arrays["masked_lm_positions"][rows, slots]] = arrays["masked_lm_ids"][rows, slots]
+    return {**arrays, "input_ids": ids}
+
+
+def test_heldout_shards_take_one_pass_whatever_the_dupe_factor(
+    tmp_path: Path, text_corpus: list[dict[str, Any]], vocab_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    made = {
+        dupe: prepare(make_spec(tmp_path / str(dupe), text_corpus, vocab={"file": vocab_file},
+                                heldoutFraction=0.3, dupeFactor=dupe)).phase_dirs[0]
+        for dupe in (1, 5)
+    }  # fmt: skip
+    once, five = metadata(made[1]), metadata(made[5])
+    # Training: five passes, each cutting the same documents into about as many instances.
+    assert 4.8 < five["instances"] / once["instances"] < 5.2
+    # Held out: one pass, so no segment is there twice, and as many rows as with dupe factor 1.
+    shards = [unmasked(path) for path in sorted(made[5].glob("heldout_*.hdf5"))]
+    heldout = np.concatenate([shard["input_ids"] for shard in shards])
+    assert len(heldout) == five["heldout"]["instances"] == once["heldout"]["instances"] > 100
+    assert len({row.tobytes() for row in heldout}) == len(heldout)
+    # Segment A alone too: each pass splits a chunk into A and B (and draws B) anew, so with five
+    # passes on held-out a whole row seldom recurs (2,137 rows held 2,119 distinct) and A more often
+    # (1,892 distinct).
+    segments_a = [
+        ids[(shard["segment_ids"][row] == 0) & (shard["input_mask"][row] == 1)].tobytes()
+        for shard in shards
+        for row, ids in enumerate(shard["input_ids"])
+    ]
+    assert len(set(segments_a)) == len(heldout)
+    assert five["parameters"]["heldout_dupe_factor"] == 1
+    report = capsys.readouterr().out
+    assert f"(+{len(heldout)} held out, distinct segments: one pass)" in report
+
+
 def test_max_shard_mb_bounds_the_text_of_every_shard(
     tmp_path: Path, text_corpus: list[dict[str, Any]], vocab_file: str
 ) -> None:

@@ -122,23 +122,26 @@ def test_lowercase_changed_with_the_same_vocabulary_file_retokenizes(tmp_path: P
     assert (shard_tokens(cased.phase_dirs[0]) == UNK).sum() > 2 * unknown_uncased + 100
 
 
+# shard_format: recorded since shards have checksums; heldout_dupe_factor: since held-out shards
+# take one pass (before, each held-out segment was there dupe_factor times).
+@pytest.mark.parametrize("field", ["shard_format", "heldout_dupe_factor"])
 def test_shards_of_an_older_format_are_remade(
-    tmp_path: Path, vocab_file: str, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, vocab_file: str, capsys: pytest.CaptureFixture[str], field: str
 ) -> None:
     text = write_corpus(tmp_path / "corpus.txt", 0, 10)
     spec = make_spec(tmp_path / "out", [{"path": str(text)}], vocab={"file": vocab_file})
     directory = prepare(spec).phase_dirs[0]
     documents_before = modified_times(tmp_path / "out" / "documents")
     shards_before = modified_times(directory)
-    # As a version without SHARD_FORMAT (unchecksummed shards) recorded them.
+    # As a version that did not record the field recorded them.
     for name in ("metadata.json", "parameters.json"):
         recorded = json.loads((directory / name).read_text())
-        recorded.get("parameters", recorded).pop("shard_format", None)
+        recorded.get("parameters", recorded).pop(field)
         (directory / name).write_text(json.dumps(recorded))
     capsys.readouterr()
     prepare(spec)
     [line] = lines(capsys.readouterr().out, f"{directory}: rebuilding")
-    assert "shard_format changed (None -> " in line, line
+    assert f"{field} changed (None -> " in line, line
     after = modified_times(directory)
     assert all(after[name] != shards_before[name] for name in after if name.endswith(".hdf5"))
     assert modified_times(tmp_path / "out" / "documents") == documents_before

@@ -21,7 +21,7 @@ from bertjob_api.spec import DataSpec, JobSpec, PhaseSpec
 from bertpretrain.data.format import vocab
 from bertpretrain.data.format.shards import SHARD_FORMAT
 from bertpretrain.data.prepare.corpus.sources import CorpusIdentity, Listing, code_versions, describe_change
-from bertpretrain.data.prepare.instances import InstanceParams
+from bertpretrain.data.prepare.instances import HELDOUT_DUPE_FACTOR, InstanceParams
 from bertpretrain.data.prepare.messages import report
 
 METADATA_FILE = "metadata.json"
@@ -87,12 +87,16 @@ def dataset_key(
     spec: JobSpec, phase: PhaseSpec, documents_key: dict[str, Any], vocab_size: int
 ) -> dict[str, Any]:
     """Everything a phase's shards are made from: the pieces' key, the instance and masking
-    parameters, and the shards' on-disk format (so that shards of an older layout are remade)."""
+    parameters, the passes over the held-out documents (``heldout_dupe_factor``: datasets made
+    before it was recorded repeated each held-out segment ``dupe_factor`` times, and a key
+    without it does not match, so they are remade), and the shards' on-disk format (so that
+    shards of an older layout are remade)."""
     data = spec.data
     return {
         **documents_key,
         "vocab_size": vocab_size,
         **asdict(_instance_params(spec, phase)),
+        "heldout_dupe_factor": HELDOUT_DUPE_FACTOR,
         "whole_word_mask": data.whole_word_mask,
         "masking": data.masking,
         "packing": data.packing,

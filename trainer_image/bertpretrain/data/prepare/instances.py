@@ -5,6 +5,7 @@ objective ``mlm-nsp``, single segments of whole sentences for ``mlm``.
 (Devlin et al. 2019):
 
 * ``dupe_factor`` passes over the documents; in each, every document is cut into instances.
+  The data stage makes held-out shards with :data:`HELDOUT_DUPE_FACTOR` (one) pass instead.
 * A document's target length is ``max_seq_length - 3`` ([CLS], [SEP], [SEP]), or, with
   probability ``short_seq_prob``, a uniform draw from ``[2, max_seq_length - 3]`` (to lessen the
   mismatch with the short inputs of fine-tuning); it holds for the whole document in that pass.
@@ -62,6 +63,12 @@ import numpy as np
 
 from bertpretrain.data.format.vocab import SpecialIds
 from bertpretrain.data.prepare.documents import TokenizedDocuments
+
+# Passes over the held-out documents, whatever dupe_factor is (the data stage's choice, not Google's):
+# with dupe_factor passes, N held-out rows held about N / dupe_factor distinct segments, each masked
+# anew, so accuracy measured on them had a standard error up to sqrt(dupe_factor) times what N
+# independent rows give (that much if the copies' masks were alike).
+HELDOUT_DUPE_FACTOR = 1
 
 # Instances materialised per array operation: bounds the temporary [rows, max_seq_length] arrays.
 _ROWS_PER_BLOCK = 8192

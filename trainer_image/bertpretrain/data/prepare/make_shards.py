@@ -1,6 +1,8 @@
 """Pass 2 of the data stage: the pieces dealt to a phase's shards in a seeded order, and each shard
 made by a worker from its units alone: sentence pairs (single segments for the objective ``mlm``),
-masks, optional packing, one HDF5 file.
+masks, optional packing, one HDF5 file. Training shards take ``dupe_factor`` passes over their
+documents, held-out shards one (``heldout_dupe_factor`` in the dataset's key), so that no held-out
+segment is scored twice.
 
 Shards made for ``mlm`` have no ``next_sentence_labels`` dataset, packed or not
 (``bertpretrain.data.format.shards``), so that nothing can train next sentence prediction on them."""
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -190,7 +192,11 @@ def make_dataset(
         if parameters["packing"] != "none"
         else f", padding {metadata['padding']:.1%}"
     )
-    heldout = f" (+{metadata['heldout']['instances']} held out)" if results["heldout"] else ""
+    heldout = (
+        f" (+{metadata['heldout']['instances']} held out, distinct segments: one pass)"
+        if results["heldout"]
+        else ""
+    )
     random_next = (
         f" ({metadata['random_next']} random next)" if parameters["next_sentence_prediction"] else ""
     )
@@ -233,6 +239,9 @@ def _make_shard(task: ShardTask) -> dict[str, Any]:
             task.path.unlink()
     parameters = task.parameters
     params = InstanceParams(**{name: parameters[name] for name in InstanceParams.__dataclass_fields__})
+    if task.split == "heldout":
+        # One pass: every held-out row a distinct segment (instances.HELDOUT_DUPE_FACTOR says why).
+        params = replace(params, dupe_factor=parameters["heldout_dupe_factor"])
     split_index = SPLITS.index(task.split)
     # A shard may hold several units of one piece: read each piece once (units are dealt in a
     # random order, so only consecutive units of one piece share a read). Only the selected
