@@ -111,7 +111,10 @@ class DataSpec(_Spec):
         False, description="Mask every WordPiece of a word together (Google's do_whole_word_mask)."
     )
     dupe_factor: Int64 = Field(
-        5, ge=1, description="Times each document is turned into instances, with different masks."
+        5,
+        ge=1,
+        description="Times each training document is turned into instances, with different masks "
+        "(held-out documents once).",
     )
     short_seq_prob: float = Field(
         0.1, ge=0, le=1, description="Share of instances given a shorter target length (Google's default)."
