@@ -138,13 +138,14 @@ def test_the_record_round_trips_and_a_damaged_one_is_none(tmp_path: Path) -> Non
 def test_a_record_for_another_spec_is_refused_naming_the_field(make_spec, make_phase, tmp_path: Path) -> None:
     phase = {key: value for key, value in make_phase().items() if key != "steps"}
     spec = make_spec([phase], budget={"time": "3s"})
-    recorded = Calibration(0.1, 3, 3.0, 0.1, (Fit(0, 20, 0.1, 0.1),), budget_fields(spec, 1))
-    check_fields(recorded, budget_fields(spec, 1), tmp_path)
+    recorded = Calibration(0.1, 3, 3.0, 0.1, (Fit(0, 20, 0.1, 0.1),), budget_fields(spec))
+    check_fields(recorded, budget_fields(spec), tmp_path)
     bigger = make_spec([phase | {"globalBatchSize": 32}], budget={"time": "3s"})
     with pytest.raises(BudgetError, match=r"^spec\.phases\[0\]\.globalBatchSize: .* was 16, is 32;"):
-        check_fields(recorded, budget_fields(bigger, 1), tmp_path)
-    with pytest.raises(BudgetError, match=r"^world size: .* was 1, is 2;"):
-        check_fields(recorded, budget_fields(spec, 2), tmp_path)
+        check_fields(recorded, budget_fields(bigger), tmp_path)
+    wider = make_spec([phase], budget={"time": "3s"}, topology={"nodes": 2})
+    with pytest.raises(BudgetError, match=r"made for another spec: .*spec\.topology\.nodes was 1, is 2;"):
+        check_fields(recorded, budget_fields(wider), tmp_path)
 
 
 class StepClock:

@@ -221,11 +221,12 @@ def _most(fits: Callable[[int], bool], low: int, high: int) -> int:
     return low
 
 
-def budget_fields(spec: Any, world_size: int) -> dict[str, object]:
+def budget_fields(spec: Any) -> dict[str, object]:
     """What a phase's budget record is made for, by spec path: the budget, every phase (their
     shares and sizes), and what sets a step's speed (model, objective, optimizer, precision,
-    compilation, activation checkpointing, packing, masking, accelerator, topology and world size).
-    ``spec`` is a :class:`bertjob_api.spec.JobSpec`."""
+    compilation, activation checkpointing, packing, masking, accelerator and topology).
+    ``spec`` is a :class:`bertjob_api.spec.JobSpec`. The world size that runs is left out: an
+    elastic job's changes between restarts, and the re-fits follow the speed it gives."""
     document = spec.model_dump(mode="json", by_alias=True)
     data = document["data"]
     chosen = {
@@ -236,9 +237,7 @@ def budget_fields(spec: Any, world_size: int) -> dict[str, object]:
         )
     }  # fmt: skip
     chosen["data"] = {key: data.get(key) for key in ("packing", "masking", "maskedLmProb")}
-    flat = dict(_flatten("spec", chosen))
-    flat["world size"] = world_size
-    return flat
+    return dict(_flatten("spec", chosen))
 
 
 def _flatten(path: str, value: object) -> list[tuple[str, object]]:

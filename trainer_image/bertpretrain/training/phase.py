@@ -300,7 +300,7 @@ def _budgeted(of: Phase) -> tuple[Phase, Calibration]:
         found = read_calibration(of.checkpoint_dir)
         try:
             if found is not None:
-                check_fields(found, budget_fields(of.spec, of.plan.world_size), of.checkpoint_dir)
+                check_fields(found, budget_fields(of.spec), of.checkpoint_dir)
             outcome = found
         except BudgetError as error:
             outcome = str(error)
@@ -367,7 +367,7 @@ def _calibrate(of: Phase) -> Calibration:
                 phase_seconds,
                 spent,
                 (fit,),
-                budget_fields(spec, of.plan.world_size),
+                budget_fields(spec),
             )
             write_calibration(of.checkpoint_dir, calibration)
             print(calibration.describe(of.name), flush=True)
