@@ -30,6 +30,7 @@ from bertjob_testing.jobs import small_training_job, with_value
 from bertpretrain.runtime.engine import Engine
 from bertpretrain.training.budget import (
     BUDGET_FILE,
+    BudgetClock,
     BudgetError,
     Calibration,
     Fit,
@@ -310,3 +311,21 @@ def test_two_ranks_refit_together_and_end_on_the_same_step(tmp_path: Path) -> No
     assert len(recorded["fits"]) > 1 and recorded["finished_seconds"] is not None, recorded
     assert f"re-fitted to {recorded['steps']:,} steps" in stdout
     assert f"step {recorded['steps']}/{recorded['steps']} loss" in stdout
+
+
+def test_a_refit_waits_for_enough_timed_steps() -> None:
+    """A speed measured over a run's first step or two (caches, a stall) would cut the run short:
+    the re-fit waits until MIN_TIMED_STEPS steps after the first were timed."""
+    now = [0.0]
+    calibration = Calibration(0.1, 3, 10.0, 0.5, (Fit(0, 90, 0.5, 0.1),))
+    budget = BudgetClock(calibration, lambda step: step, lambda: now[0])
+    budget.start(0.5)
+    now[0] = 3.0  # a slow first step: 30% of the share gone
+    budget.measure_from(1)
+    assert not budget.refit_due(2) and not budget.refit_due(3)
+    assert budget.refit_due(4)
+    # 0.1 s a step since the first, 3.8 s of 10 gone: 62 more steps (61 by float rounding).
+    now[0] = 3.3
+    fit = budget.refit(4)
+    assert (fit.from_step, fit.elapsed_seconds, fit.micro_batch_seconds) == (5, 3.8, pytest.approx(0.1))
+    assert fit.steps in (65, 66)

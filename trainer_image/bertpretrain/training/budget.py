@@ -318,8 +318,9 @@ class BudgetClock:
     seconds (:func:`time.perf_counter`; a test passes its own). The clock runs from :meth:`start`
     on, from the seconds the phase had already spent (its calibration, or a checkpoint's
     ``budget_seconds``); the seconds per micro-batch of each re-fit are measured from
-    :meth:`measure_from` (after the warm-up's compile, which counts in the budget but would make a
-    step look slower than the steps to come).
+    :meth:`measure_from`, which a run calls after its first step (the warm-up's compile and the
+    first step's caches count in the budget but would make a step look slower than the steps to
+    come), over at least :data:`MIN_TIMED_STEPS` steps.
     """
 
     def __init__(self, calibration: Calibration, cost: Callable[[int], int], clock: Callable[[], float]):
@@ -350,11 +351,14 @@ class BudgetClock:
         """Seconds of the phase's share left by the clock (negative once over)."""
         return self.calibration.phase_seconds - self.elapsed()
 
-    def refit_due(self) -> bool:
-        """Whether a :data:`REFIT_AT` fraction has passed since the last fit was made."""
+    def refit_due(self, step: int) -> bool:
+        """Whether a :data:`REFIT_AT` fraction has passed since the last fit was made, and at least
+        :data:`MIN_TIMED_STEPS` steps were timed since :meth:`measure_from` (a speed measured over
+        one step, the first of a run among them, would cut the run short)."""
         share, last = self.calibration.phase_seconds, self.calibration.fits[-1].elapsed_seconds
         elapsed = self.elapsed()
-        return any(last < fraction * share <= elapsed for fraction in REFIT_AT)
+        timed = step - self._window[1] >= MIN_TIMED_STEPS
+        return timed and any(last < fraction * share <= elapsed for fraction in REFIT_AT)
 
     def refit(self, step: int) -> Fit:
         """The fit after ``step`` from the speed measured since :meth:`measure_from` (or the last

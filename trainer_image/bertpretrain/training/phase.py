@@ -571,8 +571,6 @@ def _train(run: _Run, stop: StopSignals) -> None:
     batches: Iterator[Batch] = iter(run.loader)
     if run.start_step < run.steps:
         batches = _warm_up(run, batches)
-    if budget is not None:
-        budget.measure_from(run.start_step)
     progress = _Progress(run)
     step = run.start_step
     while step < run.steps:
@@ -590,7 +588,9 @@ def _train(run: _Run, stop: StopSignals) -> None:
             step, StepStatistics.from_tensor(engine.sum_over_ranks(stats).cpu()), lr, skipped, accumulation
         )
         stopping = engine.any_rank(stop.received is not None)
-        if budget is not None and not stopping and step < run.steps:
+        if budget is not None and step == run.start_step + 1:
+            budget.measure_from(step)  # the speed of the steps after a run's first (caches, allocations)
+        elif budget is not None and not stopping and step < run.steps:
             _refit_if_due(run, budget, step)
         last = step == run.steps
         if stopping or last or step % spec.checkpoint.every_steps == 0:
@@ -608,7 +608,7 @@ def _refit_if_due(run: _Run, budget: BudgetClock, step: int) -> None:
     """Re-fit the phase's steps after ``step`` when rank 0's clock says a fraction of the budget
     has passed (collective): rank 0 fits, records and says so; every rank follows its fit."""
     engine = run.engine
-    if not engine.any_rank(engine.is_main and budget.refit_due()):
+    if not engine.any_rank(engine.is_main and budget.refit_due(step)):
         return
     fit = engine.parallel.broadcast_object(budget.refit(step) if engine.is_main else None)
     assert isinstance(fit, Fit)
@@ -621,7 +621,7 @@ def _refit_if_due(run: _Run, budget: BudgetClock, step: int) -> None:
             f"{run.phase.name} step {step}/{before}: re-fitted to {fit.steps:,} steps at "
             f"{fit.elapsed_seconds / budget.calibration.phase_seconds:.0%} "
             f"of the budget ({fit.micro_batch_seconds:.4f} s per micro-batch since the last fit), "
-            f"{datetime.timedelta(seconds=round(budget.left()))} left",
+            f"{datetime.timedelta(seconds=round(max(budget.left(), 0.0)))} left",
             flush=True,
         )
 
