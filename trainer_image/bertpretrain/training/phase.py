@@ -204,13 +204,6 @@ class Phase:
             raise ValueError(f"{self.name}: its steps come from spec.budget and are not fixed yet")
         return steps
 
-    @property
-    def calibration(self) -> Calibration | None:
-        """The budget's calibration of this phase, once fixed (None without a budget)."""
-        if self.spec.budget is None:
-            return None
-        return read_calibration(self.checkpoint_dir)
-
 
 @dataclass
 class _Run:
@@ -234,14 +227,21 @@ class _Run:
         """The phase's progress after ``step`` steps, 0 to 1 (as the schedule reads it)."""
         return step / self.steps if self.budget is None else self.budget.progress(step)
 
+    def masked_lm_prob(self, step: int) -> float | None:
+        """The masking rate of optimizer step ``step`` under the phase's masking schedule (its rate
+        at the step's start); None without a schedule."""
+        data = self.phase.spec.data
+        if data.final_masked_lm_prob is None:
+            return None
+        return scheduled_rate(data.masked_lm_prob, data.final_masked_lm_prob, self.progress(step - 1))
+
     def micro_batch(self, batches: Iterator[Batch], step: int, generator: torch.Generator | None) -> Batch:
         """The next micro-batch of optimizer step ``step``, its masks thinned to the rate of the
-        phase's masking schedule at the step's start (``generator`` seeded by the step) if it has one."""
+        phase's masking schedule (``generator`` seeded by the step) if it has one."""
         batch = next(batches)
-        data = self.phase.spec.data
-        if generator is None or data.final_masked_lm_prob is None:
+        rate = self.masked_lm_prob(step)
+        if generator is None or rate is None:
             return batch
-        rate = scheduled_rate(data.masked_lm_prob, data.final_masked_lm_prob, self.progress(step - 1))
         return thin_masks(batch, rate, generator)
 
     @property
@@ -824,11 +824,8 @@ class _Progress:
             left = max(run.budget.left(), 0.0)
             values["budget_left_seconds"] = left
             budget_left = f" budget left {datetime.timedelta(seconds=round(left))}"
-        data, masking = run.phase.spec.data, ""
-        if data.final_masked_lm_prob is not None:
-            masked_lm_prob = scheduled_rate(
-                data.masked_lm_prob, data.final_masked_lm_prob, run.progress(step - 1)
-            )
+        masking, masked_lm_prob = "", run.masked_lm_prob(step)
+        if masked_lm_prob is not None:
             values["masked_lm_prob"] = masked_lm_prob
             masking = f" mask {masked_lm_prob:.1%}"
         values["sequences"] = float(accuracy.sequences)
