@@ -3,8 +3,8 @@ accuracy our classic recipe reaches in its full budget, with a confidence interv
 Face peer under the same budget mechanism; one fine-tuning protocol for every model; an ablation of
 the modern recipe's ingredients. The code is in the package ``ttq`` beside this file.
 
-    python benchmarks/time_to_quality.py --size tiny                       # CI's (CPU, ~3-4 min on 2 cores)
-    python benchmarks/time_to_quality.py --size demo --out runs/ttq-demo   # about 2 hours on 2 cores
+    python benchmarks/time_to_quality.py --size tiny                       # CI's: 4 min on 2 quiet cores
+    python benchmarks/time_to_quality.py --size demo --out runs/ttq-demo   # about 2 hours
     python benchmarks/time_to_quality.py --size demo --plan                # the plan and its estimate only
     python benchmarks/time_to_quality.py --size base --device cuda         # bert-base, one GPU
 

@@ -33,10 +33,10 @@ from typing import Any
 import h5py
 import numpy as np
 import torch
-from ttq.heldout import EvalSet, quiet_transformers, score_rows
-from ttq.settings import EVAL_MASKING, PEER_VALIDATION_SHARE, SEQ_LEN, SINGLES_PREDICTIONS, Size
 
 from bertjob_api.defaults import MODEL_PRESETS
+from ttq.heldout import EvalSet, quiet_transformers, score_rows
+from ttq.settings import EVAL_MASKING, PEER_VALIDATION_SHARE, SEQ_LEN, SINGLES_PREDICTIONS, Size
 
 REFITS = (0.25, 0.5, 0.75, 0.9, 0.98)  # shares of the budget at which the step count is fitted again
 WARMUP = 0.1  # share of the schedule's progress in linear warm-up
