@@ -26,7 +26,7 @@ own job with its own ``spec.budget`` (so its schedule ends at its end); its seco
 ``budget.json``'s ``finished_seconds`` (the clock's, calibration and every re-fit included):
 
 - the curves: ``classic`` and ``modern`` at each of ``Size.fractions`` of the classic's budget (the
-  demo: 24, 48, 96, 192 s) in each of ``Size.replicates`` replicates; the full-budget runs are
+  demo: 20, 40, 80, 160 s) in each of ``Size.replicates`` replicates; the full-budget runs are
   fine-tuned;
 - the ablation (``Size.ablation_replicates`` replicates at ``Size.ablation_fraction`` of the
   budget): classic (LAMB); modern with LAMB (issue 38's); + AdamW beta2 0.98 at our swept learning

@@ -1,5 +1,5 @@
 """benchmarks/time_to_quality.py (and its package ``ttq``): one whole run at the tiny size as CI
-runs it (the curves at 3 budgets, the peer's sweep and run, the fine-tuning, the ablation: 249 s
+runs it (the curves at 3 budgets, the peer's sweep and run, the fine-tuning, the ablation: 218 s
 on 2 quiet cores, 6-10 minutes while other work shared them), a second invocation that reuses
 every run, and the parts alone: the demo's held-out sets, our job documents (which the job API
 must accept), the one fine-tuning protocol, the run store, the statistics on made-up records, the
