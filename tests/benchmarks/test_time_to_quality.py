@@ -1,13 +1,18 @@
-"""benchmarks/time_to_quality.py on CPU at its tiny size, as CI runs it (a few seconds of training per
-run, about 2-3 minutes in all on 2 cores): the table's rows and numbers, the peer's sweep, the JSON
-output; and its parts alone: the held-out accuracy, the peer's unmasked rows, the train.jsonl reader
-and our job documents, which the job API must accept."""
+"""benchmarks/time_to_quality.py (and its package ``ttq``): one whole run at the tiny size as CI
+runs it (the curves at 3 budgets, the peer's sweep and run, the fine-tuning, the ablation: 218 s
+on 2 quiet cores, 6-10 minutes while other work shared them), a second invocation that reuses
+every run, and the parts alone: the demo's held-out sets, our job documents (which the job API
+must accept), the one fine-tuning protocol, the run store, the statistics on made-up records, the
+plan, the peer's budget and masking, the per-row scoring."""
 
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
+import math
 import sys
+import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -21,33 +26,46 @@ from bertjob_api.spec import parse_job
 from bertjob_api.validation import checked
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-BUDGET = 4  # seconds of training per run
-# The whole run: about 2 minutes on a quiet 2-core machine, 5 when other work shares it.
+if str(BENCHMARKS) not in sys.path:
+    sys.path.insert(0, str(BENCHMARKS))
 whole_run = pytest.mark.timeout(1200)
 
 
 @pytest.fixture(scope="module")
 def ttq() -> ModuleType:
-    """The benchmark as a module."""
-    if str(BENCHMARKS) not in sys.path:
-        sys.path.insert(0, str(BENCHMARKS))
+    """The benchmark's command as a module."""
     return importlib.import_module("time_to_quality")
 
 
 @pytest.fixture(scope="module")
-def tiny_run(ttq: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """One whole run at the tiny size, its work files kept: its stdout, the JSON it wrote and its
-    output directory."""
-    out = tmp_path_factory.mktemp("time-to-quality")
-    capture = out / "stdout.txt"
-    argv = ["--size", "tiny", "--budget", str(BUDGET), "--seeds", "1", "--out", str(out), "--keep"]
+def parts() -> SimpleNamespace:
+    """The package's modules."""
+    names = ("settings", "jobs", "heldout", "store", "peer", "runner", "report")
+    return SimpleNamespace(**{name: importlib.import_module(f"ttq.{name}") for name in names})
+
+
+def _invoke(ttq: ModuleType, argv: list[str], capture: Path) -> tuple[int, str]:
     with capture.open("w") as stdout, pytest.MonkeyPatch.context() as patch:
         patch.setattr(sys, "stdout", stdout)
         code = ttq.main(argv)
     output = capture.read_text()
     print(output)  # shown by pytest when a test fails, and by -s
+    return code, output
+
+
+@pytest.fixture(scope="module")
+def tiny_run(ttq: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One whole run at the tiny size with its work files kept: stdout, the JSON, the records."""
+    out = tmp_path_factory.mktemp("time-to-quality")
+    code, output = _invoke(ttq, ["--size", "tiny", "--out", str(out), "--keep"], out / "stdout.txt")
     assert code == 0, output
-    return {"out": out, "stdout": output, "results": json.loads((out / ttq.RESULTS_FILE).read_text())}
+    records = [json.loads(path.read_text()) for path in sorted((out / "runs").glob("*.json"))]
+    return {
+        "out": out,
+        "stdout": output,
+        "results": json.loads((out / ttq.RESULTS_FILE).read_text()),
+        "records": records,
+    }
 
 
 def _tables(output: str) -> list[list[dict[str, str]]]:
@@ -61,113 +79,142 @@ def _tables(output: str) -> list[list[dict[str, str]]]:
                 tables.append([])
             tables[-1].append([cell.strip() for cell in line.strip().strip("|").split("|")])
         previous_was_row = is_row
-    found = []
-    for header, *rows in tables:
-        assert all(len(row) == len(header) for row in rows), rows
-        found.append([dict(zip(header, row, strict=True)) for row in rows])
-    return found
+    return [[dict(zip(header, row, strict=True)) for row in rows] for header, *rows in tables]
+
+
+def _kind(records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [r for r in records if r["kind"] == kind]
 
 
 @pytest.mark.slow
 @whole_run
-def test_the_table_has_a_row_per_run_and_accuracies_in_0_1(
-    ttq: ModuleType, tiny_run: dict[str, Any], capsys: pytest.CaptureFixture[str]
+def test_the_curves_and_the_ratio(
+    ttq: ModuleType, parts: SimpleNamespace, tiny_run: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with capsys.disabled():  # the table in the test log, as CI runs it
-        table = (tiny_run["out"] / ttq.TABLE_FILE).read_text()
-        print(f"\nbenchmarks/time_to_quality.py --size tiny --budget {BUDGET} --seeds 1:\n{table}")
-    runs, ratios, per_seed = _tables(tiny_run["stdout"])
-    assert [row["run"] for row in runs] == ["classic", "modern", "modern-half", "hf-peer"]
-    assert list(runs[0]) == list(ttq.COLUMNS) and {row["seeds"] for row in runs} == {"1"}
-    results = tiny_run["results"]
-    # One replicate: its own rows are the medians'.
-    assert [(row["seed"], row["run"]) for row in per_seed] == [(str(ttq.SEED), row["run"]) for row in runs]
-    for median, own in zip(runs, per_seed, strict=True):
-        assert [median[key] for key in ttq.SEED_COLUMNS[2:]] == [own[key] for key in ttq.SEED_COLUMNS[2:]]
-    for row in runs:
-        for column in ("held-out MLM acc", "fine-tuned acc"):
-            assert 0 <= float(row[column]) <= 1, row
-        steps, sequences, seconds = int(row["steps"]), int(row["sequences"]), float(row["seconds"])
-        assert steps >= 1 and sequences == steps * ttq.SIZES["tiny"].global_batch, row
-        assert seconds > 0, row
-        run = results["runs"][row["run"]]  # the JSON says the same
-        assert float(row["held-out MLM acc"]) == pytest.approx(run["heldout_mlm_accuracy"], abs=5e-5)
-        assert float(row["fine-tuned acc"]) == pytest.approx(run["finetune"]["median"], abs=5e-5)
-        assert run["finetune"]["seeds"] == 1
-    assert "AdamW" in runs[3]["recipe"] and "one-cycle" in runs[1]["recipe"] and "poly" in runs[0]["recipe"]
-    assert runs[2]["recipe"] == runs[1]["recipe"] + ", 0.5 x budget"
-    assert [row["ratio"] for row in ratios] == [
-        "modern/classic", "modern-half/classic", "classic/hf-peer", "modern/hf-peer"
-    ]  # fmt: skip
-    for row in ratios:
-        top, bottom = (results["runs"][name] for name in row["ratio"].split("/"))
-        assert float(row["sequences"]) == pytest.approx(top["sequences"] / bottom["sequences"], abs=0.006)
-        if bottom["heldout_mlm_accuracy"] > 0:
-            expected = top["heldout_mlm_accuracy"] / bottom["heldout_mlm_accuracy"]
-            assert float(row["held-out MLM acc"]) == pytest.approx(expected, abs=0.006)
-        else:
-            assert row["held-out MLM acc"] == "n/a"
-    assert "Fine-tuned from random weights (no pretraining), for reference:" in tiny_run["stdout"]
-    verdicts = {True: "met", False: "not met", None: "not measured"}
-    half_time = verdicts[results["targets"]["half_time"]]
-    assert f"reaches classic's held-out MLM accuracy: {half_time};" in tiny_run["stdout"]
-    assert (tiny_run["out"] / ttq.TABLE_FILE).read_text().startswith("| run | recipe |")
+    table = (tiny_run["out"] / ttq.TABLE_FILE).read_text()
+    with capsys.disabled():  # the tables in the test log, as CI runs it
+        print(f"\nbenchmarks/time_to_quality.py --size tiny:\n{table}")
+    curves, ratios, *_ = _tables(table)
+    size = parts.settings.SIZES["tiny"]
+    budgets = [size.seconds(f) for f in size.fractions]
+    assert [(row["recipe"], row["budget"]) for row in curves] == [
+        (recipe, f"{parts.settings.fraction_label(f)} ({b} s)")
+        for recipe in ("classic", "modern")
+        for f, b in zip(size.fractions, budgets, strict=True)
+    ] + [("hf-peer", f"1 ({budgets[-1]} s)")]
+    for row in curves:
+        assert 0 <= float(row["singles acc"]) <= 1 and 0 <= float(row["pairs acc"]) <= 1, row
+    # Each point's seconds are its run's budget.json finished_seconds (the clock's, not the budget).
+    for record in _kind(tiny_run["records"], "ours"):
+        run_dir = next(
+            (tiny_run["out"] / "work" / f"seed-{record['seed']}").glob(
+                f"{record['recipe']}-{record['budget_seconds']}s*"
+            )
+        )
+        finished = json.loads((run_dir / "checkpoints" / "phase1" / "budget.json").read_text())
+        assert record["seconds"] == finished["finished_seconds"] > 0, record["key"]
+    summary = tiny_run["results"]["summary"]
+    if summary["ratio_left_out"]:
+        # A busy machine: a run ended far enough off its budget that a larger budget trained fewer
+        # seconds; the replicate is left out of the ratio, and the table says so.
+        (left,) = summary["ratio_left_out"]
+        assert any(b <= a for s in left["seconds"].values() for a, b in itertools.pairwise(s))
+        assert "Replicate 0 left out of the ratio" in table and ratios == []
+    else:
+        assert [row["held-out set"] for row in ratios] == ["singles", "pairs"]
+        ratio = summary["ratio"]["singles"]
+        assert ratio["replicates"] == 1 and ratio["low"] is None  # one replicate: no interval
+        assert ratios[0]["90% interval"] == "n/a (one replicate)"
+    assert set(summary["targets"]) == {"third_of_the_time", "finetune_kept", "beat_peer", "within_budget"}
+    plot = ElementTree.parse(tiny_run["out"] / ttq.PLOT_FILE).getroot()
+    assert plot.tag.endswith("svg") and len(plot.findall(".//{http://www.w3.org/2000/svg}polyline")) == 4
+    assert "runs trained, 0 reused" in tiny_run["stdout"]
 
 
 @pytest.mark.slow
 @whole_run
-def test_the_peer_sweeps_3_learning_rates_keeps_the_best(ttq: ModuleType, tiny_run: dict[str, Any]) -> None:
-    results = tiny_run["results"]
-    peer, swept = results["replicates"][0]["runs"]["hf-peer"], results["peer_sweep"]
-    sweep = swept["points"]
-    assert [point["learning_rate"] for point in sweep] == list(ttq.SIZES["tiny"].sweep)
-    for point in sweep:
-        assert 0 <= point["heldout_mlm_accuracy"] <= 1 and point["steps"] >= 1, point
-    best = max(sweep, key=lambda point: point["heldout_mlm_accuracy"])
-    assert peer["learning_rate"] == swept["learning_rate"] == best["learning_rate"]
-    assert f"AdamW {best['learning_rate']:g} (swept)" in peer["recipe"]
-    assert swept["calibration"]["steps"] == ttq.SIZES["tiny"].calibration_steps
-    # Stopped by the budget or at the schedule's end, which the calibration sized to the budget.
-    assert peer["stopped_by_budget"] or peer["steps"] == peer["max_steps"]
-    assert peer["random_init_finetune"]["seeds"] == 1
+def test_a_second_invocation_reuses_every_run(
+    ttq: ModuleType, tiny_run: dict[str, Any], tmp_path: Path
+) -> None:
+    out = tiny_run["out"]
+    before = sorted(path.name for path in (out / "runs").glob("*.json"))
+    code, output = _invoke(ttq, ["--size", "tiny", "--out", str(out), "--keep"], tmp_path / "stdout.txt")
+    assert code == 0, output
+    assert sorted(path.name for path in (out / "runs").glob("*.json")) == before
+    reused = [line for line in output.splitlines() if "finished before, reusing runs/" in line]
+    assert len(reused) == len(before), output
+    assert f"0 runs trained, {len(before)} reused" in output
+    again = json.loads((out / ttq.RESULTS_FILE).read_text())
+    assert again["summary"] == tiny_run["results"]["summary"]
 
 
 @pytest.mark.slow
 @whole_run
-def test_the_json_records_the_settings(ttq: ModuleType, tiny_run: dict[str, Any]) -> None:
-    results = tiny_run["results"]
-    assert (results["size"], results["device"], results["budget_seconds"]) == ("tiny", "cpu", BUDGET)
-    assert (results["seeds"], results["peer_seeds"]) == (1, 1)
-    (record,) = results["replicates"]
-    evaluation = record["evaluation"]
-    assert (
-        record["seed"] == ttq.SEED
-        and Path(evaluation["files"][0]).parent.parent.parent.name == f"seed-{ttq.SEED}"
-    )
-    assert evaluation["sequences"] > 100 and evaluation["predictions"] > 10 * evaluation["sequences"]
-    assert all(Path(name).name.startswith("heldout_") for name in evaluation["files"])
-    for name, seconds in (("classic", BUDGET), ("modern", BUDGET), ("modern-half", BUDGET // 2)):
-        run = record["runs"][name]
-        calibration = run["calibration"]
-        # Our runs carry the budget; the trainer fixed their steps from its own calibration.
-        assert run["job"]["budget"] == {"time": f"{seconds}s"} and "steps" not in run["job"]["phases"][0]
-        assert run["job"]["seed"] == ttq.SEED
-        assert run["steps"] == calibration["steps"] >= 1 and calibration["step_seconds"] > 0
-    assert set(results["ratios"]) == {
-        "modern/classic",
-        "modern-half/classic",
-        "classic/hf-peer",
-        "modern/hf-peer",
-    }
+def test_the_held_out_sets_hold_both_formats_one_pass(tiny_run: dict[str, Any]) -> None:
+    (evaluation,) = tiny_run["results"]["evaluation"].values()
+    singles, pairs = evaluation["singles"], evaluation["pairs"]
+    assert singles["rows_with_segment_b"] == 0 and pairs["rows_with_segment_b"] == pairs["rows"] > 100
+    for counts in (singles, pairs):  # one pass: (nearly) every row a distinct segment
+        assert counts["distinct_segments"] >= 0.98 * counts["rows"] and counts["predictions"] > counts["rows"]
+    for record in _kind(tiny_run["records"], "ours"):
+        assert set(record["accuracy"]) == {"singles", "pairs"}
+        assert len(record["scores"]["singles"]["correct"]) == singles["rows"]
 
 
-def _labelled_accuracy(export: str, dataset: Path) -> tuple[float, int]:
+@pytest.mark.slow
+@whole_run
+def test_every_model_is_fine_tuned_by_one_protocol(parts: SimpleNamespace, tiny_run: dict[str, Any]) -> None:
+    finetuned = [r for r in tiny_run["records"] if r.get("finetune")]
+    names = sorted(r["recipe"] for r in finetuned)
+    assert names == ["classic", "hf-peer", "modern", "random-init"]
+    tasks = [{k: v for k, v in r["finetune"]["task"].items() if k != "initFrom"} for r in finetuned]
+    assert all(task == tasks[0] for task in tasks) and tasks[0]["dropout"] == 0.1 and tasks[0]["seeds"] == 3
+    # What the fine-tuning itself recorded it ran with, and its seeds.
+    assert all(r["finetune"]["settings"] == finetuned[0]["finetune"]["settings"] for r in finetuned)
+    assert all(len(r["finetune"]["values"]) == parts.settings.FINETUNE_SEEDS for r in finetuned)
+    assert {"initFrom" in r["finetune"]["task"] for r in finetuned if r["kind"] != "ours"} == {True}
+
+
+@pytest.mark.slow
+@whole_run
+def test_the_peer_swept_with_mosaicbert_and_chose_on_its_validation_split(
+    parts: SimpleNamespace, tiny_run: dict[str, Any]
+) -> None:
+    sweep = _kind(tiny_run["records"], "peer-sweep")
+    assert {r["config"] for r in sweep} == {c.name for c in parts.settings.PEER_CONFIGS}
+    assert "scores" not in sweep[0]  # never scored on the held-out sets
+    best = max(sweep, key=lambda r: r["validation_mlm_accuracy"])
+    (final,) = _kind(tiny_run["records"], "peer")
+    assert (final["config"], final["learning_rate"]) == (best["config"], best["settings"]["learning_rate"])
+    counts = final["peer_data"]
+    assert counts["validation"] + counts["train"] == counts["distinct"]
+    run = final["run"]  # the budget mechanism: fitted, re-fitted, run to its fitted count
+    assert run["fits"] and run["steps"] == run["fits"][-1]["steps"] and run["calibration_steps"] == 4
+
+
+@pytest.mark.slow
+@whole_run
+def test_the_ablation_has_every_row_and_the_shared_runs_once(tiny_run: dict[str, Any]) -> None:
+    rows = tiny_run["results"]["summary"]["ablation"]["rows"]
+    assert [row["recipe"] for row in rows] == [
+        "classic",
+        "modern-lamb",
+        "adamw",
+        "packed",
+        "schedule",
+        "modern",
+    ]
+    assert rows[0]["difference"] == {} and set(rows[1]["difference"]) == {"singles", "pairs"}
+    keys = [r["key"] for r in tiny_run["records"]]
+    assert len(keys) == len(set(keys))
+
+
+def _labelled_accuracy(export: Path, dataset: Path) -> tuple[float, int]:
     """Held-out MLM accuracy computed another way: ``BertForMaskedLM`` itself, labels spread over
-    the sequence (-100 elsewhere, as transformers' MLM labels) and compared with each token's
-    argmax. Returns (accuracy, positions counted)."""
+    the sequence (-100 elsewhere, as transformers' MLM labels) and each token's argmax."""
     from transformers import BertForMaskedLM
 
-    model = BertForMaskedLM.from_pretrained(export).eval()
+    model = BertForMaskedLM.from_pretrained(str(export)).eval()
     correct = total = 0
     for file in sorted(dataset.glob("heldout_*.hdf5")):
         with h5py.File(file, "r") as shard:
@@ -175,147 +222,333 @@ def _labelled_accuracy(export: str, dataset: Path) -> tuple[float, int]:
         labels = np.full(arrays["input_ids"].shape, -100)
         rows, slots = np.nonzero(arrays["masked_lm_positions"])
         labels[rows, arrays["masked_lm_positions"][rows, slots]] = arrays["masked_lm_ids"][rows, slots]
-        for start in range(0, len(labels), 100):
-            part = slice(start, start + 100)
-            with torch.no_grad():
-                logits = model(
-                    input_ids=torch.from_numpy(arrays["input_ids"][part]),
-                    attention_mask=torch.from_numpy(arrays["input_mask"][part]),
-                    token_type_ids=torch.from_numpy(arrays["segment_ids"][part]),
-                ).logits
-            wanted = labels[part] != -100
-            correct += int((logits.argmax(-1).numpy()[wanted] == labels[part][wanted]).sum())
-            total += int(wanted.sum())
+        with torch.no_grad():
+            logits = model(
+                input_ids=torch.from_numpy(arrays["input_ids"]),
+                attention_mask=torch.from_numpy(arrays["input_mask"]),
+                token_type_ids=torch.from_numpy(arrays["segment_ids"]),
+            ).logits
+        wanted = labels != -100
+        correct += int((logits.argmax(-1).numpy()[wanted] == labels[wanted]).sum())
+        total += int(wanted.sum())
     return correct / total, total
 
 
 @pytest.mark.slow
 @whole_run
-def test_each_accuracy_is_the_same_computed_another_way(ttq: ModuleType, tiny_run: dict[str, Any]) -> None:
-    (record,) = tiny_run["results"]["replicates"]
-    dataset = Path(record["evaluation"]["files"][0]).parent
-    for name in ttq.RUNS:
-        accuracy, positions = _labelled_accuracy(record["runs"][name]["export"], dataset)
-        assert positions == record["evaluation"]["predictions"]
-        assert record["runs"][name]["heldout_mlm_accuracy"] == pytest.approx(accuracy, abs=1e-3), name
+def test_each_accuracy_is_the_same_computed_another_way(tiny_run: dict[str, Any]) -> None:
+    (peer,) = _kind(tiny_run["records"], "peer")
+    data = tiny_run["out"] / "work" / f"seed-{peer['seed']}" / "data"
+    export = tiny_run["out"] / "work" / f"seed-{peer['seed']}" / "hf-peer" / "hf"
+    for form, dataset in (("singles", "seq_len_128_max_pred_19"), ("pairs", "seq_len_128_max_pred_20")):
+        accuracy, positions = _labelled_accuracy(export, data / dataset)
+        assert positions == sum(peer["scores"][form]["total"])
+        assert peer["accuracy"][form] == pytest.approx(accuracy, abs=1e-6)
 
 
-def _run(accuracy: float, steps: int, seconds: float, finetuned: float | None) -> dict[str, Any]:
-    return {
-        "recipe": "a recipe", "heldout_mlm_accuracy": accuracy, "steps": steps, "sequences": 32 * steps,
-        "seconds": seconds, "finetune": None if finetuned is None else {"median": finetuned, "seeds": 1},
-    }  # fmt: skip
+# The parts alone ------------------------------------------------------------------------------------
 
 
-def _record(seed: int, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    return {"seed": seed, "evaluation": {"sequences": 10, "predictions": 150}, "runs": runs}
-
-
-def _fake_results(ttq: ModuleType) -> dict[str, Any]:
-    """What :func:`benchmark` returns, made up, two replicates: the peer only in the first and not
-    fine-tuned there, classic over its budget in the second."""
-    replicates = [
-        _record(1, {"classic": _run(0.2, 10, 4.0, 0.5), "modern": _run(0.3, 20, 4.1, 0.5),
-                    "modern-half": _run(0.1, 9, 2.0, 0.4), "hf-peer": _run(0.0, 5, 4.2, None)}),
-        _record(2, {"classic": _run(0.4, 12, 9.0, 0.5), "modern": _run(0.5, 22, 4.0, 0.5),
-                    "modern-half": _run(0.3, 11, 2.1, 0.6)}),
-    ]  # fmt: skip
-    runs = ttq.medians(replicates)
-    return {"replicates": replicates, "runs": runs, "ratios": ttq.ratios(runs), "targets": ttq.targets(runs),
-            "budget_seconds": 4.0, "device": "cpu", "size": "tiny", "preset": "bert-tiny",
-            "peer_sweep": {"points": [{"learning_rate": 0.1, "heldout_mlm_accuracy": 0.0}],
-                           "seconds_each": 1}}  # fmt: skip
-
-
-def test_medians_take_each_run_over_the_replicates_that_have_it(ttq: ModuleType) -> None:
-    runs = _fake_results(ttq)["runs"]
-    assert list(runs) == ["classic", "modern", "modern-half", "hf-peer"]
-    assert [runs[name]["seeds"] for name in runs] == [2, 2, 2, 1]
-    assert runs["classic"]["heldout_mlm_accuracy"] == pytest.approx(0.3)
-    assert runs["modern-half"]["finetune"] == {"median": pytest.approx(0.5), "seeds": 2}
-    # Steps and sequences of one run (the lower median), so that sequences = steps x batch.
-    assert (runs["modern"]["steps"], runs["modern"]["sequences"]) == (20, 640)
-    assert runs["classic"]["seconds"] == pytest.approx(6.5)
-    assert runs["hf-peer"]["finetune"] is None
-
-
-@pytest.mark.parametrize(
-    ("half", "modern_finetuned", "peer", "expected"),
-    [
-        (0.31, 0.6, 0.1, {"half_time": True, "finetune_kept": True, "beat_peer": True}),
-        (0.29, 0.6, 0.1, {"half_time": False, "finetune_kept": True, "beat_peer": True}),
-        (0.31, 0.4, 0.1, {"half_time": True, "finetune_kept": False, "beat_peer": True}),
-        (0.31, 0.6, 0.35, {"half_time": True, "finetune_kept": True, "beat_peer": False}),
-        (0.31, 0.6, None, {"half_time": True, "finetune_kept": True, "beat_peer": None}),
-    ],
-)
-def test_targets_compare_the_medians(
-    ttq: ModuleType, half: float, modern_finetuned: float, peer: float | None, expected: dict[str, Any]
+@pytest.mark.timeout(300)
+def test_the_demo_held_out_sets_have_2000_distinct_segments_in_both_formats(
+    parts: SimpleNamespace, tmp_path: Path
 ) -> None:
-    runs = {"classic": _run(0.3, 10, 4, 0.5), "modern": _run(0.4, 10, 4, modern_finetuned),
-            "modern-half": _run(half, 5, 2, 0.5)}  # fmt: skip
-    if peer is not None:
-        runs["hf-peer"] = _run(peer, 5, 4, 0.3)
-    assert ttq.targets(runs) == expected
+    size = parts.settings.SIZES["demo"]
+    bench = parts.runner.Benchmark("demo", size, "cpu", tmp_path)
+    sets = bench.prepare(bench.replicate(0))
+    singles, pairs = sets["singles"], sets["pairs"]
+    assert singles.distinct_segments() >= parts.settings.MIN_HELDOUT_SEGMENTS
+    assert pairs.distinct_segments() >= parts.settings.MIN_HELDOUT_SEGMENTS
+    assert not singles.has_segment_b() and pairs.has_segment_b()
+    assert (pairs.segment_ids == 1).any(axis=1).all()  # every pair row has a segment B
+    assert (singles.positions != 0).sum() == singles.predictions > 10 * singles.rows
 
 
-def test_main_writes_the_table_and_removes_the_work_files_unless_kept_or_failed(
-    ttq: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("size", ["tiny", "demo", "base"])
+def test_our_jobs_are_valid_and_each_ablation_row_adds_one_ingredient(
+    parts: SimpleNamespace, size: str, tmp_path: Path
 ) -> None:
-    def benchmark(size: Any, args: Any, budget: float, work: Path) -> dict[str, Any]:
-        (work / "data").mkdir(parents=True)
-        return _fake_results(ttq)
+    settings, jobs = parts.settings, parts.jobs
+    chosen = settings.SIZES[size]
+    device = "cuda" if size == "base" else "cpu"
+    documents = {
+        name: jobs.our_job(
+            recipe,
+            chosen,
+            device,
+            tmp_path,
+            tmp_path / name,
+            budget=12,
+            seed=7,
+            learning_rate=recipe.learning_rate(chosen, 1e-3),
+            finetune=True,
+        )
+        for name, recipe in settings.RECIPES.items()
+    }
+    shared = [jobs.singles_job(chosen, device, tmp_path, 7), jobs.pairs_job(chosen, device, tmp_path, 7)]
+    finetune = jobs.finetune_job(chosen, device, tmp_path, tmp_path / "peer", tmp_path / "peer" / "hf", 7)
+    for document in (*documents.values(), *shared, finetune):
+        checked(parse_job(document).spec, "<time_to_quality>", "training")
+    spec = {name: document["spec"] for name, document in documents.items()}
+    assert spec["classic"]["data"] == shared[1]["spec"]["data"]  # classic trains on the pair set's data
+    assert spec["classic"]["budget"] == {"time": "12s"} and "steps" not in spec["classic"]["phases"][0]
 
-    monkeypatch.setattr(ttq, "benchmark", benchmark)
-    assert ttq.main(["--out", str(tmp_path)]) == 0
-    assert not (tmp_path / "work").exists()
-    output = capsys.readouterr().out
-    runs, ratios, per_seed = _tables(output)
-    assert [row["fine-tuned acc"] for row in runs] == ["0.5000", "0.5000", "0.5000", "not measured"]
-    assert [row["held-out MLM acc"] for row in runs] == ["0.3000", "0.4000", "0.2000", "0.0000"]
-    assert [(row["ratio"], row["held-out MLM acc"], row["fine-tuned acc"]) for row in ratios] == [
-        ("modern/classic", "1.33", "1.00"),
-        ("modern-half/classic", "0.67", "1.00"),
-        ("classic/hf-peer", "n/a", "n/a"),
-        ("modern/hf-peer", "n/a", "n/a"),
+    def changed(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> set[str]:
+        keys = set(a) | set(b)
+        found = set()
+        for key in keys:
+            x, y = a.get(key), b.get(key)
+            if isinstance(x, dict) and isinstance(y, dict):
+                found |= changed(x, y, f"{prefix}{key}.")
+            elif isinstance(x, list) and isinstance(y, list) and x and isinstance(x[0], dict):
+                found |= changed(x[0], y[0], f"{prefix}{key}.")
+            elif x != y:
+                found.add(prefix + key)
+        return found
+
+    paths = {"checkpoint.path", "metadata.name"}
+    assert changed(spec["packed"], spec["adamw"]) - paths == {"data.packing"}
+    assert changed(spec["schedule"], spec["adamw"]) - paths == {"data.masking", "data.finalMaskedLmProb"}
+    assert changed(spec["modern"], spec["schedule"]) - paths == {"phases.batchRampProportion"}
+    assert changed(spec["adamw"], spec["modern-lamb"]) - paths == {
+        "optimizer.name",
+        "optimizer.beta2",
+        "phases.learningRate",
+    }
+    assert (
+        spec["modern"]["optimizer"]["beta2"] == 0.98 and spec["modern"]["data"]["finalMaskedLmProb"] == 0.15
+    )
+    # Each dataset setting has its own dataset directory name, so no two jobs rebuild each other's.
+    names = {
+        (
+            s["phases"][0]["maxPredictionsPerSeq"],
+            s["data"]["masking"],
+            s["data"]["packing"],
+            s["data"]["dupeFactor"],
+            s["objective"],
+        )
+        for s in (*spec.values(), *(d["spec"] for d in shared))
+    }
+    directories = {(p, m, k) for p, m, k, _, _ in names}
+    assert len(directories) == len(names)
+
+
+def test_the_fine_tuning_jobs_are_identical_but_for_init_from(parts: SimpleNamespace, tmp_path: Path) -> None:
+    settings, jobs = parts.settings, parts.jobs
+    size = settings.SIZES["demo"]
+    tasks = [
+        jobs.our_job(
+            recipe,
+            size,
+            "cpu",
+            tmp_path,
+            tmp_path / name,
+            budget=60,
+            seed=3,
+            learning_rate=recipe.learning_rate(size, 1e-3),
+            finetune=True,
+        )["spec"]["finetune"]
+        for name, recipe in settings.RECIPES.items()
     ]
-    assert [(row["seed"], row["run"]) for row in per_seed] == [
-        ("1", "classic"), ("1", "modern"), ("1", "modern-half"), ("1", "hf-peer"),
-        ("2", "classic"), ("2", "modern"), ("2", "modern-half"),
-    ]  # fmt: skip
-    assert "accuracy: not met; modern's fine-tuned score not below classic's: met; classic and modern " \
-        "both beat the peer: not measured." in output  # fmt: skip
-    table = (tmp_path / ttq.TABLE_FILE).read_text()
-    assert "classic (seed 2) trained 9.0 s against a budget of 4 s" in table
-    assert "classic (seed 1) trained" not in table and "modern-half (seed 1) trained" not in table
-    assert json.loads((tmp_path / ttq.RESULTS_FILE).read_text())["runs"]["modern"]["steps"] == 20
-
-    assert ttq.main(["--out", str(tmp_path), "--keep"]) == 0
-    assert (tmp_path / "work" / "data").is_dir()
-    capsys.readouterr()
-
-    def failing(size: Any, args: Any, budget: float, work: Path) -> dict[str, Any]:
-        raise ttq.BenchmarkError("modern: exit 1 after 3 s")
-
-    monkeypatch.setattr(ttq, "benchmark", failing)
-    assert ttq.main(["--out", str(tmp_path)]) == 1
-    assert (tmp_path / "work" / "data").is_dir()  # kept for its logs
-    assert "time_to_quality: modern: exit 1 after 3 s" in capsys.readouterr().err
+    peer = jobs.finetune_job(size, "cpu", tmp_path, tmp_path / "peer", tmp_path / "hf", 3)["spec"]
+    assert peer["finetune"][0].pop("initFrom") == str(tmp_path / "hf")
+    assert all(task == peer["finetune"] for task in tasks)
+    assert peer["finetune"][0]["dropout"] == 0.1 and peer["finetune"][0]["seeds"] == 3
+    # ... and so are the fine-tuning's inputs besides the task: the seed, the device, the precision.
+    ours = jobs.our_job(
+        settings.CLASSIC,
+        size,
+        "cpu",
+        tmp_path,
+        tmp_path / "c",
+        budget=60,
+        seed=3,
+        learning_rate=0.01,
+        finetune=True,
+    )["spec"]
+    for field in ("seed", "precision", "accelerator", "topology"):
+        assert ours[field] == peer[field], field
 
 
-# The parts alone ---------------------------------------------------------------------------------
+def test_a_run_key_depends_on_its_content_not_on_the_output_directory(
+    parts: SimpleNamespace, tmp_path: Path
+) -> None:
+    store_module, jobs, settings = parts.store, parts.jobs, parts.settings
+    size = settings.SIZES["tiny"]
+
+    def key(work: Path, budget: int = 4, lr: float = 0.01) -> str:
+        spec = jobs.our_job(
+            settings.CLASSIC,
+            size,
+            "cpu",
+            work / "seed-1",
+            work / "seed-1" / "c",
+            budget=budget,
+            seed=1,
+            learning_rate=lr,
+            finetune=False,
+        )["spec"]
+        return store_module.run_key(
+            "ours", "classic", 1, budget, "tiny", store_module.without_paths(spec, work)
+        )
+
+    assert key(tmp_path / "a") == key(tmp_path / "b")
+    assert key(tmp_path / "a") != key(tmp_path / "a", budget=5) != key(tmp_path / "a", lr=0.02)
+    assert key(tmp_path / "a").startswith("classic-1-4s-")
+    store = store_module.RunStore(tmp_path / "runs")
+    assert store.get("x") is None
+    store.put({"key": "x", "value": 1})
+    assert store.get("x") == {"key": "x", "value": 1} and not list((tmp_path / "runs").glob(".*"))
+    store.path("y").write_text(json.dumps({"key": "x"}))
+    with pytest.raises(ValueError, match="not the record of run y"):
+        store.get("y")
+
+
+def _record(
+    recipe: str,
+    replicate: int,
+    budget: int,
+    seconds: float,
+    accuracy: float,
+    rows: int = 40,
+    finetuned: float | None = None,
+    kind: str = "ours",
+) -> dict[str, Any]:
+    """A made-up run: ``rows`` held-out rows of 10 predictions each, ``accuracy`` of them right
+    (to 1 / (10 x rows)), spread as evenly as rows allow."""
+    whole, extra = divmod(round(accuracy * 10 * rows), rows)
+    correct = [whole + 1] * extra + [whole] * (rows - extra)
+    accuracy = sum(correct) / (10 * rows)
+    score = {"accuracy": accuracy, "correct": correct, "total": [10] * rows}
+    return {
+        "key": f"{recipe}-{replicate}-{budget}",
+        "kind": kind,
+        "recipe": recipe,
+        "replicate": replicate,
+        "seed": 100 + replicate,
+        "budget_seconds": budget,
+        "seconds": seconds,
+        "steps": budget,
+        "description": recipe,
+        "accuracy": {"singles": accuracy, "pairs": accuracy},
+        "scores": {"singles": score, "pairs": score},
+        "finetune": None if finetuned is None else {"median": finetuned},
+    }
+
+
+def _curves(shift: float, replicates: int, jitter: float = 0.0) -> list[dict[str, Any]]:
+    """Classic at 10, 20, 40, 80 s climbing 0.1 per doubling from 0.2; modern reaching each of its
+    accuracies ``shift`` times as fast (modern at t scores what classic scores at t / shift)."""
+    records = []
+    for replicate in range(replicates):
+        for budget in (10, 20, 40, 80):
+            level = 0.2 + 0.1 * math.log2(budget / 10)
+            noise = jitter * (replicate - (replicates - 1) / 2)
+            records.append(_record("classic", replicate, budget, budget, level))
+            modern = 0.2 + 0.1 * math.log2(budget * shift / 10) + noise
+            records.append(_record("modern", replicate, budget, budget, min(modern, 1.0)))
+    return records
+
+
+def test_the_summary_finds_the_ratio_of_made_up_curves_and_its_interval(parts: SimpleNamespace) -> None:
+    settings, report = parts.settings, parts.report
+    size = settings.Size(
+        **{**settings.SIZES["tiny"].__dict__, "budget": 80.0, "fractions": (1 / 8, 1 / 4, 1 / 2, 1.0)}
+    )
+    # Modern scores at t what classic scores at 2t: classic's 80 s accuracy (0.5) at 40 s, ratio 0.5.
+    one = report.summarize(_curves(2.0, 1), size, 1, 0)["ratio"]["singles"]
+    assert one["estimate"] == pytest.approx(0.5) and one["low"] is None and one["replicates_needed"] is None
+    # Four times as fast: 20 s, 0.25; three replicates give an interval around it.
+    three = report.summarize(_curves(4.0, 3, jitter=0.02), size, 3, 0)["ratio"]["singles"]
+    assert three["estimate"] == pytest.approx(0.25, abs=0.02)
+    assert three["low"] <= three["estimate"] <= three["high"] and three["replicates"] == 3
+    assert three["replicates_needed"] >= 2
+    lines = report.tables({"summary": report.summarize(_curves(4.0, 3, 0.02), size, 3, 0), "choices": {}})
+    ratio_rows = _tables("\n".join(lines))[1]
+    assert ratio_rows[0]["ratio"] == f"{three['estimate']:.3f}" and ratio_rows[0]["90% interval"].startswith(
+        "["
+    )
+
+
+def test_the_summary_pairs_fine_tuning_and_ablation_by_replicate(parts: SimpleNamespace) -> None:
+    settings, report = parts.settings, parts.report
+    size = settings.Size(
+        **{
+            **settings.SIZES["tiny"].__dict__,
+            "budget": 80.0,
+            "fractions": (1 / 8, 1 / 4, 1 / 2, 1.0),
+            "ablation_fraction": 1 / 4,
+        }
+    )
+    records = _curves(2.0, 2)
+    for record in records:
+        if record["budget_seconds"] == 80:
+            record["finetune"] = {
+                "median": {"classic": 0.6, "modern": 0.7}[record["recipe"]] + record["replicate"] / 10
+            }
+    records += [_record("hf-peer", 1, 80, 80, 0.1, finetuned=0.5, kind="peer")]  # replicate 0 has no peer
+    for name, accuracy in (("modern-lamb", 0.25), ("adamw", 0.3), ("packed", 0.31), ("schedule", 0.33)):
+        records += [_record(name, i, 20, 20, accuracy + i / 100) for i in range(2)]
+    summary = report.summarize(records, size, 2, 2)
+    finetune = summary["finetune"]
+    assert finetune["differences"]["modern - classic"]["estimate"] == pytest.approx(0.1)
+    assert finetune["differences"]["classic - hf-peer"]["replicates"] == 1  # paired: replicate 1 only
+    assert finetune["differences"]["classic - hf-peer"]["estimate"] == pytest.approx(0.2)
+    rows = {row["recipe"]: row for row in summary["ablation"]["rows"]}
+    assert rows["packed"]["difference"]["singles"]["estimate"] == pytest.approx(0.01)
+    assert rows["schedule"]["base"] == "adamw" and rows["modern"]["base"] == "schedule"
+    assert summary["targets"]["finetune_kept"] is True and summary["targets"]["beat_peer"] is True
+
+
+def test_the_plan_counts_each_run_once_and_fits_the_demo_in_two_hours(parts: SimpleNamespace) -> None:
+    runner, settings = parts.runner, parts.settings
+    demo = settings.SIZES["demo"]
+    planned = runner.plan(demo, demo.replicates, demo.ablation_replicates)
+    ours = [p for p in planned if p.kind == "ours"]
+    # Curves: 2 recipes x 4 budgets x 4 replicates; ablation: 6 rows x 6 replicates less the 2 rows per
+    # curve replicate they share; our sweep: 3 points, one of them the ablation's AdamW row.
+    assert len(ours) == 32 + (36 - 8) + 2
+    assert sum(p.kind == "peer-sweep" for p in planned) == len(demo.peer_lrs) * len(settings.PEER_CONFIGS)
+    assert sum(p.finetune_seeds for p in planned) == 3 * (2 * 4 + 4 + 1)
+    assert runner.estimate_seconds(demo, planned, 6) < 2 * 3600
+
+
+def test_the_peer_budget_refits_without_a_jump_and_ends_at_zero(parts: SimpleNamespace) -> None:
+    plan = parts.peer.BudgetPlan(100.0)
+    assert plan.fit(0, 10.0, 1.0) == 90  # 90 s left at 1 s a step
+    assert plan.factor(0) == 0 and plan.factor(9) == pytest.approx(1.0)
+    before = plan.progress(31)
+    assert plan.fit(30, 50.0, 2.0) == 55  # steps slowed down: 25 more fit in the 50 s left
+    assert plan.progress(31) == pytest.approx(before)  # the new line starts where the old one was
+    assert plan.progress(55) == 1.0 and plan.factor(55) == 0.0
+    assert plan.progress(43) == pytest.approx(before + (1 - before) * 12 / 24)
+    assert [fit["steps"] for fit in plan.fits] == [90, 55]
+
+
+def test_the_peer_validation_rows_are_masked_as_bert_does(parts: SimpleNamespace) -> None:
+    rng = np.random.default_rng(0)
+    special = np.array([0, 2, 3])
+    rows = [
+        np.concatenate([[2], rng.integers(10, 100, size=n), [3]]) for n in rng.integers(20, 120, size=400)
+    ]
+    masked = parts.peer.mask_rows(rows, special, mask_id=4, vocab_size=100, seed=1)
+    counts = (masked.positions != 0).sum(axis=1)
+    assert (counts == [min(19, max(1, round(len(r) * 0.15))) for r in rows]).all()
+    assert (masked.unmasked()[:, :5] == np.stack([r[:5] for r in rows])).all()
+    picked = masked.input_ids[np.arange(len(rows))[:, None], masked.positions][masked.positions != 0]
+    assert 0.75 < (picked == 4).mean() < 0.85  # 80% [MASK]
+    assert not np.isin(masked.labels[masked.positions != 0], special).any()
 
 
 class _Predicts:
-    """A masked-LM stand-in whose logits put token ``want[row, position]`` first, ``row`` being
-    the row's first input id."""
+    """A masked-LM stand-in whose logits put token ``want[row, position]`` first, ``row`` being the
+    row's first input id."""
 
     def __init__(self, want: np.ndarray, vocab: int):
         self.want, self.vocab = want, vocab
-        self.evaluated = False
 
     def eval(self) -> None:
-        self.evaluated = True
+        pass
 
     def __call__(self, input_ids: torch.Tensor, **_: Any) -> SimpleNamespace:
         logits = torch.zeros(*input_ids.shape, self.vocab)
@@ -323,91 +556,38 @@ class _Predicts:
         return SimpleNamespace(logits=logits)
 
 
-def test_mlm_accuracy_counts_the_masked_positions_and_ignores_padded_slots(ttq: ModuleType) -> None:
+def test_scoring_counts_each_rows_masked_positions(parts: SimpleNamespace) -> None:
     rows, length, vocab = 3, 8, 10
-    positions = np.array([[1, 3, 0], [2, 0, 0], [4, 5, 6]])  # 0: a padded slot
+    positions = np.array([[1, 3, 0], [2, 0, 0], [4, 5, 6]])  # 0: an empty slot
     labels = np.array([[7, 8, 9], [5, 9, 9], [1, 2, 3]])
     want = np.zeros((rows, length), np.int64)
     want[0, 1], want[0, 3] = 7, 1  # right, wrong
     want[1, 2] = 5  # right
     want[2, 4], want[2, 5], want[2, 6] = 1, 2, 0  # right, right, wrong
-    want[0, 0] = want[1, 0] = 9  # the padded slots' labels at position 0: not counted
-    heldout = ttq.HeldOut(
-        np.arange(rows)[:, None].repeat(length, axis=1), np.ones((rows, length), np.int64),
-        np.zeros((rows, length), np.int64), positions, labels, ("x",),
-    )  # fmt: skip
-    model = _Predicts(want, vocab)
-    assert ttq.mlm_accuracy(model, heldout, "cpu", batch_size=2) == pytest.approx(4 / 6)
-    assert model.evaluated
-    assert heldout.predictions == 6
+    want[0, 0] = want[1, 0] = 9  # the empty slots' labels at position 0: not counted
+    rows_set = parts.heldout.EvalSet(
+        np.arange(rows)[:, None].repeat(length, axis=1),
+        np.ones((rows, length), np.int64),
+        np.zeros((rows, length), np.int64),
+        positions,
+        labels,
+        ("x",),
+    )
+    correct, total = parts.heldout.score_rows(_Predicts(want, vocab), rows_set, "cpu", batch_size=2)
+    assert correct.tolist() == [1, 1, 2] and total.tolist() == [2, 1, 3]
 
 
-def test_the_peer_trains_on_the_shards_tokens_masks_undone(ttq: ModuleType, tmp_path: Path) -> None:
-    # [CLS]=2 [SEP]=3 [MASK]=4 [PAD]=0; row 0 is "2 10 4 12 3" with 11 masked at position 2, row 1
-    # "2 4 21 3" with 20 masked at position 1 and a random replacement (5 for 22) at position 2.
-    ids = np.array([[2, 10, 4, 12, 3, 0], [2, 4, 5, 3, 0, 0]], np.int32)
-    with h5py.File(tmp_path / "shard_00000.hdf5", "w") as shard:
-        shard["input_ids"] = ids
-        shard["input_mask"] = (ids != 0).astype(np.int32)
-        shard["masked_lm_positions"] = np.array([[2, 0], [1, 2]], np.int32)
-        shard["masked_lm_ids"] = np.array([[11, 0], [20, 22]], np.int32)
-    with h5py.File(tmp_path / "heldout_00000.hdf5", "w") as shard:  # not training data
-        shard["input_ids"] = np.full((1, 6), 99, np.int32)
-    rows = ttq.UnmaskedRows(tmp_path, special_ids=[0, 2, 3])
-    assert len(rows) == 2
-    assert rows[0] == {"input_ids": [2, 10, 11, 12, 3], "special_tokens_mask": [1, 0, 0, 0, 1]}
-    assert rows[1] == {"input_ids": [2, 20, 22, 3], "special_tokens_mask": [1, 0, 0, 1]}
-
-
-def test_read_train_log_takes_the_phase_start_and_the_intervals_after_the_first(
-    ttq: ModuleType, tmp_path: Path
+def test_read_train_log_scores_the_last_quarter_of_the_training_batches(
+    parts: SimpleNamespace, tmp_path: Path
 ) -> None:
-    def record(kind: str, elapsed: float, step: Any, data: dict[str, Any]) -> str:
-        return json.dumps({"type": kind, "elapsedtime": elapsed, "step": step, "data": data})
+    def record(step: int, accuracy: float, split: str = "train") -> str:
+        data = {"split": split, "sequences": 64.0, "mlm_accuracy": accuracy}
+        return json.dumps({"type": "LOG", "elapsedtime": step, "step": [1, step], "data": data})
 
     log = tmp_path / "train.jsonl"
-    log.write_text("\n".join([
-        record("PARAMETER", 1.0, "PARAMETER", {"phase": 1}),
-        record("LOG", 5.0, [1, 2], {"split": "train", "sequences": 64.0}),  # the start's slow steps
-        record("LOG", 6.0, [1, 4], {"split": "train", "sequences": 64.0}),
-        record("LOG", 6.5, [1, 4], {"split": "eval", "sequences": 500.0}),
-        record("LOG", 7.0, [1, 6], {"split": "train", "sequences": 64.0}),
-    ]) + "\n")  # fmt: skip
-    assert ttq.read_train_log(log) == ttq.TrainLog(steps=6, sequences=192, seconds=6.0, steps_per_second=2.0)
-
-
-@pytest.mark.parametrize("size", ["tiny", "demo", "base"])
-def test_our_jobs_are_valid_and_share_the_data_but_masking(
-    ttq: ModuleType, size: str, tmp_path: Path
-) -> None:
-    chosen = ttq.SIZES[size]
-    device = "cuda" if size == "base" else "cpu"
-    shared = ttq.shared_data_job(chosen, device, tmp_path, 7)
-    documents = {name: ttq.our_job(name, chosen, device, tmp_path, budget=5.5, seed=7) for name in ttq.OURS}
-    peer = ttq.peer_finetune_job(chosen, device, tmp_path, tmp_path / "hf-peer" / "hf", seed=7)
-    for document in (shared, *documents.values(), peer):
-        job = parse_job(document)
-        checked(job.spec, "<time_to_quality>", "training")
-    classic, modern = documents["classic"]["spec"], documents["modern"]["spec"]
-    without_masking = [
-        {key: value for key, value in spec["data"].items() if key != "maskedLmProb"}
-        for spec in (shared["spec"], classic, modern)
-    ]
-    assert without_masking[0] == without_masking[1] == without_masking[2]
-    assert [spec["data"]["maskedLmProb"] for spec in (shared["spec"], classic, modern)] == [0.15, 0.15, 0.3]
-    # Three datasets in one directory: the shared set's, classic's and modern's names differ.
-    predictions = [spec["phases"][0]["maxPredictionsPerSeq"] for spec in (shared["spec"], classic, modern)]
-    assert len(set(predictions)) == 3
-    objectives = [spec["objective"] for spec in (shared["spec"], classic, modern)]
-    assert objectives == ["mlm", "mlm-nsp", "mlm"]
-    assert modern["model"]["hiddenDropoutProb"] == modern["model"]["attentionProbsDropoutProb"] == 0
-    assert (modern["optimizer"]["schedule"], modern["optimizer"]["maxGradNorm"]) == ("one-cycle", 0.5)
-    assert classic["budget"] == modern["budget"] == {"time": "6s"}
-    assert "steps" not in classic["phases"][0] and "steps" not in modern["phases"][0]
-    half = documents["modern-half"]["spec"]
-    assert half["budget"] == {"time": "3s"}
-    assert {**half, "budget": None, "checkpoint": None} == {**modern, "budget": None, "checkpoint": None}
-    assert classic["finetune"][0]["seeds"] == 1 and "initFrom" not in classic["finetune"][0]
-    assert {spec["seed"] for spec in (shared["spec"], classic, modern, half, peer["spec"])} == {7}
-    task = peer["spec"]["finetune"][0]
-    assert task["initFrom"] == str(tmp_path / "hf-peer" / "hf") and task["baseline"] is True
+    lines = [json.dumps({"type": "PARAMETER", "elapsedtime": 0, "step": "PARAMETER", "data": {}})]
+    lines += [record(step, step / 100) for step in (10, 20, 30, 40)] + [record(40, 0.9, "eval")]
+    log.write_text("\n".join(lines) + "\n")
+    found = parts.runner.read_train_log(log)
+    assert (found.steps, found.sequences) == (40, 256)
+    assert found.progressive_mlm_accuracy == pytest.approx(0.4)  # step 40 only: the last quarter is > 30
