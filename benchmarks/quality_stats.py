@@ -215,8 +215,9 @@ def time_to_target_ratio(
         medians[b] = np.median(drawn)
     tails = [(1 - confidence) / 2, (1 + confidence) / 2]
     low, high = (float(q) for q in np.quantile(medians, tails, method="inverted_cdf"))
+    width = math.inf if math.isinf(high) else high - low  # inf - inf, both ends unreached, is not NaN
     return RatioResult(
-        estimate, low, high, high - low, n, resamples, unreached, confidence, targets, ratios, reached
+        estimate, low, high, width, n, resamples, unreached, confidence, targets, ratios, reached
     )
 
 

@@ -162,6 +162,9 @@ def test_never_reaching_the_target_counts_as_infinity() -> None:
     assert qs.replicates_needed(result.width, 3) is None
     none = qs.time_to_target_ratio([flat, flat], [pairs[2][1], pairs[2][1]], resamples=50)
     assert none.estimate == math.inf and none.unreached == 50
+    # Every resample's median unreached: both ends inf, and the width inf rather than inf - inf (NaN).
+    assert (none.low, none.high, none.width) == (math.inf, math.inf, math.inf)
+    assert qs.replicates_needed(none.width, 2) is None
 
 
 # (f) Reproducibility and narrowing.
