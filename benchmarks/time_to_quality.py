@@ -10,7 +10,8 @@ the modern recipe's ingredients. The code is in the package ``ttq`` beside this 
 
 **Replicates.** Replicate r runs under seed 12345 + r (``spec.seed``: the corpus's held-out split,
 the data's draws, every initialisation, the fine-tuning's seeds): its own data directory, its own
-held-out sets, so its runs are paired; the statistics resample replicates, then held-out rows.
+held-out sets, so its runs are paired; the statistics resample replicates, then held-out documents
+(each row traced to its document: ``ttq.heldout.row_documents``).
 
 **The held-out sets** (``ttq.heldout``): the data stage holds out ``Size.heldout_fraction`` of the
 documents and makes their rows in one pass (no dupe factor: each row a distinct segment), in two
@@ -53,7 +54,7 @@ finetune`` with ``initFrom``: the task is the same but for ``initFrom``.
 **Statistics** (``benchmarks/quality_stats.py``): the time-to-target ratio per held-out set,
 modern's seconds to reach classic's full-budget accuracy interpolated on its curve / classic's
 seconds, median over replicates, 90% interval from a two-stage paired bootstrap (replicates, then
-held-out rows), and the replicates it would take for a width under 0.15; paired t intervals for the
+held-out documents), and the replicates it would take for a width under 0.15; paired t intervals for the
 fine-tuned and ablation differences.
 
 **Resuming.** Every finished run's record is written to ``<out>/runs/<key>.json`` (temporary name,
@@ -207,8 +208,8 @@ def benchmark(bench: Benchmark) -> dict[str, Any]:
     }
     peer_best: dict[str, Any] | None = None
     evaluation = {}
-    for index in range(max(size.replicates, size.ablation_replicates)):
-        rep = first if index == 0 else bench.replicate(index)
+    reps = [first] + [bench.replicate(i) for i in range(1, max(size.replicates, size.ablation_replicates))]
+    for index, rep in enumerate(reps):
         if index < size.replicates:
             for name in HEADLINE:
                 for fraction in size.fractions:
@@ -234,7 +235,15 @@ def benchmark(bench: Benchmark) -> dict[str, Any]:
         records = [r for r in bench.records if r.get("replicate") == index and r.get("evaluation")]
         if records:
             evaluation[str(rep.seed)] = records[0]["evaluation"]
-    summary = report.summarize(bench.records, size, size.replicates, size.ablation_replicates)
+    # The curves' replicates' held-out rows traced to their documents, the units the ratio's
+    # bootstrap draws (their data made again where a rerun reused every run).
+    documents = {}
+    for index, rep in enumerate(reps[: size.replicates]):
+        bench.prepare(rep)
+        assert rep.documents is not None and rep.evaluation is not None
+        documents[index] = rep.documents
+        evaluation[str(rep.seed)] = rep.evaluation
+    summary = report.summarize(bench.records, size, size.replicates, size.ablation_replicates, documents)
     return {
         "size": bench.size_name,
         "device": bench.device,

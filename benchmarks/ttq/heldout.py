@@ -4,12 +4,14 @@ Two held-out sets per replicate, made from the same held-out documents by the da
 pass (each row a distinct segment): *singles* ``[CLS] A [SEP]`` (segment ids 0; the ``mlm``
 recipes' format) and *pairs* ``[CLS] A [SEP] B [SEP]`` (segment ids 0 then 1; the classic recipe's
 format), both masked once at 15% and stored. The shards do not record which document a row came
-from, so the unit the statistics resample is the row, not the document (rows of one document are
-correlated, so the document bootstrap's interval is somewhat too narrow).
+from, so :func:`row_documents` finds it from the data stage's tokenized documents (its pieces,
+``<data>/documents/piece_*.npz``): the statistics resample held-out documents, each with all its
+rows, since rows of one document are correlated.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,8 @@ import numpy as np
 import torch
 
 FORMATS = ("singles", "pairs")
+GRAM = 4  # tokens per n-gram that votes for a row's document
+COMMON_GRAM = 32  # an n-gram found in more held-out documents than this votes for none
 _NAMES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids")
 
 
@@ -92,6 +96,73 @@ class EvalSet:
             "rows_with_segment_b": int((self.segment_ids == 1).any(axis=1).sum()),
             "files": list(self.files),
         }
+
+
+def heldout_documents(documents_dir: Path) -> list[np.ndarray]:
+    """The held-out documents of a data stage's pieces (``piece_*.npz`` in ``documents_dir``, in
+    file order): each document's tokens, int32 [T_d], sentence after sentence. Raises ValueError
+    when ``documents_dir`` has no piece."""
+    files = sorted(documents_dir.glob("piece_*.npz"))
+    if not files:
+        raise ValueError(f"{documents_dir}: no piece_*.npz (the data stage's tokenized documents)")
+    found = []
+    for file in files:
+        with np.load(file) as piece:
+            tokens, sentences, documents = piece["tokens"], piece["sentence_starts"], piece["document_starts"]
+            for d in np.flatnonzero(piece["heldout"]):
+                found.append(tokens[sentences[documents[d]] : sentences[documents[d + 1]]].astype(np.int32))
+    return found
+
+
+def row_documents(rows: EvalSet, documents: Sequence[np.ndarray]) -> np.ndarray:
+    """int64 [N]: for each row of ``rows``, the index in ``documents`` (:func:`heldout_documents`)
+    of the document its segment A was cut from, or -1 where none is found.
+
+    Segment A (the tokens after ``[CLS]`` up to the first ``[SEP]``, its masks undone) is a run of
+    one document's tokens, maybe truncated at either end (NVIDIA's ``truncate_seq_pair``); each of
+    its 4-token n-grams votes for the documents that hold it (n-grams in more than
+    :data:`COMMON_GRAM` documents vote for none) and the most voted wins, the lowest index on a tie.
+    A pair's segment B is not read: a random next segment comes from another document.
+    """
+    index: dict[bytes, list[int]] = {}
+    for d, tokens in enumerate(documents):
+        if len(tokens) >= GRAM:
+            grams = np.lib.stride_tricks.sliding_window_view(np.ascontiguousarray(tokens, np.int32), GRAM)
+            for key in {gram.tobytes() for gram in grams}:
+                index.setdefault(key, []).append(d)
+    ids = rows.unmasked()
+    found = np.full(rows.rows, -1, np.int64)
+    for row in range(rows.rows):
+        segment_a = int(((rows.segment_ids[row] == 0) & (rows.input_mask[row] == 1)).sum())
+        tokens = np.ascontiguousarray(ids[row, 1 : segment_a - 1], np.int32)  # no [CLS], no [SEP]
+        if len(tokens) < GRAM:
+            continue
+        votes: Counter[int] = Counter()
+        for gram in np.lib.stride_tricks.sliding_window_view(tokens, GRAM):
+            holders = index.get(gram.tobytes(), ())
+            if len(holders) <= COMMON_GRAM:
+                votes.update(holders)
+        if votes:
+            found[row] = min(votes, key=lambda d: (-votes[d], d))
+    return found
+
+
+def by_document(values: Sequence[int], documents: np.ndarray) -> np.ndarray:
+    """int64 [U]: ``values`` (one per row, [N]) summed over the rows of each document in
+    ``documents`` (:func:`row_documents`, [N]), in increasing document order, then each row whose
+    document was not found (-1) as a unit of its own, in row order.
+
+    Raises:
+        ValueError: ``values`` and ``documents`` differ in length.
+    """
+    values = np.asarray(values, np.int64)
+    if values.shape != documents.shape:
+        raise ValueError(f"{len(values)} row values for {len(documents)} rows' documents")
+    units = documents.copy()
+    unknown = units < 0
+    units[unknown] = units.max(initial=-1) + 1 + np.arange(int(unknown.sum()))
+    _, inverse = np.unique(units, return_inverse=True)
+    return np.bincount(inverse, weights=values).astype(np.int64)
 
 
 def score_rows(

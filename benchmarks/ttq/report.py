@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import quality_stats as qs
 
-from ttq.heldout import FORMATS
+from ttq.heldout import FORMATS, by_document
 from ttq.settings import (
     ABLATION,
     HEADLINE,
@@ -43,14 +43,21 @@ def _ours(
 
 
 def curve(
-    records: Sequence[dict[str, Any]], recipe: str, replicate: int, budgets: Sequence[int], form: str
+    records: Sequence[dict[str, Any]],
+    recipe: str,
+    replicate: int,
+    budgets: Sequence[int],
+    form: str,
+    documents: np.ndarray | None = None,
 ) -> qs.Curve:
     """Replicate ``replicate``'s runs of ``recipe`` at ``budgets`` as a :class:`quality_stats.Curve`
     on held-out set ``form``: one point per run, at its training seconds (``budget.json``'s
-    ``finished_seconds``), with its per-row correct and total counts (rows as the units).
+    ``finished_seconds``), with its correct and total counts per held-out document (``documents``,
+    int64 [N], each row's: :func:`ttq.heldout.row_documents`), or per row where ``documents`` is
+    None.
 
     Raises:
-        ValueError: a run is missing.
+        ValueError: a run is missing, or ``documents`` is not one per scored row.
     """
     points = []
     for budget in budgets:
@@ -58,13 +65,10 @@ def curve(
         if record is None:
             raise ValueError(f"no {recipe} run of {budget} s in replicate {replicate}")
         score = record["scores"][form]
-        points.append(
-            qs.Point(
-                record["seconds"],
-                np.asarray(score["correct"], np.int64),
-                np.asarray(score["total"], np.int64),
-            )
-        )
+        correct, total = np.asarray(score["correct"], np.int64), np.asarray(score["total"], np.int64)
+        if documents is not None:
+            correct, total = by_document(correct, documents), by_document(total, documents)
+        points.append(qs.Point(record["seconds"], correct, total))
     return qs.Curve(recipe, replicate, points)
 
 
@@ -82,12 +86,17 @@ def _interval(result: qs.Difference) -> dict[str, Any]:
 
 
 def summarize(
-    records: Sequence[dict[str, Any]], size: Size, replicates: int, ablation_replicates: int
+    records: Sequence[dict[str, Any]],
+    size: Size,
+    replicates: int,
+    ablation_replicates: int,
+    documents: dict[int, dict[str, np.ndarray]] | None = None,
 ) -> dict[str, Any]:
     """The results from every run's record (see the module's docstring): ``curves`` (per recipe and
     budget, medians over replicates), ``ratio`` (per held-out set, modern's time to classic's
-    full-budget accuracy / classic's seconds, with its interval), ``finetune``, ``ablation``,
-    ``budget_fidelity`` and ``targets``."""
+    full-budget accuracy / classic's seconds, with its interval; its bootstrap draws held-out
+    documents where ``documents`` gives each replicate's rows' documents per set, else rows),
+    ``finetune``, ``ablation``, ``budget_fidelity`` and ``targets``."""
     budgets = [size.seconds(f) for f in size.fractions]
     full = budgets[-1]
     found: dict[str, Any] = {"budgets": budgets}
@@ -131,8 +140,9 @@ def summarize(
     for form in FORMATS:
         if not complete:
             break
-        modern = [curve(records, "modern", i, budgets, form) for i in complete]
-        classic = [curve(records, "classic", i, budgets, form) for i in complete]
+        units = {i: None if documents is None else documents[i][form] for i in complete}
+        modern = [curve(records, "modern", i, budgets, form, units[i]) for i in complete]
+        classic = [curve(records, "classic", i, budgets, form, units[i]) for i in complete]
         result = qs.time_to_target_ratio(modern, classic)
         needed = None
         if result.width is not None:
@@ -143,6 +153,8 @@ def summarize(
             "high": result.high,
             "width": result.width,
             "replicates": result.replicates,
+            "units": "rows" if documents is None else "documents",
+            "units_per_replicate": [len(c.points[0].total) for c in classic],
             "replicates_needed": needed,
             "resamples": result.resamples,
             "unreached": result.unreached,
@@ -348,10 +360,16 @@ def tables(results: dict[str, Any]) -> list[str]:
                 per,
             ]
         )
+    units = {
+        f"{form}: {', '.join(map(str, ratio['units_per_replicate']))} {ratio['units']}"
+        for form, ratio in summary["ratio"].items()
+    }
     lines += [
         "Time to target: modern's seconds to reach classic's full-budget accuracy (interpolated on its "
         "curve) / classic's seconds; median over replicates, 90% interval from a paired bootstrap over "
-        "replicates and held-out rows (`<=`: reached at modern's first point, an upper bound):",
+        f"replicates, then held-out {' or '.join(sorted({r['units'] for r in summary['ratio'].values()}))} "
+        "(a document with all its rows; per replicate: "
+        f"{'; '.join(sorted(units))}; `<=`: reached at modern's first point, an upper bound):",
         "",
     ]
     lines += _table(RATIO_COLUMNS, ratio_rows)

@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from ttq import jobs, peer
-from ttq.heldout import EvalSet, score_export, score_model
+from ttq.heldout import EvalSet, heldout_documents, row_documents, score_export, score_model
 from ttq.settings import (
     ABLATION,
     FINETUNE_METRIC,
@@ -137,6 +138,7 @@ class Replicate:
     work: Path
     sets: dict[str, EvalSet] | None = None
     evaluation: dict[str, Any] | None = None
+    documents: dict[str, np.ndarray] | None = None  # per set, each row's held-out document [N]
     peer_data: peer.PeerData | None = None
 
     @property
@@ -198,12 +200,18 @@ class Benchmark:
             command = [sys.executable, "-m", "bertpretrain", "prepare", "--config", str(job)]
             run_logged(f"{name} data (seed {rep.seed})", command, rep.work / name / "prepare.log")
         rep.sets = {"singles": EvalSet.read(rep.singles), "pairs": EvalSet.read(rep.pairs)}
+        documents = heldout_documents(rep.data / "documents")
+        rep.documents = {name: row_documents(rows, documents) for name, rows in rep.sets.items()}
         rep.evaluation = {name: rows.describe() for name, rows in rep.sets.items()}
         for name, counts in rep.evaluation.items():
+            found = rep.documents[name]
+            counts["documents"] = len(np.unique(found[found >= 0]))
+            counts["rows_without_document"] = int((found < 0).sum())
             say(
                 f"seed {rep.seed}: held-out {name}: {counts['rows']} rows, "
-                f"{counts['distinct_segments']} distinct segments, {counts['predictions']} masked positions, "
-                f"{counts['rows_with_segment_b']} with segment B"
+                f"{counts['distinct_segments']} distinct segments from {counts['documents']} documents "
+                f"({counts['rows_without_document']} rows not traced to one), "
+                f"{counts['predictions']} masked positions, {counts['rows_with_segment_b']} with segment B"
             )
         return rep.sets
 

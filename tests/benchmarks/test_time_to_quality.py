@@ -159,6 +159,16 @@ def test_the_held_out_sets_hold_both_formats_one_pass(tiny_run: dict[str, Any]) 
     for record in _kind(tiny_run["records"], "ours"):
         assert set(record["accuracy"]) == {"singles", "pairs"}
         assert len(record["scores"]["singles"]["correct"]) == singles["rows"]
+    for form, counts in (("singles", singles), ("pairs", pairs)):  # rows traced to their documents
+        assert (
+            1 < counts["documents"] < counts["rows"]
+            and counts["rows_without_document"] <= 0.03 * counts["rows"]
+        )
+        # The ratio's bootstrap draws documents, and each untraced row as a unit of its own.
+        ratio = tiny_run["results"]["summary"]["ratio"].get(form)
+        if ratio is not None:
+            assert ratio["units"] == "documents"
+            assert ratio["units_per_replicate"] == [counts["documents"] + counts["rows_without_document"]]
 
 
 @pytest.mark.slow
@@ -468,6 +478,85 @@ def test_the_summary_finds_the_ratio_of_made_up_curves_and_its_interval(parts: S
     assert ratio_rows[0]["ratio"] == f"{three['estimate']:.3f}" and ratio_rows[0]["90% interval"].startswith(
         "["
     )
+
+
+def test_the_ratio_resamples_documents_when_rows_are_traced_to_them(parts: SimpleNamespace) -> None:
+    settings, report = parts.settings, parts.report
+    size = settings.Size(
+        **{**settings.SIZES["tiny"].__dict__, "budget": 80.0, "fractions": (1 / 8, 1 / 4, 1 / 2, 1.0)}
+    )
+    records = _curves(4.0, 3, jitter=0.02)
+    by_rows = report.summarize(records, size, 3, 0)["ratio"]["singles"]
+    # 40 rows in 8 documents of 5 rows, and one row no document was found for (its own unit).
+    rows = np.repeat(np.arange(8), 5)
+    rows[7] = -1
+    documents = {i: {"singles": rows, "pairs": rows} for i in range(3)}
+    by_documents = report.summarize(records, size, 3, 0, documents)["ratio"]["singles"]
+    assert (by_rows["units"], by_documents["units"]) == ("rows", "documents")
+    assert by_rows["units_per_replicate"] == [40] * 3 and by_documents["units_per_replicate"] == [9] * 3
+    assert by_documents["estimate"] == pytest.approx(by_rows["estimate"])  # sums do not change
+    table = "\n".join(
+        report.tables({"summary": report.summarize(records, size, 3, 0, documents), "choices": {}})
+    )
+    assert "held-out documents" in table and "singles: 9, 9, 9 documents" in table
+
+
+def _piece(path: Path, documents: list[list[list[int]]], heldout: list[bool]) -> None:
+    """A data stage's piece of ``documents`` (of sentences of token ids) as ``save_piece`` writes it."""
+    sentences = [sentence for document in documents for sentence in document]
+    np.savez(
+        path,
+        tokens=np.asarray([t for sentence in sentences for t in sentence], np.int32),
+        sentence_starts=np.cumsum([0] + [len(s) for s in sentences]).astype(np.int64),
+        document_starts=np.cumsum([0] + [len(d) for d in documents]).astype(np.int64),
+        text_bytes=np.ones(len(documents), np.int64),
+        heldout=np.asarray(heldout),
+    )
+
+
+def test_held_out_rows_are_traced_to_the_documents_they_were_cut_from(
+    parts: SimpleNamespace, tmp_path: Path
+) -> None:
+    heldout = parts.heldout
+    rng = np.random.default_rng(0)
+    words = lambda n: rng.integers(100, 8000, n).tolist()  # noqa: E731
+    documents = [[words(30), words(25)] for _ in range(6)]
+    _piece(tmp_path / "piece_000000.npz", documents[:3], [True, False, True])
+    _piece(tmp_path / "piece_000001.npz", documents[3:], [True, True, False])
+    found = heldout.heldout_documents(tmp_path)  # documents 0, 2, 3, 4 of the six
+    tokens = [list(itertools.chain(*documents[i])) for i in (0, 2, 3, 4)]
+    assert [d.tolist() for d in found] == tokens
+    cls, sep, mask = 2, 3, 4
+    # (segment A, segment B): truncated at either end, a random next segment B longer than A from
+    # another document, and a segment too short to vote.
+    cuts = [
+        (tokens[1][3:40], []),
+        (tokens[0][10:55], []),
+        (tokens[3][:12], tokens[2][5:60]),
+        (tokens[2][:3], []),
+    ]
+    length, predictions = 128, 6
+    ids = np.zeros((len(cuts), length), np.int64)
+    segment_ids, input_mask = np.zeros_like(ids), np.zeros_like(ids)
+    positions, labels = (
+        np.zeros((len(cuts), predictions), np.int64),
+        np.zeros((len(cuts), predictions), np.int64),
+    )
+    for row, (a, b) in enumerate(cuts):
+        tokens_row = [cls, *a, sep] + ([*b, sep] if b else [])
+        ids[row, : len(tokens_row)] = tokens_row
+        input_mask[row, : len(tokens_row)] = 1
+        segment_ids[row, len(a) + 2 : len(tokens_row)] = 1
+        masked = [1, 3, 5][: len(a)]
+        positions[row, : len(masked)] = masked
+        labels[row, : len(masked)] = ids[row, masked]
+        ids[row, masked] = mask
+    rows = heldout.EvalSet(ids, input_mask, segment_ids, positions, labels, ("made up",))
+    traced = heldout.row_documents(rows, found)
+    assert traced.tolist() == [1, 0, 3, -1]
+    assert heldout.by_document([5, 6, 7, 8], np.asarray([1, 0, 1, -1])).tolist() == [6, 12, 8]
+    with pytest.raises(ValueError, match="3 row values for 4 rows"):
+        heldout.by_document([1, 2, 3], traced)
 
 
 def test_the_summary_pairs_fine_tuning_and_ablation_by_replicate(parts: SimpleNamespace) -> None:
