@@ -364,11 +364,12 @@ def tables(results: dict[str, Any]) -> list[str]:
         f"{form}: {', '.join(map(str, ratio['units_per_replicate']))} {ratio['units']}"
         for form, ratio in summary["ratio"].items()
     }
+    kinds = " or ".join(sorted({r["units"] for r in summary["ratio"].values()}))
+    whole = ", each with all its rows," if "documents" in kinds else ""
     lines += [
         "Time to target: modern's seconds to reach classic's full-budget accuracy (interpolated on its "
         "curve) / classic's seconds; median over replicates, 90% interval from a paired bootstrap over "
-        f"replicates, then held-out {' or '.join(sorted({r['units'] for r in summary['ratio'].values()}))} "
-        "(a document with all its rows; per replicate: "
+        f"replicates, then held-out {kinds}{whole} (per replicate: "
         f"{'; '.join(sorted(units))}; `<=`: reached at modern's first point, an upper bound):",
         "",
     ]
