@@ -16,11 +16,13 @@ import quality_stats as qs
 from ttq.heldout import FORMATS, by_document
 from ttq.settings import (
     ABLATION,
+    DUPE_FACTOR,
     HEADLINE,
     RECIPES,
     TARGET_HIGH,
     TARGET_RATIO,
     TARGET_WIDTH,
+    Recipe,
     Size,
     fraction_label,
 )
@@ -443,6 +445,17 @@ def tables(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _data_words(recipe: Recipe) -> str:
+    """A recipe's training rows in a few words, as the sides table gives them."""
+    rows = "sentence pairs" if recipe.objective == "mlm-nsp" else "single segments"
+    if recipe.packing != "none":
+        rows += f" packed ({recipe.packing})"
+    masking = f"{recipe.masked_lm_prob:.0%}"
+    if recipe.final_masked_lm_prob is not None:
+        masking += f"->{recipe.final_masked_lm_prob:.0%}"
+    return f"{rows}, {recipe.masking} {masking} masks, {DUPE_FACTOR} copies"
+
+
 def sides(results: dict[str, Any]) -> list[str]:
     """What each side had: data, optimizer and how its settings were chosen, budget, compile."""
     choices = results["choices"]
@@ -457,14 +470,14 @@ def sides(results: dict[str, Any]) -> list[str]:
             [
                 [
                     "data",
-                    "sentence pairs, static 15% masks, 5 copies",
-                    "single segments, dynamic 30%->15% masks",
+                    _data_words(RECIPES["classic"]),
+                    _data_words(RECIPES["modern"]),
                     "single segments (one pass), dynamic masks each batch, padded per batch",
                 ],
                 [
                     "optimizer",
                     "LAMB (NVIDIA's, poly)",
-                    f"AdamW b2 0.98 at {lr} (one-cycle, batch ramp)",
+                    f"AdamW b2 {RECIPES['modern'].beta2:g} at {lr} ({RECIPES['modern'].schedule})",
                     f"AdamW b2 {peer.get('beta2', '?')} at {peer.get('learning_rate', '?')}, "
                     f"{peer.get('masking', 0):.0%} masking (linear)",
                 ],

@@ -331,14 +331,12 @@ class Benchmark:
         return self._finish(record, run_dir)
 
     def sweep_ours(self, rep: Replicate) -> tuple[float, list[dict[str, Any]]]:
-        """Our AdamW recipe's learning rate (:attr:`Size.adamw_lrs`, at the ablation's budget, in
-        ``rep``): the one whose last logged training batches scored best (see :func:`read_train_log`).
+        """The modern recipe's learning rate (:attr:`Size.adamw_lrs`, at the full budget, in ``rep``):
+        the one whose last logged training batches scored best (see :func:`read_train_log`). Each
+        point is fine-tuned, so the chosen one is also ``rep``'s full-budget run of the curve.
         Returns (the rate, the points' records)."""
-        recipe = RECIPES["adamw"]
-        points = [
-            self.ours(rep, recipe, self.size.ablation_fraction, lr=lr, finetune=False)
-            for lr in self.size.adamw_lrs
-        ]
+        recipe = RECIPES["modern"]
+        points = [self.ours(rep, recipe, 1.0, lr=lr, finetune=True) for lr in self.size.adamw_lrs]
         best = max(points, key=lambda point: point["progressive_mlm_accuracy"] or 0.0)
         say(
             f"our AdamW sweep: learning rate {best['learning_rate']:g} "
@@ -512,7 +510,7 @@ class Planned:
 
 def plan(size: Size, replicates: int, ablation_replicates: int) -> list[Planned]:
     """Every run the benchmark trains, each once (a run the curves and the ablation share, or our
-    sweep and the ablation's AdamW row, is counted once): in replicate 0 our AdamW sweep, the peer's
+    sweep and the modern curve's full-budget run, is counted once): in replicate 0 our AdamW sweep, the peer's
     sweep and the random initialisation's fine-tuning; in each of the first ``replicates`` the two
     recipes' curves (the full budget fine-tuned) and the peer; in each of the first
     ``ablation_replicates`` the ablation's rows."""
@@ -525,7 +523,7 @@ def plan(size: Size, replicates: int, ablation_replicates: int) -> list[Planned]
 
     ablation_budget = size.seconds(size.ablation_fraction)
     for lr in size.adamw_lrs:
-        add("ours", "adamw", 0, ablation_budget, lr=lr)
+        add("ours", "modern", 0, size.seconds(1.0), FINETUNE_SEEDS, lr=lr)
     sweep_budget = size.seconds(size.peer_sweep_fraction)
     for config in PEER_CONFIGS:
         for lr in size.peer_lrs:
