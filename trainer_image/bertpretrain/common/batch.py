@@ -29,7 +29,8 @@ class Batch(TypedDict):
 
     Packed rows (S instances each, :mod:`bertpretrain.data.format.packed`) add ``position_ids``
     [B, L] (each instance's own positions) and ``next_sentence_positions`` [B, S] (each instance's
-    ``[CLS]``); their ``masked_lm_*`` are [B, S*P], ``next_sentence_labels`` [B, S] (-100 on empty
+    ``[CLS]``); their ``masked_lm_*`` are [B, W] (W up to S*P: the loader drops the slots no row
+    of the batch uses), ``next_sentence_labels`` [B, S] (-100 on empty
     slots), and ``attention_mask`` holds each token's instance number (1..S, 0 on padding).
     """
 

@@ -365,8 +365,8 @@ class BertForPreTraining(nn.Module):
             attention_mask: ``[B, L]`` integer or bool. Unpacked: 1 for tokens, 0 for padding.
                 Packed: the sequence number 1..S of each token, 0 for padding; a token attends
                 only to the tokens of its own sequence.
-            masked_lm_positions: optional ``[B, P]`` int64 indices into ``L`` (``[B, S*P]`` for
-                packed rows).
+            masked_lm_positions: optional ``[B, P]`` int64 indices into ``L`` (``[B, W]``, W up to
+                S*P, for packed rows); 0 on empty slots.
             position_ids: ``[B, L]`` int64, below ``max_position_embeddings``. Unpacked: optional,
                 ``0 .. L-1`` when None. Packed: required, restarting at 0 at each sequence.
             next_sentence_positions: ``[B, S]`` int64, the row position of each sequence's

@@ -19,9 +19,11 @@ from bertpretrain.data.load.loader import (
     DynamicMasking,
     PretrainingBatches,
     ShardError,
+    _used_prediction_slots,
     build_loader,
     find_shards,
     heldout_batches,
+    to_batch,
     verify_phases,
     verify_shards,
 )
@@ -295,14 +297,16 @@ def test_packed_shards_give_packed_batches(packed_shard_dir: Path, shard_dir: Pa
     (shard,) = find_shards(packed_shard_dir, SEQ, PRED)[:1]
     assert shard.kind == "packed" and shard.num_sequences < 40  # some rows hold several instances
     (batch,) = take(packed_shard_dir, 1, vocab_size, micro_batch_size=6)
+    width = batch["masked_lm_positions"].shape[1]
+    assert width <= 3 * PRED
     shapes = {name: tuple(tensor.shape) for name, tensor in batch.items()}
     assert shapes == {
         "input_ids": (6, SEQ),
         "token_type_ids": (6, SEQ),
         "attention_mask": (6, SEQ),
         "position_ids": (6, SEQ),
-        "masked_lm_positions": (6, 3 * PRED),
-        "masked_lm_labels": (6, 3 * PRED),
+        "masked_lm_positions": (6, width),
+        "masked_lm_labels": (6, width),
         "next_sentence_positions": (6, 3),
         "next_sentence_labels": (6, 3),
     }
@@ -315,6 +319,40 @@ def test_packed_shards_give_packed_batches(packed_shard_dir: Path, shard_dir: Pa
     masked = batch["masked_lm_positions"] > 0
     assert torch.all(torch.gather(batch["input_ids"], 1, batch["masked_lm_positions"])[masked] == 4)
     assert torch.all(batch["masked_lm_labels"][~masked] == -100)
+
+
+@pytest.mark.parametrize(
+    ("last_used", "width"),
+    [(None, 8), (0, 8), (7, 8), (8, 16), (30, 32), (33, 40), (112, 114), (113, 114)],
+)
+def test_packed_batches_keep_only_the_prediction_slots_a_row_uses(last_used: int | None, width: int) -> None:
+    positions = np.zeros((4, 114), np.int64)  # 3 x 38 slots, as 30% masking at 128 tokens packs 3
+    if last_used is not None:
+        positions[2, : last_used + 1] = np.arange(1, last_used + 2)
+        positions[0, :3] = [5, 6, 7]
+    labels = np.where(positions == 0, -100, positions + 1000)
+    kept_positions, kept_labels = _used_prediction_slots(positions, labels)
+    assert kept_positions.shape == kept_labels.shape == (4, width)
+    assert np.array_equal(kept_positions, positions[:, :width])
+    assert np.array_equal(kept_labels, labels[:, :width])
+    assert not positions[:, width:].any()  # nothing dropped was a prediction
+
+
+def test_packed_batches_predict_what_the_shard_rows_hold(packed_shard_dir: Path) -> None:
+    shard = sorted(packed_shard_dir.glob("shard_*.hdf5"))[0]
+    every = read_shard(shard)
+    few = np.flatnonzero((every["masked_lm_positions"] != 0).sum(axis=1) <= 8)[:6]  # of 15 slots
+    assert len(few) >= 2
+    arrays = {name: values[few] for name, values in every.items()}
+    batch = to_batch(arrays)
+    width = batch["masked_lm_positions"].shape[1]
+    assert width == 8  # the slots these rows use, a multiple of 8, not 3 x PRED
+    full = arrays["masked_lm_positions"]
+    assert np.array_equal(batch["masked_lm_positions"].numpy(), full[:, :width])
+    assert not full[:, width:].any()
+    real = full[:, :width] != 0
+    assert np.array_equal(batch["masked_lm_labels"].numpy()[real], arrays["masked_lm_ids"][:, :width][real])
+    assert torch.all(batch["masked_lm_labels"][torch.from_numpy(~real)] == -100)
 
 
 def test_packed_predictions_must_fit_the_phase(packed_shard_dir: Path) -> None:

@@ -322,16 +322,40 @@ def _load(shard: Shard, vocab_size: int, next_sentence_prediction: bool) -> Arra
     return arrays
 
 
+# Packed batches' prediction slots are cut to a multiple of this many (see _used_prediction_slots).
+PREDICTION_SLOT_MULTIPLE = 8
+
+
+def _used_prediction_slots(positions: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``positions`` and ``labels`` (int64 [B, S*P]) without the slots no row of the batch uses.
+
+    A packed row has room for ``max_predictions_per_seq`` predictions of each of its S sequences,
+    but its sequences share one row's tokens, and so one row's share of masks: at 30% masking a
+    row of three at 128 tokens holds at most about 41 of its 3 x 38 = 114 slots. The MLM head
+    projects every slot it is given onto the vocabulary, so the empty ones cost time and change no
+    loss. The cut keeps the columns up to the batch's last used one (position 0 is never masked: a
+    row starts with [CLS]), rounded up to a multiple of :data:`PREDICTION_SLOT_MULTIPLE` so that a
+    compiled head sees few shapes. Returns [B, W] for both, W <= S*P.
+    """
+    used = np.flatnonzero((positions != 0).any(axis=0))
+    width = 0 if used.size == 0 else int(used[-1]) + 1
+    width = min(positions.shape[1], max(1, -(-width // PREDICTION_SLOT_MULTIPLE)) * PREDICTION_SLOT_MULTIPLE)
+    return np.ascontiguousarray(positions[:, :width]), np.ascontiguousarray(labels[:, :width])
+
+
 def to_batch(arrays: Arrays) -> Batch:
     """Model inputs from shard rows: every tensor int64, labels -100 where there is nothing to
     predict; the keys and shapes are :class:`bertpretrain.common.batch.Batch`'s.
 
     Rows without ``next_sentence_labels`` (objective ``mlm``) get ``next_sentence_labels`` all
-    -100: int64 [B], or [B, S] for packed rows.
+    -100: int64 [B], or [B, S] for packed rows. Packed rows' ``masked_lm_positions`` and
+    ``masked_lm_labels`` are [B, W], W the slots the batch uses (:func:`_used_prediction_slots`).
     """
     positions = arrays["masked_lm_positions"].astype(np.int64)
     labels = np.where(positions == 0, IGNORE_INDEX, arrays["masked_lm_ids"]).astype(np.int64)
     packed = "next_sentence_positions" in arrays
+    if packed:
+        positions, labels = _used_prediction_slots(positions, labels)
     if NEXT_SENTENCE_LABELS not in arrays:
         shape = arrays["next_sentence_positions"].shape if packed else arrays["input_ids"].shape[:1]
         next_sentence_labels = np.full(shape, IGNORE_INDEX, np.int64)
