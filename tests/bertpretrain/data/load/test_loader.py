@@ -19,11 +19,11 @@ from bertpretrain.data.load.loader import (
     DynamicMasking,
     PretrainingBatches,
     ShardError,
-    _used_prediction_slots,
     build_loader,
     find_shards,
     heldout_batches,
     to_batch,
+    used_prediction_slots,
     verify_phases,
     verify_shards,
 )
@@ -331,7 +331,7 @@ def test_packed_batches_keep_only_the_prediction_slots_a_row_uses(last_used: int
         positions[2, : last_used + 1] = np.arange(1, last_used + 2)
         positions[0, :3] = [5, 6, 7]
     labels = np.where(positions == 0, -100, positions + 1000)
-    kept_positions, kept_labels = _used_prediction_slots(positions, labels)
+    kept_positions, kept_labels = used_prediction_slots(positions, labels)
     assert kept_positions.shape == kept_labels.shape == (4, width)
     assert np.array_equal(kept_positions, positions[:, :width])
     assert np.array_equal(kept_labels, labels[:, :width])

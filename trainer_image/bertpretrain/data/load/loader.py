@@ -322,11 +322,11 @@ def _load(shard: Shard, vocab_size: int, next_sentence_prediction: bool) -> Arra
     return arrays
 
 
-# Packed batches' prediction slots are cut to a multiple of this many (see _used_prediction_slots).
+# Packed batches' prediction slots are cut to a multiple of this many (see used_prediction_slots).
 PREDICTION_SLOT_MULTIPLE = 8
 
 
-def _used_prediction_slots(positions: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def used_prediction_slots(positions: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``positions`` and ``labels`` (int64 [B, S*P]) without the slots no row of the batch uses.
 
     A packed row has room for ``max_predictions_per_seq`` predictions of each of its S sequences,
@@ -349,13 +349,13 @@ def to_batch(arrays: Arrays) -> Batch:
 
     Rows without ``next_sentence_labels`` (objective ``mlm``) get ``next_sentence_labels`` all
     -100: int64 [B], or [B, S] for packed rows. Packed rows' ``masked_lm_positions`` and
-    ``masked_lm_labels`` are [B, W], W the slots the batch uses (:func:`_used_prediction_slots`).
+    ``masked_lm_labels`` are [B, W], W the slots the batch uses (:func:`used_prediction_slots`).
     """
     positions = arrays["masked_lm_positions"].astype(np.int64)
     labels = np.where(positions == 0, IGNORE_INDEX, arrays["masked_lm_ids"]).astype(np.int64)
     packed = "next_sentence_positions" in arrays
     if packed:
-        positions, labels = _used_prediction_slots(positions, labels)
+        positions, labels = used_prediction_slots(positions, labels)
     if NEXT_SENTENCE_LABELS not in arrays:
         shape = arrays["next_sentence_positions"].shape if packed else arrays["input_ids"].shape[:1]
         next_sentence_labels = np.full(shape, IGNORE_INDEX, np.int64)
