@@ -60,11 +60,15 @@ fine-tuned and ablation differences.
 **Resuming.** Every finished run's record is written to ``<out>/runs/<key>.json`` (temporary name,
 then renamed), its key made of everything that decides it (``ttq.store``); a rerun reuses each one,
 saying so in a line, and trains only what is missing, so an interrupted benchmark loses no finished
-run (an unfinished one starts again). Output: ``<out>/time_to_quality.json`` (settings, choices,
-summary; the runs' per-row scores stay in ``runs/``), ``time_to_quality.md`` (the tables) and
-``time_to_quality.svg`` (accuracy against seconds, one line per replicate and recipe). Work files
-(shards, checkpoints, exports, logs) are under ``<out>/work``: a run's are deleted once its record is
-written, and the rest at the end, unless ``--keep`` or a step failed.
+run (an unfinished one starts again). A reused run may have been made when the machine ran at
+another speed: each record holds the machine's speed as the run ended
+(``ttq.runner.machine_gflops``), and the tables give it per recipe, with a warning where the
+recipes' figures are more than 10% apart or some runs have none. Output:
+``<out>/time_to_quality.json`` (settings, choices, summary; the runs' per-row scores stay in
+``runs/``), ``time_to_quality.md`` (the tables) and ``time_to_quality.svg`` (accuracy against
+seconds, one line per replicate and recipe). Work files (shards, checkpoints, exports, logs) are
+under ``<out>/work``: a run's are deleted once its record is written, and the rest at the end,
+unless ``--keep`` or a step failed.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from ttq.settings import (
 )
 
 BUDGET_TOLERANCE = 0.02  # the issue's: every run ends within 2% of its budget
+MACHINE_SPREAD = 0.10  # recipes whose runs' machine speeds differ by more: their seconds do not compare
 
 
 def _ours(
@@ -240,8 +241,53 @@ def summarize(
     ]
     worst = max((abs(r["seconds"] / r["budget_seconds"] - 1) for r in timed), default=None)
     found["budget_fidelity"] = {"runs": len(timed), "worst": worst, "off": off}
+    found["machine"] = machine_speeds(timed)
     found["targets"] = targets(found)
     return found
+
+
+def machine_speeds(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """How fast the machine was when each recipe's runs ended (``machine_gflops``, GFLOP/s, see
+    ``ttq.runner.machine_gflops``): ``medians`` per recipe (None where none of its runs has the
+    figure: records made before it was recorded), ``missing`` (runs without it) and ``spread``
+    (the largest median / the smallest - 1; None with fewer than two recipes measured)."""
+    values: dict[str, list[float]] = {}
+    missing = 0
+    for record in records:
+        speed = record.get("machine_gflops")
+        values.setdefault(record["recipe"], [])
+        if speed is None:
+            missing += 1
+        else:
+            values[record["recipe"]].append(speed)
+    medians = {name: statistics.median(v) if v else None for name, v in values.items()}
+    known = [m for m in medians.values() if m is not None]
+    spread = max(known) / min(known) - 1 if len(known) >= 2 else None
+    return {"medians": medians, "missing": missing, "spread": spread}
+
+
+def machine_lines(machine: dict[str, Any]) -> list[str]:
+    """The machine-speed paragraph of the tables: each recipe's median, and a warning where the
+    recipes' speeds differ by more than :data:`MACHINE_SPREAD` or some runs have no figure."""
+    medians = ", ".join(
+        f"{name} {'not recorded' if value is None else f'{value:.1f}'}"
+        for name, value in machine["medians"].items()
+    )
+    line = (
+        "Machine speed as each run ended (fp32 512 x 512 matrix products, GFLOP/s, median over a "
+        f"recipe's timed runs): {medians}."
+    )
+    if machine["spread"] is not None and machine["spread"] > MACHINE_SPREAD:
+        line += (
+            f" **The recipes' runs were made at machine speeds {machine['spread']:.0%} apart: their "
+            "seconds do not compare.**"
+        )
+    if machine["missing"]:
+        line += (
+            f" {machine['missing']} runs have no figure (recorded before it was): whether the machine's "
+            "speed moved between them and the rest cannot be told."
+        )
+    return [line]
 
 
 def targets(found: dict[str, Any]) -> dict[str, bool | None]:
@@ -441,6 +487,8 @@ def tables(results: dict[str, Any]) -> list[str]:
     lines += [
         f"- {o['run']}: {o['seconds']:.1f} s of {o['budget']} s ({o['off']:+.1%})" for o in fidelity["off"]
     ]
+    if "machine" in summary:
+        lines += ["", *machine_lines(summary["machine"])]
     lines += ["", *sides(results)]
     return lines
 

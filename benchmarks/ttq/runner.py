@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 import yaml
 
 from ttq import jobs, peer
@@ -40,6 +42,7 @@ from ttq.settings import (
 from ttq.store import RunStore, run_key, without_paths
 
 DATA_SECONDS = 30.0  # the plan's estimate of a replicate's data preparation here
+MACHINE_PROBE_SECONDS = 0.5  # machine_gflops' timing, after each run
 # The trainer refuses a budget its calibration leaves no step in (spec.budget.time: ... so no step
 # fits): on this shared 2-core machine a few-second budget met that while other work ran; such a run
 # is tried again after a pause, twice at most.
@@ -55,6 +58,24 @@ class BenchmarkError(RuntimeError):
 def say(line: str) -> None:
     """One progress line on stdout."""
     print(f"time_to_quality: {line}", flush=True)
+
+
+def machine_gflops(seconds: float = MACHINE_PROBE_SECONDS) -> float:
+    """This machine's speed now: the median rate of fp32 512 x 512 matrix products on the CPU
+    (torch, its default threads) over ``seconds`` of them, in GFLOP/s (2 x 512^3 per product).
+
+    Written into each run's record as the run ends, so that runs made at different times (a rerun
+    reuses finished ones) can be told apart when the machine's speed moved in between: on this
+    2-core machine one recipe's 160 s runs took 350 to 594 steps within one afternoon."""
+    a, b = torch.rand(512, 512), torch.rand(512, 512)
+    torch.mm(a, b)
+    rates = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end or len(rates) < 3:
+        start = time.perf_counter()
+        torch.mm(a, b)
+        rates.append(2 * 512**3 / (time.perf_counter() - start) / 1e9)
+    return statistics.median(rates)
 
 
 def run_logged(label: str, command: list[str], log: Path) -> float:
@@ -229,6 +250,7 @@ class Benchmark:
         return record
 
     def _finish(self, record: dict[str, Any], run_dir: Path | None) -> dict[str, Any]:
+        record["machine_gflops"] = machine_gflops()
         self.store.put(record)
         self.trained += 1
         self.records.append(record)

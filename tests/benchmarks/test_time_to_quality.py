@@ -204,7 +204,9 @@ def test_the_peer_swept_with_mosaicbert_and_chose_on_its_validation_split(
 
 @pytest.mark.slow
 @whole_run
-def test_the_ablation_has_every_row_and_the_shared_runs_once(tiny_run: dict[str, Any]) -> None:
+def test_the_ablation_has_every_row_and_the_shared_runs_once(
+    ttq: ModuleType, tiny_run: dict[str, Any]
+) -> None:
     rows = tiny_run["results"]["summary"]["ablation"]["rows"]
     assert [row["recipe"] for row in rows] == [
         "classic",
@@ -217,6 +219,9 @@ def test_the_ablation_has_every_row_and_the_shared_runs_once(tiny_run: dict[str,
     assert rows[0]["difference"] == {} and set(rows[1]["difference"]) == {"singles", "pairs"}
     keys = [r["key"] for r in tiny_run["records"]]
     assert len(keys) == len(set(keys))
+    # Each record says how fast the machine was as the run ended, and the tables say it per recipe.
+    assert all(r["machine_gflops"] > 0 for r in tiny_run["records"])
+    assert "Machine speed as each run ended" in (tiny_run["out"] / ttq.TABLE_FILE).read_text()
 
 
 def _labelled_accuracy(export: Path, dataset: Path) -> tuple[float, int]:
@@ -557,6 +562,31 @@ def test_held_out_rows_are_traced_to_the_documents_they_were_cut_from(
     assert heldout.by_document([5, 6, 7, 8], np.asarray([1, 0, 1, -1])).tolist() == [6, 12, 8]
     with pytest.raises(ValueError, match="3 row values for 4 rows"):
         heldout.by_document([1, 2, 3], traced)
+
+
+def test_the_tables_say_when_recipes_ran_at_different_machine_speeds(parts: SimpleNamespace) -> None:
+    settings, report = parts.settings, parts.report
+    size = settings.Size(
+        **{**settings.SIZES["tiny"].__dict__, "budget": 80.0, "fractions": (1 / 8, 1 / 4, 1 / 2, 1.0)}
+    )
+    records = _curves(2.0, 2)
+    for record in records:
+        record["machine_gflops"] = 40.0 if record["recipe"] == "classic" else 30.0
+    summary = report.summarize(records, size, 2, 0)
+    assert summary["machine"] == {
+        "medians": {"classic": 40.0, "modern": 30.0},
+        "missing": 0,
+        "spread": pytest.approx(1 / 3),
+    }
+    text = "\n".join(report.tables({"summary": summary, "choices": {}}))
+    assert "GFLOP/s, median over a recipe's timed runs): classic 40.0, modern 30.0." in text
+    assert "33% apart: their seconds do not compare" in text
+    # Within 10% of each other: no warning; a run without the figure is counted and said.
+    for record in records:
+        record["machine_gflops"] = 40.0 if record["recipe"] == "classic" else 37.0
+    del records[0]["machine_gflops"]
+    text = "\n".join(report.tables({"summary": report.summarize(records, size, 2, 0), "choices": {}}))
+    assert "do not compare" not in text and "1 runs have no figure" in text
 
 
 def test_the_summary_pairs_fine_tuning_and_ablation_by_replicate(parts: SimpleNamespace) -> None:
