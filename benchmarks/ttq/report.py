@@ -498,10 +498,7 @@ def _data_words(recipe: Recipe) -> str:
     rows = "sentence pairs" if recipe.objective == "mlm-nsp" else "single segments"
     if recipe.packing != "none":
         rows += f" packed ({recipe.packing})"
-    masking = f"{recipe.masked_lm_prob:.0%}"
-    if recipe.final_masked_lm_prob is not None:
-        masking += f"->{recipe.final_masked_lm_prob:.0%}"
-    return f"{rows}, {recipe.masking} {masking} masks, {DUPE_FACTOR} copies"
+    return f"{rows}, {recipe.masking} {recipe.masking_rates} masks, {DUPE_FACTOR} copies"
 
 
 def sides(results: dict[str, Any]) -> list[str]:

@@ -145,6 +145,13 @@ class Recipe:
             PAIRS_PREDICTIONS if self.masked_lm_prob == EVAL_MASKING else round(SEQ_LEN * self.masked_lm_prob)
         )
 
+    @property
+    def masking_rates(self) -> str:
+        """The masking rate in words: ``30%``, or ``30%->15%`` with a schedule."""
+        if self.final_masked_lm_prob is None:
+            return f"{self.masked_lm_prob:.0%}"
+        return f"{self.masked_lm_prob:.0%}->{self.final_masked_lm_prob:.0%}"
+
     def learning_rate(self, size: Size, swept: float | None) -> float:
         """The peak learning rate: LAMB's from ``size``, AdamW's the sweep's choice ``swept``.
 
@@ -160,9 +167,7 @@ class Recipe:
     def describe(self, size: Size, swept: float | None) -> str:
         """A few words for the tables: objective, masking, optimizer, schedule, dropout, extras."""
         lr = "?" if self.optimizer == "adamw" and swept is None else f"{self.learning_rate(size, swept):g}"
-        masking = f"{self.masked_lm_prob:.0%}"
-        if self.final_masked_lm_prob is not None:
-            masking += f"->{self.final_masked_lm_prob:.0%}"
+        masking = self.masking_rates
         optimizer = "LAMB" if self.optimizer == "lamb" else f"AdamW b2 {self.beta2:g}"
         words = [f"{self.objective} {masking} {self.masking}", f"{optimizer} {lr} {self.schedule}"]
         words.append(f"dropout {self.dropout:g}")
