@@ -30,14 +30,15 @@ own job with its own ``spec.budget`` (so its schedule ends at its end); its seco
   demo: 20, 40, 80, 160 s) in each of ``Size.replicates`` replicates; the full-budget runs are
   fine-tuned;
 - the ablation (``Size.ablation_replicates`` replicates at ``Size.ablation_fraction`` of the
-  budget): classic (LAMB); modern with LAMB (issue 38's); + AdamW beta2 0.98 at our swept learning
-  rate (this is ``modern``, the recipe the ablation kept); then each ingredient it measured and
-  dropped, added to ``modern`` on its own: padding-free rows (``packing: spfhp``, static masks),
-  masking 30%->15% (dynamic masks, ``finalMaskedLmProb``), the batch ramp. Each row's difference
-  from the row it adds to, paired by replicate, with a 90% t interval;
-- our AdamW learning rate (``Size.adamw_lrs``) is swept once, in replicate 0 at the full budget
-  (each point fine-tuned, so the chosen one is that replicate's full-budget run), and chosen by the
-  MLM accuracy of the last quarter of each run's logged training batches (never the held-out sets).
+  budget): classic (LAMB); ``modern``, the recipe kept (issue 38's: MLM only, 30% static masking,
+  one-cycle, no dropout, LAMB at its swept learning rate); then each ingredient measured, added to
+  ``modern`` on its own: AdamW beta2 0.98 at its swept learning rate, padding-free rows (``packing:
+  spfhp``, static masks), masking 30%->15% (dynamic masks, ``finalMaskedLmProb``), the batch ramp.
+  Each row's difference from the row it adds to, paired by replicate, with a 90% t interval;
+- each optimizer's learning rate is swept once, in replicate 0 at the full budget: LAMB's
+  (``Size.lamb_lrs``) on ``modern``, each point fine-tuned so the chosen one is that replicate's
+  full-budget run; AdamW's (``Size.adamw_lrs``) on the AdamW row; each chosen by the MLM accuracy
+  of the last quarter of each run's logged training batches (never the held-out sets).
 
 **The peer** (``ttq.peer``): ``transformers.Trainer`` with ``BertForMaskedLM`` on the singles
 dataset's training rows, its settings swept once (replicate 0) over learning rate x (beta2,
@@ -202,14 +203,14 @@ def benchmark(bench: Benchmark) -> dict[str, Any]:
     settings, choices, the evaluation sets' counts and :func:`ttq.report.summarize`'s summary."""
     size = bench.size
     first = bench.replicate(0)
-    adamw_lr, adamw_points = bench.sweep_ours(first)
-    choices: dict[str, Any] = {
-        "adamw_lr": adamw_lr,
-        "adamw_sweep": [
+    swept = bench.sweep_ours(first)
+    lrs = {optimizer: lr for optimizer, (lr, _) in swept.items()}
+    choices: dict[str, Any] = {f"{optimizer}_lr": lr for optimizer, lr in lrs.items()}
+    for optimizer, (_, points) in swept.items():
+        choices[f"{optimizer}_sweep"] = [
             {"learning_rate": p["learning_rate"], "progressive_mlm_accuracy": p["progressive_mlm_accuracy"]}
-            for p in adamw_points
-        ],
-    }
+            for p in points
+        ]
     peer_best: dict[str, Any] | None = None
     evaluation = {}
     reps = [first] + [bench.replicate(i) for i in range(1, max(size.replicates, size.ablation_replicates))]
@@ -217,7 +218,8 @@ def benchmark(bench: Benchmark) -> dict[str, Any]:
         if index < size.replicates:
             for name in HEADLINE:
                 for fraction in size.fractions:
-                    bench.ours(rep, RECIPES[name], fraction, lr=adamw_lr, finetune=fraction == 1)
+                    recipe = RECIPES[name]
+                    bench.ours(rep, recipe, fraction, lr=lrs.get(recipe.optimizer), finetune=fraction == 1)
             if peer_best is None:
                 peer_best, points = bench.sweep_peer(rep)
                 choices["peer"] = {**peer_best["settings"], "config": peer_best["config"]}
@@ -234,8 +236,8 @@ def benchmark(bench: Benchmark) -> dict[str, Any]:
             if index == 0:
                 bench.random_init(rep)
         if index < size.ablation_replicates:
-            for name in RECIPES:
-                bench.ours(rep, RECIPES[name], size.ablation_fraction, lr=adamw_lr, finetune=False)
+            for recipe in RECIPES.values():
+                bench.ours(rep, recipe, size.ablation_fraction, lr=lrs.get(recipe.optimizer), finetune=False)
         records = [r for r in bench.records if r.get("replicate") == index and r.get("evaluation")]
         if records:
             evaluation[str(rep.seed)] = records[0]["evaluation"]

@@ -505,8 +505,9 @@ def sides(results: dict[str, Any]) -> list[str]:
     """What each side had: data, optimizer and how its settings were chosen, budget, compile."""
     choices = results["choices"]
     peer = choices.get("peer") or {}
-    adamw = choices.get("adamw_lr")
-    lr = "?" if adamw is None else f"{adamw:g}"
+    modern = RECIPES["modern"]
+    swept = choices.get(f"{modern.optimizer}_lr")
+    optimizer = "LAMB" if modern.optimizer == "lamb" else f"AdamW b2 {modern.beta2:g}"
     return [
         "What each side had:",
         "",
@@ -516,13 +517,13 @@ def sides(results: dict[str, Any]) -> list[str]:
                 [
                     "data",
                     _data_words(RECIPES["classic"]),
-                    _data_words(RECIPES["modern"]),
+                    _data_words(modern),
                     "single segments (one pass), dynamic masks each batch, padded per batch",
                 ],
                 [
                     "optimizer",
                     "LAMB (NVIDIA's, poly)",
-                    f"AdamW b2 {RECIPES['modern'].beta2:g} at {lr} ({RECIPES['modern'].schedule})",
+                    f"{optimizer} at {'?' if swept is None else f'{swept:g}'} ({modern.schedule})",
                     f"AdamW b2 {peer.get('beta2', '?')} at {peer.get('learning_rate', '?')}, "
                     f"{peer.get('masking', 0):.0%} masking (linear)",
                 ],

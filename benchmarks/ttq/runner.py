@@ -34,6 +34,7 @@ from ttq.settings import (
     SEED,
     SEQ_LEN,
     SINGLES_PREDICTIONS,
+    SWEPT,
     PeerConfig,
     Recipe,
     Size,
@@ -278,7 +279,7 @@ class Benchmark:
         size = self.size
         budget = size.seconds(fraction)
         learning_rate = recipe.learning_rate(size, lr)
-        run_id = f"{recipe.name}-{budget}s" + (f"-lr{learning_rate:g}" if recipe.optimizer == "adamw" else "")
+        run_id = f"{recipe.name}-{budget}s" + (f"-lr{learning_rate:g}" if recipe.sweep(size) else "")
         run_dir = rep.work / run_id
         document = jobs.our_job(
             recipe,
@@ -352,19 +353,25 @@ class Benchmark:
         )
         return self._finish(record, run_dir)
 
-    def sweep_ours(self, rep: Replicate) -> tuple[float, list[dict[str, Any]]]:
-        """The modern recipe's learning rate (:attr:`Size.adamw_lrs`, at the full budget, in ``rep``):
-        the one whose last logged training batches scored best (see :func:`read_train_log`). Each
-        point is fine-tuned, so the chosen one is also ``rep``'s full-budget run of the curve.
-        Returns (the rate, the points' records)."""
-        recipe = RECIPES["modern"]
-        points = [self.ours(rep, recipe, 1.0, lr=lr, finetune=True) for lr in self.size.adamw_lrs]
-        best = max(points, key=lambda point: point["progressive_mlm_accuracy"] or 0.0)
-        say(
-            f"our AdamW sweep: learning rate {best['learning_rate']:g} "
-            "(by its last training batches' MLM accuracy)"
-        )
-        return best["learning_rate"], points
+    def sweep_ours(self, rep: Replicate) -> dict[str, tuple[float, list[dict[str, Any]]]]:
+        """Each optimizer's learning rate (:data:`SWEPT`: the modern recipe's LAMB over
+        :attr:`Size.lamb_lrs`, the AdamW row's over :attr:`Size.adamw_lrs`), at the full budget in
+        ``rep``: the one whose last logged training batches scored best (see :func:`read_train_log`;
+        never the held-out sets). The modern recipe's points are fine-tuned, so the chosen one is
+        also ``rep``'s full-budget run of its curve. Returns, per optimizer, (the rate, the points'
+        records)."""
+        chosen = {}
+        for name in SWEPT:
+            recipe = RECIPES[name]
+            headline = name in HEADLINE
+            points = [self.ours(rep, recipe, 1.0, lr=lr, finetune=headline) for lr in recipe.sweep(self.size)]
+            best = max(points, key=lambda point: point["progressive_mlm_accuracy"] or 0.0)
+            say(
+                f"our {recipe.optimizer} sweep ({name}): learning rate {best['learning_rate']:g} "
+                "(by its last training batches' MLM accuracy)"
+            )
+            chosen[recipe.optimizer] = (best["learning_rate"], points)
+        return chosen
 
     # The peer ----------------------------------------------------------------------------------------
 
@@ -532,10 +539,10 @@ class Planned:
 
 def plan(size: Size, replicates: int, ablation_replicates: int) -> list[Planned]:
     """Every run the benchmark trains, each once (a run the curves and the ablation share, or our
-    sweep and the modern curve's full-budget run, is counted once): in replicate 0 our AdamW sweep, the peer's
-    sweep and the random initialisation's fine-tuning; in each of the first ``replicates`` the two
-    recipes' curves (the full budget fine-tuned) and the peer; in each of the first
-    ``ablation_replicates`` the ablation's rows."""
+    sweep and the modern curve's full-budget run, is counted once): in replicate 0 our sweeps
+    (LAMB's fine-tuned, AdamW's not), the peer's sweep and the random initialisation's
+    fine-tuning; in each of the first ``replicates`` the two recipes' curves (the full budget
+    fine-tuned) and the peer; in each of the first ``ablation_replicates`` the ablation's rows."""
     runs: dict[tuple[str, int, int, float | None], Planned] = {}
 
     def add(
@@ -544,17 +551,18 @@ def plan(size: Size, replicates: int, ablation_replicates: int) -> list[Planned]
         runs.setdefault((recipe, replicate, budget, lr), Planned(kind, recipe, replicate, budget, seeds))
 
     ablation_budget = size.seconds(size.ablation_fraction)
-    for lr in size.adamw_lrs:
-        add("ours", "modern", 0, size.seconds(1.0), FINETUNE_SEEDS, lr=lr)
+    for name in SWEPT:
+        for lr in RECIPES[name].sweep(size):
+            add("ours", name, 0, size.seconds(1.0), FINETUNE_SEEDS if name in HEADLINE else 0, lr=lr)
     sweep_budget = size.seconds(size.peer_sweep_fraction)
     for config in PEER_CONFIGS:
         for lr in size.peer_lrs:
             add("peer-sweep", f"hf-peer {config.name}", 0, sweep_budget, lr=lr)
     add("random-init", "random-init", 0, 0, FINETUNE_SEEDS)
-    chosen = size.adamw_lrs[0]  # stands for the sweep's choice: one of its points
 
-    def lr_of(name: str) -> float | None:
-        return chosen if RECIPES[name].optimizer == "adamw" else None
+    def lr_of(name: str) -> float | None:  # each sweep's first point stands for its choice
+        swept = RECIPES[name].sweep(size)
+        return swept[0] if swept else None
 
     for replicate in range(replicates):
         for name in HEADLINE:

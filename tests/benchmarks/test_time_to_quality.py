@@ -210,8 +210,8 @@ def test_the_ablation_has_every_row_and_the_shared_runs_once(
     rows = tiny_run["results"]["summary"]["ablation"]["rows"]
     assert [row["recipe"] for row in rows] == [
         "classic",
-        "modern-lamb",
         "modern",
+        "adamw",
         "packed",
         "schedule",
         "ramp",
@@ -222,6 +222,30 @@ def test_the_ablation_has_every_row_and_the_shared_runs_once(
     # Each record says how fast the machine was as the run ended, and the tables say it per recipe.
     assert all(r["machine_gflops"] > 0 for r in tiny_run["records"])
     assert "Machine speed as each run ended" in (tiny_run["out"] / ttq.TABLE_FILE).read_text()
+
+
+@pytest.mark.slow
+@whole_run
+def test_each_optimizer_has_its_own_sweep_and_its_rows_use_its_choice(
+    parts: SimpleNamespace, tiny_run: dict[str, Any]
+) -> None:
+    size, recipes = parts.settings.SIZES["tiny"], parts.settings.RECIPES
+    choices = tiny_run["results"]["choices"]
+    assert choices["lamb_lr"] in size.lamb_lrs and choices["adamw_lr"] in size.adamw_lrs
+    full = size.seconds(1.0)
+    for record in _kind(tiny_run["records"], "ours"):
+        recipe = recipes[record["recipe"]]
+        swept = record["budget_seconds"] == full and record["recipe"] in parts.settings.SWEPT
+        if recipe.name == "classic":
+            assert record["learning_rate"] == size.classic_lr
+        elif not swept:  # the curves and the ablation: the choice for the recipe's optimizer
+            assert record["learning_rate"] == choices[f"{recipe.optimizer}_lr"], record["key"]
+        # Only the headline's sweep points are fine-tuned (one of them is its curve's run).
+        assert (record["finetune"] is not None) == (
+            record["budget_seconds"] == full and recipe.name in parts.settings.HEADLINE
+        ), record["key"]
+    adamw = [r for r in tiny_run["records"] if r["recipe"] == "adamw" and r["budget_seconds"] == full]
+    assert sorted(r["learning_rate"] for r in adamw) == sorted(size.adamw_lrs)
 
 
 def _labelled_accuracy(export: Path, dataset: Path) -> tuple[float, int]:
@@ -325,14 +349,10 @@ def test_our_jobs_are_valid_and_each_ablation_row_adds_one_ingredient(
     assert changed(spec["packed"], spec["modern"]) - paths == {"data.packing"}
     assert changed(spec["schedule"], spec["modern"]) - paths == {"data.masking", "data.finalMaskedLmProb"}
     assert changed(spec["ramp"], spec["modern"]) - paths == {"phases.batchRampProportion"}
-    assert changed(spec["modern"], spec["modern-lamb"]) - paths == {
-        "optimizer.name",
-        "optimizer.beta2",
-        "phases.learningRate",
-    }
-    assert (
-        spec["modern"]["optimizer"]["beta2"] == 0.98 and spec["schedule"]["data"]["finalMaskedLmProb"] == 0.15
-    )
+    # The same swept rate given to both: the AdamW row differs from modern by its optimizer alone.
+    assert changed(spec["adamw"], spec["modern"]) - paths == {"optimizer.name", "optimizer.beta2"}
+    assert spec["modern"]["optimizer"]["name"] == "lamb" and spec["adamw"]["optimizer"]["beta2"] == 0.98
+    assert spec["schedule"]["data"]["finalMaskedLmProb"] == 0.15
     # Each dataset setting has its own dataset directory name, so no two jobs rebuild each other's.
     names = {
         (
@@ -606,7 +626,7 @@ def test_the_summary_pairs_fine_tuning_and_ablation_by_replicate(parts: SimpleNa
                 "median": {"classic": 0.6, "modern": 0.7}[record["recipe"]] + record["replicate"] / 10
             }
     records += [_record("hf-peer", 1, 80, 80, 0.1, finetuned=0.5, kind="peer")]  # replicate 0 has no peer
-    for name, accuracy in (("modern-lamb", 0.25), ("packed", 0.41), ("schedule", 0.33), ("ramp", 0.3)):
+    for name, accuracy in (("adamw", 0.25), ("packed", 0.41), ("schedule", 0.33), ("ramp", 0.3)):
         records += [_record(name, i, 20, 20, accuracy + i / 100) for i in range(2)]
     summary = report.summarize(records, size, 2, 2)
     finetune = summary["finetune"]
@@ -626,10 +646,13 @@ def test_the_plan_counts_each_run_once_and_fits_the_demo_in_two_hours(parts: Sim
     planned = runner.plan(demo, demo.replicates, demo.ablation_replicates)
     ours = [p for p in planned if p.kind == "ours"]
     # Curves: 2 recipes x 4 budgets x 4 replicates; ablation: 6 rows x 4 replicates less the 2 rows per
-    # curve replicate they share; our sweep: 3 points at the full budget, one of them the modern curve's.
-    assert len(ours) == 32 + (24 - 8) + 2
+    # curve replicate they share; our sweeps at the full budget: LAMB's 2 points, one of them the
+    # modern curve's, and AdamW's 2.
+    assert (len(demo.lamb_lrs), len(demo.adamw_lrs)) == (2, 2)
+    assert len(ours) == 32 + (24 - 8) + 1 + 2
     assert sum(p.kind == "peer-sweep" for p in planned) == len(demo.peer_lrs) * len(settings.PEER_CONFIGS)
-    assert sum(p.finetune_seeds for p in planned) == 3 * (2 * 4 + 2 + 4 + 1)  # + our 2 other sweep points
+    # Fine-tuned: the curves' full budgets, the peer's, the random initialisation, LAMB's other point.
+    assert sum(p.finetune_seeds for p in planned) == 3 * (2 * 4 + 4 + 1 + 1)
     assert runner.estimate_seconds(demo, planned, 4) < 2 * 3600
 
 
