@@ -31,10 +31,11 @@ own job with its own ``spec.budget`` (so its schedule ends at its end); its seco
   fine-tuned;
 - the ablation (``Size.ablation_replicates`` replicates at ``Size.ablation_fraction`` of the
   budget): classic (LAMB); ``modern``, the recipe kept (issue 38's: MLM only, 30% static masking,
-  one-cycle, no dropout, LAMB at its swept learning rate); then each ingredient measured, added to
-  ``modern`` on its own: AdamW beta2 0.98 at its swept learning rate, padding-free rows (``packing:
-  spfhp``, static masks), masking 30%->15% (dynamic masks, ``finalMaskedLmProb``), the batch ramp.
-  Each row's difference from the row it adds to, paired by replicate, with a 90% t interval;
+  one-cycle, no dropout, with LAMB at its swept learning rate and a batch ramp over 30% of the
+  steps); then each ingredient measured on its own: added to ``modern``, AdamW beta2 0.98 at its
+  swept learning rate, padding-free rows (``packing: spfhp``, static masks), masking 30%->15%
+  (dynamic masks, ``finalMaskedLmProb``); taken from it, the batch ramp (``no-ramp``). Each row's
+  difference from the row it changes, paired by replicate, with a 90% t interval;
 - each optimizer's learning rate is swept once, in replicate 0 at the full budget: LAMB's
   (``Size.lamb_lrs``) on ``modern``, each point fine-tuned so the chosen one is that replicate's
   full-budget run; AdamW's (``Size.adamw_lrs``) on the AdamW row; each chosen by the MLM accuracy

@@ -8,13 +8,14 @@ its validation split, masked once at 15% (BERT's 80/10/10, a fixed generator), o
 settings are chosen: never the held-out sets. The rest it trains on as ``run_mlm.py`` does:
 ``DataCollatorForLanguageModeling`` masks each batch afresh and pads it to its longest row.
 
-**Its budget**, as ours (``bertpretrain.training.budget``): a calibration of
+**Its budget** is ours: :class:`bertpretrain.training.budget.BudgetClock`. A calibration of
 :attr:`~ttq.settings.Size.peer_calibration_steps` steps (thrown away, its seconds counted), a step
-count fitted to what is left, re-fitted at :data:`REFITS` of the budget from the seconds per step
-since the last fit; the linear schedule (10% warm-up) follows the run's progress, a piecewise line
-through the fits, so it reaches 0 at the run's end; the Trainer stops at the fitted count, never
-mid-schedule. Its seconds are the calibration's plus the run's (``on_train_begin`` to the last
-``on_step_end``); model set-up is outside, as ours.
+count fitted to what is left, re-fitted by the clock as our trainer re-fits (at the same fractions
+of the budget and after the last planned steps, to the count that ends nearest the budget); the
+linear schedule (10% warm-up) follows the run's progress, a piecewise line through the fits, so it
+reaches 0 at the run's end; the Trainer stops at the fitted count, never mid-schedule. Its seconds
+are the calibration's plus the run's (``on_train_begin`` to the last ``on_step_end``); model set-up
+is outside, as ours.
 
 **On CUDA** it compiles (``torch_compile``) and loads with one worker, as our trainer does there;
 bf16 as ours.
@@ -26,6 +27,7 @@ import math
 import shutil
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,10 +37,12 @@ import numpy as np
 import torch
 
 from bertjob_api.defaults import MODEL_PRESETS
+from bertpretrain.training.budget import REFIT_AT, REFIT_LAST_STEPS, BudgetClock, Calibration, Fit, first_fit
 from ttq.heldout import EvalSet, quiet_transformers, score_rows
 from ttq.settings import EVAL_MASKING, PEER_VALIDATION_SHARE, SEQ_LEN, SINGLES_PREDICTIONS, Size
 
-REFITS = (0.25, 0.5, 0.75, 0.9, 0.98)  # shares of the budget at which the step count is fitted again
+# How the step count is fitted again (our trainer's rules), for the run's record.
+REFITS = {"fractions": list(REFIT_AT), "last_steps": REFIT_LAST_STEPS}
 WARMUP = 0.1  # share of the schedule's progress in linear warm-up
 _VALIDATION_SEED = 2024  # the validation rows' masks: the same for every run and replicate
 
@@ -147,49 +151,58 @@ def load_peer_data(vocab_dir: Path, dataset: Path, seed: int) -> PeerData:
     return PeerData(tokenizer, PeerRows(train_rows, special), validation, counts)
 
 
-@dataclass
 class BudgetPlan:
-    """The peer's step count and schedule under a budget. ``knots``: (t, q, steps): from ``t``
-    optimizer steps done on, progress runs linearly from ``q`` to 1 at ``steps``; the learning
-    rate's factor is linear warm-up to 1 over :data:`WARMUP` of the progress, then linear to 0."""
+    """The peer's step count and schedule: our trainer's :class:`BudgetClock` over optimizer steps
+    that each read one batch (``clock`` gives wall-clock seconds); the learning rate's factor is
+    linear warm-up to 1 over :data:`WARMUP` of the run's progress, then linear to 0 at its end."""
 
-    budget: float
-    knots: list[tuple[int, float, int]] = field(default_factory=list)
-    fits: list[dict[str, float]] = field(default_factory=list)
+    def __init__(self, calibration: Calibration, clock: Callable[[], float] = time.perf_counter):
+        self.clock = BudgetClock(calibration, lambda step: step, clock)
+
+    @classmethod
+    def fitted(
+        cls, budget: float, calibration_seconds: float, step_seconds: float, timed_steps: int, **kwargs: Any
+    ) -> BudgetPlan:
+        """The plan for ``budget`` seconds, ``calibration_seconds`` of them spent calibrating at
+        ``step_seconds`` a step (over ``timed_steps``): the most steps that fit in the rest.
+
+        Raises:
+            bertpretrain.training.budget.BudgetError: not one step fits.
+        """
+        first = first_fit(budget, calibration_seconds, step_seconds, 1, lambda step, steps: step, "the peer")
+        calibration = Calibration(step_seconds, timed_steps, budget, calibration_seconds, (first,))
+        return cls(calibration, **kwargs)
+
+    @classmethod
+    def fixed(cls, steps: int) -> BudgetPlan:
+        """A plan of ``steps`` steps and no budget (the calibration's run)."""
+        return cls(Calibration(0.0, 0, math.inf, 0.0, (Fit(0, steps, 0.0, 0.0),)))
 
     @property
     def steps(self) -> int:
         """The fitted step count: the run ends there."""
-        return self.knots[-1][2]
+        return self.clock.calibration.steps
+
+    @property
+    def fits(self) -> list[dict[str, float]]:
+        """Every fit made, the first the calibration's (``bertpretrain.training.budget.Fit``'s fields)."""
+        return [asdict(fit) for fit in self.clock.calibration.fits]
 
     def progress(self, done: int) -> float:
-        """Progress in [0, 1] after ``done`` optimizer steps."""
-        t0, q0, steps = next(knot for knot in reversed(self.knots) if knot[0] <= done)
-        if steps <= t0:
-            return 1.0
-        return min(1.0, q0 + (1 - q0) * (done - t0) / (steps - t0))
+        """Progress in [0, 1] after ``done`` optimizer steps: 1 exactly from the last on."""
+        return 1.0 if done >= self.steps else min(1.0, self.clock.progress(done))
 
     def factor(self, done: int) -> float:
         """The learning rate's share of its peak for the step after ``done`` steps (LambdaLR's)."""
         q = self.progress(done)
         return q / WARMUP if q < WARMUP else max(0.0, (1 - q) / (1 - WARMUP))
 
-    def fit(self, done: int, elapsed: float, step_seconds: float) -> int:
-        """Fit the count after ``done`` steps, ``elapsed`` seconds of the budget gone, at
-        ``step_seconds`` a step. The schedule already set the next step's rate, so the new line
-        starts at step ``done + 1`` (as our trainer's re-fits do). Returns the count."""
-        steps = done + max(1, math.floor((self.budget - elapsed) / max(step_seconds, 1e-9)))
-        start = done + 1 if self.knots else 0
-        self.knots.append((start, self.progress(start) if self.knots else 0.0, max(steps, start)))
-        self.fits.append(
-            {
-                "after_step": done,
-                "elapsed_seconds": elapsed,
-                "step_seconds": step_seconds,
-                "steps": self.steps,
-            }
-        )
-        return self.steps
+    def step_ended(self, done: int) -> None:
+        """Optimizer step ``done`` ended now: re-fit the count when the clock says so."""
+        budget = self.clock
+        budget.ended(done)
+        if done < budget.calibration.steps and budget.refit_due(done):
+            budget.apply(budget.refit(done))
 
 
 @dataclass
@@ -305,11 +318,11 @@ def train_peer(
             self.plan, self.offset = plan, offset
             self.started = 0.0
             self.ends: list[float] = []
-            self.last_fit = (0, 0.0)  # (steps done, seconds since on_train_begin)
-            self.refits = list(REFITS)
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
             self.started = time.perf_counter()
+            if self.plan is not None:
+                self.plan.clock.start(self.offset)
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
             now = time.perf_counter() - self.started
@@ -317,13 +330,7 @@ def train_peer(
             plan, done = self.plan, state.global_step
             if plan is None:
                 return control
-            elapsed = self.offset + now
-            if self.refits and elapsed >= self.refits[0] * plan.budget:
-                while self.refits and elapsed >= self.refits[0] * plan.budget:
-                    self.refits.pop(0)
-                step_seconds = (now - self.last_fit[1]) / max(done - self.last_fit[0], 1)
-                plan.fit(done, elapsed, step_seconds)
-                self.last_fit = (done, now)
+            plan.step_ended(done)
             if done >= plan.steps:
                 control.should_training_stop = True
             return control
@@ -342,7 +349,7 @@ def train_peer(
     # The calibration: thrown away, its seconds counted.
     run.calibration_steps = size.peer_calibration_steps
     calibration = Clock(None, 0.0)
-    throwaway = BudgetPlan(math.inf, [(0, 0.0, size.peer_calibration_steps)])
+    throwaway = BudgetPlan.fixed(size.peer_calibration_steps)
     model = _new_model(size, data.tokenizer, seed)
     _trainer(
         model, data, size, device, run, throwaway, size.peer_calibration_steps, scratch, seed, [calibration]
@@ -351,8 +358,7 @@ def train_peer(
     intervals = np.diff(calibration.ends) if len(calibration.ends) >= 2 else np.array(calibration.ends)
     run.step_seconds = float(statistics.median(intervals.tolist()))
 
-    plan = BudgetPlan(run.budget)
-    plan.fit(0, run.calibration_seconds, run.step_seconds)
+    plan = BudgetPlan.fitted(run.budget, run.calibration_seconds, run.step_seconds, len(intervals))
     clock = Clock(plan, run.calibration_seconds)
     # The Trainer's own cap, far beyond any fit: the plan stops it.
     cap = 4 * plan.steps + 100

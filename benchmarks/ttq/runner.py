@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -14,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 import yaml
 
 from ttq import jobs, peer
@@ -63,20 +61,26 @@ def say(line: str) -> None:
 
 def machine_gflops(seconds: float = MACHINE_PROBE_SECONDS) -> float:
     """This machine's speed now: the median rate of fp32 512 x 512 matrix products on the CPU
-    (torch, its default threads) over ``seconds`` of them, in GFLOP/s (2 x 512^3 per product).
+    (torch, its default threads) over ``seconds`` of them, in GFLOP/s (2 x 512^3 per product),
+    measured in a fresh process (``python -m ttq.probe``), so that a run made in this process (the
+    peer's) and a run made in a subprocess (ours) are followed by the same measurement: the third
+    demo run's in-process figure after the peer's runs was 241 against 288-305 after ours.
 
     Written into each run's record as the run ends, so that runs made at different times (a rerun
     reuses finished ones) can be told apart when the machine's speed moved in between: on this
-    2-core machine one recipe's 160 s runs took 350 to 594 steps within one afternoon."""
-    a, b = torch.rand(512, 512), torch.rand(512, 512)
-    torch.mm(a, b)
-    rates = []
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end or len(rates) < 3:
-        start = time.perf_counter()
-        torch.mm(a, b)
-        rates.append(2 * 512**3 / (time.perf_counter() - start) / 1e9)
-    return statistics.median(rates)
+    2-core machine one recipe's 160 s runs took 350 to 594 steps within one afternoon.
+
+    Raises:
+        subprocess.CalledProcessError: the probe failed.
+    """
+    found = subprocess.run(
+        [sys.executable, "-m", "ttq.probe", str(seconds)],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(found.stdout.split()[-1])
 
 
 def run_logged(label: str, command: list[str], log: Path) -> float:
@@ -392,7 +396,7 @@ class Benchmark:
             "masking": config.masking,
             "calibration_steps": size.peer_calibration_steps,
             "validation_share": PEER_VALIDATION_SHARE,
-            "refits": list(peer.REFITS),
+            "refits": peer.REFITS,
             "device": self.device,
             "budget": budget,
         }

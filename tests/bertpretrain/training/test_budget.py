@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,8 @@ def test_a_refit_fits_what_is_left_at_the_speed_measured() -> None:
     # After step 50, 60 s of 100 gone, 0.5 s a micro-batch: 80 more steps.
     assert refit(50, 60.0, 100.0, 0.5, lambda n: n) == Fit(51, 130, 60.0, 0.5)
     assert refit(50, 60.0, 100.0, 0.5, lambda n: 2 * n).steps == 90
+    # 88.9 steps are left: the 89th ends 0.05 s after the share, nearer than the 88th's 0.4 s before.
+    assert refit(50, 60.0, 100.0, 0.45, lambda n: n).steps == 139
     # Out of time: one more step, whose rate is already set, then the end.
     assert refit(50, 101.0, 100.0, 0.5, lambda n: n).steps == 51
 
@@ -195,11 +198,11 @@ def test_a_budgeted_phase_trains_as_the_steps_it_fixed_and_keeps_them(
     # (3 - 0.125) * 32 = 92 steps; every re-fit finds the same count at the same speed.
     steps = recorded["steps"]
     assert (steps, recorded["timed_steps"], recorded["calibration_seconds"]) == (92, 3, 0.125)
-    assert [fit["steps"] for fit in recorded["fits"]] == [92] * 7 and recorded["finished_seconds"] == 3.0
+    assert [fit["steps"] for fit in recorded["fits"]] == [92] * 8 and recorded["finished_seconds"] == 3.0
     assert final.name == f"step_{steps:06d}.pt"
     assert "phase 1/1: budget 0:00:03 for this phase; calibrated " in output
     assert "92 steps fit in the" in output and "re-fitted to 92 steps at 25% of the budget" in output
-    assert "phase 1/1: trained 3.0 s of its 3.0 s budget (+0.0%), in 7 fits" in output
+    assert "phase 1/1: trained 3.0 s of its 3.0 s budget (+0.0%), in 8 fits" in output
     train = [record["data"] for record in log_records(budgeted) if record["type"] == "LOG"]
     assert train[-1]["budget_left_seconds"] == 0.0 and train[0]["budget_left_seconds"] == 3.0 - 0.125 - 5 / 32
     assert " budget left 0:00:00" in next(line for line in output.splitlines() if "step 92/92 loss" in line)
@@ -258,6 +261,7 @@ def test_a_ramp_ends_at_its_budget(
 ) -> None:
     # No re-fit: the first fit alone, which counts the ramp's cheaper steps, ends the phase on time.
     monkeypatch.setattr(bertpretrain.training.budget, "REFIT_AT", ())
+    monkeypatch.setattr(bertpretrain.training.budget, "REFIT_LAST_STEPS", 0)
     budgeted = _budgeted(make_spec, make_phase, tmp_path / "a", microBatchSize=4, batchRampProportion=0.3)
     final = train_phase(budgeted, 0, shard_dir, vocab_size, clock=StepClock(monkeypatch, 2.0**-7))
     recorded = json.loads((final.parent / BUDGET_FILE).read_text())
@@ -321,11 +325,43 @@ def test_a_refit_waits_for_enough_timed_steps() -> None:
     budget = BudgetClock(calibration, lambda step: step, lambda: now[0])
     budget.start(0.5)
     now[0] = 3.0  # a slow first step: 30% of the share gone
-    budget.measure_from(1)
-    assert not budget.refit_due(2) and not budget.refit_due(3)
+    budget.ended(1)
+    for step in (2, 3):
+        now[0] += 0.1
+        budget.ended(step)
+        assert not budget.refit_due(step)
+    now[0] += 0.1
+    budget.ended(4)
     assert budget.refit_due(4)
-    # 0.1 s a step since the first, 3.8 s of 10 gone: 62 more steps (61 by float rounding).
-    now[0] = 3.3
+    # 0.1 s a step since the first, 3.8 s of 10 gone: 62 more steps end nearest the share's end.
     fit = budget.refit(4)
-    assert (fit.from_step, fit.elapsed_seconds, fit.micro_batch_seconds) == (5, 3.8, pytest.approx(0.1))
-    assert fit.steps in (65, 66)
+    assert (fit.from_step, fit.micro_batch_seconds) == (5, pytest.approx(0.1))
+    assert (fit.elapsed_seconds, fit.steps) == (pytest.approx(3.8), 66)
+
+
+def _clocked_run(step_seconds: Callable[[float], float], share: float = 20.0) -> tuple[float, Calibration]:
+    """A phase of ``share`` seconds run on a made-up clock as the training loop runs it, each step
+    taking ``step_seconds(now)``: its training seconds and its record."""
+    now = [2.5]
+    fit = first_fit(share, now[0], 0.5, 1, lambda step, steps: step, "phase 1/1")
+    budget = BudgetClock(Calibration(0.5, 3, share, now[0], (fit,)), lambda step: step, lambda: now[0])
+    budget.start(now[0])
+    step = 0
+    while step < budget.calibration.steps:
+        step += 1
+        now[0] += step_seconds(now[0])
+        budget.ended(step)
+        if step < budget.calibration.steps and budget.refit_due(step):
+            budget.apply(budget.refit(step))
+    return budget.elapsed(), budget.calibration
+
+
+@pytest.mark.parametrize("speed_up_at", [15.0, 16.0, 18.0, 19.0])
+def test_a_run_of_a_few_dozen_steps_follows_a_late_change_of_speed_to_its_end(speed_up_at: float) -> None:
+    """Steps of 0.5 s, 2.5% of a 20 s share, twice as fast from 75% to 95% of it on (a machine
+    that another job left): the fits at fixed fractions alone would end the run 2.5-12.5% early,
+    since the last fractions fall between fits 3 steps apart; the re-fits after the last planned
+    steps end it within half a step."""
+    seconds, calibration = _clocked_run(lambda now: 0.5 if now < speed_up_at else 0.25)
+    assert abs(seconds - 20.0) <= 0.5 * 0.25 + 1e-9, calibration.fits
+    assert calibration.steps > calibration.fits[0].steps

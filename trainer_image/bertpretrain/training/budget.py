@@ -12,8 +12,10 @@ broadcasts it, and records it in ``budget.json`` in the phase's checkpoint direc
 **The clock enforces it.** A count fitted once is only as good as the calibration: a machine that
 slows down after it, a compile that happens again in the real run, or a batch ramp's cheaper steps
 would end the phase early or late. So the phase re-fits its count when :data:`REFIT_AT` fractions
-of its share have passed by the clock: the seconds per micro-batch measured since the last fit
-predict how many more steps fit in what is left (:func:`refit`). Each fit is recorded as the first
+of its share have passed by the clock, and after each of the last :data:`REFIT_LAST_STEPS` steps
+its count plans: the seconds per micro-batch measured since the last fit (over the last
+:data:`MIN_TIMED_STEPS` steps when fewer have passed since it) predict how many more steps end
+nearest the end of the share (:func:`refit`). Each fit is recorded as the first
 is, so that a resumed run replays the fits made up to its checkpoint and then makes its own.
 
 **The schedule follows the fits.** Learning-rate schedules read a phase's *progress*, a number from
@@ -32,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -47,6 +50,10 @@ MIN_TIMED_STEPS = 3
 # end, so that what is left to predict is a few percent of the share: a 10% error in the speed
 # measured then moves the end by well under 1%.
 REFIT_AT = (0.25, 0.5, 0.75, 0.9, 0.95, 0.98)
+# The phase also re-fits after each of the last steps its count plans: in a run of a few dozen
+# steps one step is a few percent of the share, so the last fractions can all fall in its last
+# step or two; these re-fits decide its end from the clock then, to within half a step.
+REFIT_LAST_STEPS = 2
 
 
 class BudgetError(ValueError):
@@ -189,18 +196,22 @@ def refit(
     cost: Callable[[int], int],
 ) -> Fit:
     """A re-fit after optimizer step ``step``, ``elapsed_seconds`` into the phase's
-    ``phase_seconds``: the most steps whose micro-batches after ``step`` (``cost(n) - cost(step)``,
-    ``cost(n)`` the micro-batches per rank of steps 1..n) fit in what is left at
-    ``micro_batch_seconds`` each; at least ``step + 1``, since step ``step + 1``'s learning rate is
-    already set (a run out of time ends one step late, not at a rate the schedule never reached).
+    ``phase_seconds``: the count of steps after ``step`` (``cost(n) - cost(step)`` micro-batches
+    per rank, ``cost(n)`` those of steps 1..n) whose end at ``micro_batch_seconds`` each falls
+    nearest the end of the share, up to half a step before or after it (a count that always stopped
+    short would end a run of 35 steps up to 3% early); at least ``step + 1``, since step
+    ``step + 1``'s learning rate is already set (a run out of time ends one step late, not at a
+    rate the schedule never reached).
     """
     left = phase_seconds - elapsed_seconds
     done = cost(step)
-    extra = _most(
-        lambda n: (cost(step + n) - done) * micro_batch_seconds <= left,
-        0,
-        _ceiling(left, micro_batch_seconds),
-    )
+
+    def seconds(extra: int) -> float:
+        return (cost(step + extra) - done) * micro_batch_seconds
+
+    extra = _most(lambda n: seconds(n) <= left, 0, _ceiling(left, micro_batch_seconds))
+    if seconds(extra + 1) - left < left - seconds(extra):
+        extra += 1
     return Fit(step + 1, step + max(extra, 1), elapsed_seconds, micro_batch_seconds)
 
 
@@ -317,10 +328,10 @@ class BudgetClock:
     ``cost(n)`` is the micro-batches per rank that steps 1..n read; ``clock()`` gives wall-clock
     seconds (:func:`time.perf_counter`; a test passes its own). The clock runs from :meth:`start`
     on, from the seconds the phase had already spent (its calibration, or a checkpoint's
-    ``budget_seconds``); the seconds per micro-batch of each re-fit are measured from
-    :meth:`measure_from`, which a run calls after its first step (the warm-up's compile and the
-    first step's caches count in the budget but would make a step look slower than the steps to
-    come), over at least :data:`MIN_TIMED_STEPS` steps.
+    ``budget_seconds``); a run calls :meth:`ended` after each of its steps, and the seconds per
+    micro-batch of each re-fit are measured from the end of its first (the warm-up's compile and
+    the first step's caches count in the budget but would make a step look slower than the steps
+    to come), over at least :data:`MIN_TIMED_STEPS` steps.
     """
 
     def __init__(self, calibration: Calibration, cost: Callable[[int], int], clock: Callable[[], float]):
@@ -330,6 +341,7 @@ class BudgetClock:
         self._spent = 0.0
         self._started = 0.0
         self._window = (0.0, 0)  # clock() and the step the speed is measured from
+        self._recent: deque[tuple[float, int]] = deque(maxlen=MIN_TIMED_STEPS + 1)  # the last step ends
 
     def progress(self, step: int) -> float:
         """The phase's progress after ``step`` steps under the fits so far (:meth:`Calibration.progress`)."""
@@ -339,9 +351,12 @@ class BudgetClock:
         """Start the clock at ``spent_seconds`` of the phase's share."""
         self._spent, self._started = spent_seconds, self._clock()
 
-    def measure_from(self, step: int) -> None:
-        """Measure the speed of the steps after ``step`` from now on."""
-        self._window = (self._clock(), step)
+    def ended(self, step: int) -> None:
+        """Note that optimizer ``step`` ended now; a run's first call starts the speed's measure."""
+        now = self._clock()
+        if not self._recent:
+            self._window = (now, step)
+        self._recent.append((now, step))
 
     def elapsed(self) -> float:
         """Seconds of the phase's share spent."""
@@ -352,18 +367,23 @@ class BudgetClock:
         return self.calibration.phase_seconds - self.elapsed()
 
     def refit_due(self, step: int) -> bool:
-        """Whether a :data:`REFIT_AT` fraction has passed since the last fit was made, and at least
-        :data:`MIN_TIMED_STEPS` steps were timed since :meth:`measure_from` (a speed measured over
-        one step, the first of a run among them, would cut the run short)."""
+        """Whether a :data:`REFIT_AT` fraction has passed since the last fit was made, or ``step``
+        is one of the last :data:`REFIT_LAST_STEPS` the fits plan, once at least
+        :data:`MIN_TIMED_STEPS` steps after a run's first were timed (a speed measured over one
+        step, the first of a run among them, would cut the run short)."""
         share, last = self.calibration.phase_seconds, self.calibration.fits[-1].elapsed_seconds
         elapsed = self.elapsed()
-        timed = step - self._window[1] >= MIN_TIMED_STEPS
-        return timed and any(last < fraction * share <= elapsed for fraction in REFIT_AT)
+        timed = len(self._recent) == self._recent.maxlen
+        ending = self.calibration.steps - step <= REFIT_LAST_STEPS
+        return timed and (ending or any(last < fraction * share <= elapsed for fraction in REFIT_AT))
 
     def refit(self, step: int) -> Fit:
-        """The fit after ``step`` from the speed measured since :meth:`measure_from` (or the last
-        re-fit), the clock's time left and the cost of the steps to come (:func:`refit`)."""
+        """The fit after ``step`` from the speed measured since the last fit (over the last
+        :data:`MIN_TIMED_STEPS` steps when fewer have passed since it), the clock's time left and
+        the cost of the steps to come (:func:`refit`)."""
         began, first = self._window
+        if step - first < MIN_TIMED_STEPS and len(self._recent) == self._recent.maxlen:
+            began, first = self._recent[0]
         now = self._clock()
         micro_batches = self._cost(step) - self._cost(first)
         speed = (

@@ -588,10 +588,10 @@ def _train(run: _Run, stop: StopSignals) -> None:
             step, StepStatistics.from_tensor(engine.sum_over_ranks(stats).cpu()), lr, skipped, accumulation
         )
         stopping = engine.any_rank(stop.received is not None)
-        if budget is not None and step == run.start_step + 1:
-            budget.measure_from(step)  # the speed of the steps after a run's first (caches, allocations)
-        elif budget is not None and not stopping and step < run.steps:
-            _refit_if_due(run, budget, step)
+        if budget is not None:
+            budget.ended(step)
+            if not stopping and step < run.steps:
+                _refit_if_due(run, budget, step)
         last = step == run.steps
         if stopping or last or step % spec.checkpoint.every_steps == 0:
             saved = _save(run, step)
