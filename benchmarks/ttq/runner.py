@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from ttq import jobs, peer
+from ttq import jobs, peer, probe
 from ttq.heldout import EvalSet, heldout_documents, row_documents, score_export, score_model
 from ttq.settings import (
     ABLATION,
@@ -41,7 +41,6 @@ from ttq.settings import (
 from ttq.store import RunStore, run_key, without_paths
 
 DATA_SECONDS = 30.0  # the plan's estimate of a replicate's data preparation here
-MACHINE_PROBE_SECONDS = 0.5  # machine_gflops' timing, after each run
 # The trainer refuses a budget its calibration leaves no step in (spec.budget.time: ... so no step
 # fits): on this shared 2-core machine a few-second budget met that while other work ran; such a run
 # is tried again after a pause, twice at most.
@@ -59,10 +58,9 @@ def say(line: str) -> None:
     print(f"time_to_quality: {line}", flush=True)
 
 
-def machine_gflops(seconds: float = MACHINE_PROBE_SECONDS) -> float:
-    """This machine's speed now: the median rate of fp32 512 x 512 matrix products on the CPU
-    (torch, its default threads) over ``seconds`` of them, in GFLOP/s (2 x 512^3 per product),
-    measured in a fresh process (``python -m ttq.probe``), so that a run made in this process (the
+def machine_gflops(seconds: float = probe.SECONDS) -> float:
+    """This machine's speed now, in GFLOP/s (:func:`ttq.probe.gflops` over ``seconds``), measured
+    in a fresh process (``python -m ttq.probe``), so that a run made in this process (the
     peer's) and a run made in a subprocess (ours) are followed by the same measurement: the third
     demo run's in-process figure after the peer's runs was 241 against 288-305 after ours.
 
