@@ -65,7 +65,8 @@ saying so in a line, and trains only what is missing, so an interrupted benchmar
 run (an unfinished one starts again). A reused run may have been made when the machine ran at
 another speed: each record holds the machine's speed as the run ended
 (``ttq.runner.machine_gflops``), and the tables give it per recipe, with a warning where the
-recipes' figures are more than 10% apart or some runs have none. Output:
+recipes' medians are more than 10% apart and a Kruskal-Wallis test over the runs' figures puts that
+beyond the probe's own spread from run to run (p < 0.05), or where some runs have none. Output:
 ``<out>/time_to_quality.json`` (settings, choices, summary; the runs' per-row scores stay in
 ``runs/``), ``time_to_quality.md`` (the tables) and ``time_to_quality.svg`` (accuracy against
 seconds, one line per replicate and recipe). Work files (shards, checkpoints, exports, logs) are

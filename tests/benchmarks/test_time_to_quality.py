@@ -21,6 +21,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from scipy import stats
 
 from bertjob_api.spec import parse_job
 from bertjob_api.validation import checked
@@ -601,10 +602,22 @@ def test_the_tables_say_when_recipes_ran_at_different_machine_speeds(parts: Simp
         "medians": {"classic": 40.0, "modern": 30.0},
         "missing": 0,
         "spread": pytest.approx(1 / 3),
+        "p_value": pytest.approx(stats.kruskal([40.0] * 8, [30.0] * 8).pvalue),
     }
+    assert summary["machine"]["p_value"] < 0.001
     text = "\n".join(report.tables({"summary": summary, "choices": {}}))
     assert "GFLOP/s, median over a recipe's timed runs): classic 40.0, modern 30.0." in text
-    assert "33% apart: their seconds do not compare" in text
+    assert "33% apart (Kruskal-Wallis p = " in text and "their seconds do not compare" in text
+    # As far apart in medians, but each recipe's runs as spread as the probe is from run to run
+    # (the fourth demo run: 139 to 336 within one recipe): no warning, and the test's p is said.
+    noisy = {"classic": [20.0, 40.0, 60.0, 45.0], "modern": [25.0, 30.0, 55.0, 28.0]}
+    for record in records:
+        record["machine_gflops"] = noisy[record["recipe"]][(10, 20, 40, 80).index(record["budget_seconds"])]
+    summary = report.summarize(records, size, 2, 0)
+    assert summary["machine"]["spread"] > report.MACHINE_SPREAD
+    assert summary["machine"]["p_value"] > report.MACHINE_P
+    text = "\n".join(report.tables({"summary": summary, "choices": {}}))
+    assert "do not compare" not in text and "within the probe's spread from run to run" in text
     # Within 10% of each other: no warning; a run without the figure is counted and said.
     for record in records:
         record["machine_gflops"] = 40.0 if record["recipe"] == "classic" else 37.0
