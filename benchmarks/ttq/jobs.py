@@ -4,7 +4,7 @@ jobs of exports made elsewhere (the peer's, a random initialisation's).
 Every job of a replicate names one data directory (``<work>/data``) with the same corpus, seed and
 held-out fraction, so the vocabulary and the tokenized documents are made once and the held-out
 documents are the same for all; each distinct dataset setting gets its own dataset directory there
-(``seq_len_128_max_pred_{19,20,38}``, ``..._38_dynamic``, ``..._38_packed_spfhp``).
+(``seq_len_128_max_pred_{19,20,38}``, ``..._38_dynamic``).
 """
 
 from __future__ import annotations
@@ -84,11 +84,13 @@ def data_spec(
     return data
 
 
-def _phase(size: Size, predictions: int, learning_rate: float, warmup: float) -> dict[str, Any]:
+def _phase(
+    size: Size, predictions: int, learning_rate: float, warmup: float, global_batch: int | None = None
+) -> dict[str, Any]:
     return {
         "maxSeqLength": SEQ_LEN,
         "maxPredictionsPerSeq": predictions,
-        "globalBatchSize": size.global_batch,
+        "globalBatchSize": size.global_batch if global_batch is None else global_batch,
         "microBatchSize": size.micro_batch,
         "learningRate": learning_rate,
         "warmupProportion": warmup,
@@ -173,7 +175,7 @@ def our_job(
     if recipe.optimizer == "adamw":
         spec["optimizer"]["beta2"] = recipe.beta2
     spec["evaluation"] = {"maxSequences": OWN_EVAL_SEQUENCES}
-    phase = _phase(size, recipe.max_predictions, learning_rate, recipe.warmup)
+    phase = _phase(size, recipe.max_predictions, learning_rate, recipe.warmup, recipe.global_batch(size))
     if recipe.batch_ramp is not None:
         phase["batchRampProportion"] = recipe.batch_ramp
     spec["phases"] = [phase]

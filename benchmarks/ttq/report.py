@@ -533,6 +533,22 @@ def _data_words(recipe: Recipe) -> str:
     return f"{rows}, {recipe.masking} {recipe.masking_rates} masks, {DUPE_FACTOR} copies"
 
 
+def _batch_row(settings: dict[str, Any] | None, modern: Recipe) -> list[list[str]]:
+    """The sides table's global batch row, from the results' size ``settings`` (none without them)."""
+    if settings is None:
+        return []
+    size = Size(**settings)
+    ramp = f", ramped from {size.micro_batch}" if modern.batch_ramp is not None else ""
+    return [
+        [
+            "global batch (sequences a step)",
+            str(RECIPES["classic"].global_batch(size)),
+            f"{modern.global_batch(size)}{ramp}",
+            str(size.global_batch),
+        ]
+    ]
+
+
 def sides(results: dict[str, Any]) -> list[str]:
     """What each side had: data, optimizer and how its settings were chosen, budget, compile."""
     choices = results["choices"]
@@ -559,6 +575,7 @@ def sides(results: dict[str, Any]) -> list[str]:
                     f"AdamW b2 {peer.get('beta2', '?')} at {peer.get('learning_rate', '?')}, "
                     f"{peer.get('masking', 0):.0%} masking (linear)",
                 ],
+                *_batch_row(results.get("settings"), modern),
                 [
                     "settings chosen",
                     "NVIDIA's",

@@ -13,6 +13,7 @@ import json
 import math
 import sys
 import xml.etree.ElementTree as ElementTree
+from dataclasses import asdict, replace
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -215,9 +216,9 @@ def test_the_ablation_has_every_row_and_the_shared_runs_once(
         "classic",
         "modern",
         "adamw",
-        "packed",
         "schedule",
         "no-ramp",
+        "full-batch",
     ]
     assert rows[0]["difference"] == {} and set(rows[1]["difference"]) == {"singles", "pairs"}
     keys = [r["key"] for r in tiny_run["records"]]
@@ -307,6 +308,17 @@ def test_the_demo_held_out_sets_have_2000_distinct_segments_in_both_formats(
     assert (singles.positions != 0).sum() == singles.predictions > 10 * singles.rows
 
 
+def test_a_batch_divisor_that_leaves_a_ramp_nothing_to_grow_is_refused(parts: SimpleNamespace) -> None:
+    settings = parts.settings
+    demo = settings.SIZES["demo"]  # 64 sequences a step, micro-batches of 16
+    assert settings.MODERN.global_batch(demo) == 32 and settings.CLASSIC.global_batch(demo) == 64
+    assert replace(settings.MODERN, batch_divisor=4, batch_ramp=None).global_batch(demo) == 16
+    with pytest.raises(ValueError, match=r"batch_divisor 4 leaves a global batch of 16, .* at least 32"):
+        replace(settings.MODERN, batch_divisor=4).global_batch(demo)
+    with pytest.raises(ValueError, match=r"batch_divisor 3 leaves a global batch of 21\.3333"):
+        replace(settings.MODERN, batch_divisor=3).global_batch(demo)
+
+
 @pytest.mark.parametrize("size", ["tiny", "demo", "base"])
 def test_our_jobs_are_valid_and_each_ablation_row_adds_one_ingredient(
     parts: SimpleNamespace, size: str, tmp_path: Path
@@ -350,10 +362,13 @@ def test_our_jobs_are_valid_and_each_ablation_row_adds_one_ingredient(
         return found
 
     paths = {"checkpoint.path", "metadata.name"}
-    assert changed(spec["packed"], spec["modern"]) - paths == {"data.packing"}
     assert changed(spec["schedule"], spec["modern"]) - paths == {"data.masking", "data.finalMaskedLmProb"}
     assert changed(spec["no-ramp"], spec["modern"]) - paths == {"phases.batchRampProportion"}
     assert spec["modern"]["phases"][0]["batchRampProportion"] == 0.3
+    assert changed(spec["full-batch"], spec["modern"]) - paths == {"phases.globalBatchSize"}
+    full, half = (spec[name]["phases"][0]["globalBatchSize"] for name in ("full-batch", "modern"))
+    assert (full, half) == (chosen.global_batch, chosen.global_batch // 2)
+    assert spec["classic"]["phases"][0]["globalBatchSize"] == chosen.global_batch
     # The same swept rate given to both: the AdamW row differs from modern by its optimizer alone.
     assert changed(spec["adamw"], spec["modern"]) - paths == {"optimizer.name", "optimizer.beta2"}
     assert spec["modern"]["optimizer"]["name"] == "lamb" and spec["adamw"]["optimizer"]["beta2"] == 0.98
@@ -510,6 +525,16 @@ def test_the_summary_finds_the_ratio_of_made_up_curves_and_its_interval(parts: S
     )
 
 
+def test_the_sides_table_gives_each_side_its_global_batch(parts: SimpleNamespace) -> None:
+    settings, report = parts.settings, parts.report
+    demo = settings.SIZES["demo"]
+    summary = report.summarize(_curves(2.0, 1), demo, 1, 0)
+    text = "\n".join(report.tables({"summary": summary, "choices": {}, "settings": asdict(demo)}))
+    assert "| global batch (sequences a step) | 64 | 32, ramped from 16 | 64 |" in text
+    # Results without the size's settings (older ones) have no such row.
+    assert "global batch" not in "\n".join(report.tables({"summary": summary, "choices": {}}))
+
+
 def test_the_ratio_resamples_documents_when_rows_are_traced_to_them(parts: SimpleNamespace) -> None:
     settings, report = parts.settings, parts.report
     size = settings.Size(
@@ -643,7 +668,7 @@ def test_the_summary_pairs_fine_tuning_and_ablation_by_replicate(parts: SimpleNa
                 "median": {"classic": 0.6, "modern": 0.7}[record["recipe"]] + record["replicate"] / 10
             }
     records += [_record("hf-peer", 1, 80, 80, 0.1, finetuned=0.5, kind="peer")]  # replicate 0 has no peer
-    for name, accuracy in (("adamw", 0.25), ("packed", 0.41), ("schedule", 0.33), ("no-ramp", 0.3)):
+    for name, accuracy in (("adamw", 0.25), ("full-batch", 0.41), ("schedule", 0.33), ("no-ramp", 0.3)):
         records += [_record(name, i, 20, 20, accuracy + i / 100) for i in range(2)]
     summary = report.summarize(records, size, 2, 2)
     finetune = summary["finetune"]
@@ -651,8 +676,8 @@ def test_the_summary_pairs_fine_tuning_and_ablation_by_replicate(parts: SimpleNa
     assert finetune["differences"]["classic - hf-peer"]["replicates"] == 1  # paired: replicate 1 only
     assert finetune["differences"]["classic - hf-peer"]["estimate"] == pytest.approx(0.2)
     rows = {row["recipe"]: row for row in summary["ablation"]["rows"]}
-    # Modern scored 0.4 at 20 s in both replicates (the curves'); packed 0.41 and 0.42.
-    assert rows["packed"]["difference"]["singles"]["estimate"] == pytest.approx(0.015)
+    # Modern scored 0.4 at 20 s in both replicates (the curves'); full-batch 0.41 and 0.42.
+    assert rows["full-batch"]["difference"]["singles"]["estimate"] == pytest.approx(0.015)
     assert rows["schedule"]["base"] == "modern" and rows["no-ramp"]["base"] == "modern"
     assert summary["targets"]["finetune_kept"] is True and summary["targets"]["beat_peer"] is True
 
