@@ -85,12 +85,12 @@ def data_spec(
 
 
 def _phase(
-    size: Size, predictions: int, learning_rate: float, warmup: float, global_batch: int | None = None
+    size: Size, global_batch: int, predictions: int, learning_rate: float, warmup: float
 ) -> dict[str, Any]:
     return {
         "maxSeqLength": SEQ_LEN,
         "maxPredictionsPerSeq": predictions,
-        "globalBatchSize": size.global_batch if global_batch is None else global_batch,
+        "globalBatchSize": global_batch,
         "microBatchSize": size.micro_batch,
         "learningRate": learning_rate,
         "warmupProportion": warmup,
@@ -105,7 +105,7 @@ def singles_job(size: Size, device: str, work: Path, seed: int) -> dict[str, Any
     spec = base_spec(size, device, work / "singles" / "checkpoints", seed)
     spec["objective"] = "mlm"
     spec["data"] = data_spec(work, size, masked_lm_prob=EVAL_MASKING, dupe_factor=1)
-    spec["phases"] = [{**_phase(size, SINGLES_PREDICTIONS, 1e-4, 0.01), "steps": 1}]
+    spec["phases"] = [{**_phase(size, size.global_batch, SINGLES_PREDICTIONS, 1e-4, 0.01), "steps": 1}]
     return document("time-to-quality-singles", spec)
 
 
@@ -116,7 +116,7 @@ def pairs_job(size: Size, device: str, work: Path, seed: int) -> dict[str, Any]:
     spec = base_spec(size, device, work / "pairs" / "checkpoints", seed)
     spec["objective"] = "mlm-nsp"
     spec["data"] = data_spec(work, size, masked_lm_prob=EVAL_MASKING)
-    spec["phases"] = [{**_phase(size, PAIRS_PREDICTIONS, 1e-4, 0.01), "steps": 1}]
+    spec["phases"] = [{**_phase(size, size.global_batch, PAIRS_PREDICTIONS, 1e-4, 0.01), "steps": 1}]
     return document("time-to-quality-pairs", spec)
 
 
@@ -175,7 +175,7 @@ def our_job(
     if recipe.optimizer == "adamw":
         spec["optimizer"]["beta2"] = recipe.beta2
     spec["evaluation"] = {"maxSequences": OWN_EVAL_SEQUENCES}
-    phase = _phase(size, recipe.max_predictions, learning_rate, recipe.warmup, recipe.global_batch(size))
+    phase = _phase(size, recipe.global_batch(size), recipe.max_predictions, learning_rate, recipe.warmup)
     if recipe.batch_ramp is not None:
         phase["batchRampProportion"] = recipe.batch_ramp
     spec["phases"] = [phase]
