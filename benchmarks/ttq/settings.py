@@ -69,7 +69,8 @@ class Size:
         return max(1, round(self.budget * fraction))
 
     def check(self) -> None:
-        """Raises ValueError, naming the field, on settings the benchmark cannot run."""
+        """Raises ValueError, naming the field, on settings the benchmark cannot run (a recipe's global
+        batch among them: :meth:`Recipe.global_batch`)."""
         budgets = [self.seconds(f) for f in self.fractions]
         if len(self.fractions) < 2 or self.fractions[-1] != 1 or budgets != sorted(set(budgets)):
             raise ValueError(
@@ -81,6 +82,8 @@ class Size:
             raise ValueError("Size.replicates must be >= 1 and ablation_replicates >= 0")
         if self.global_batch % self.micro_batch or self.global_batch == self.micro_batch:
             raise ValueError("Size.micro_batch must divide global_batch and be smaller (the batch ramp)")
+        for recipe in RECIPES.values():  # at start-up, not when that recipe's first run is made
+            recipe.global_batch(self)
 
 
 SIZES = {

@@ -317,6 +317,9 @@ def test_a_batch_divisor_that_leaves_a_ramp_nothing_to_grow_is_refused(parts: Si
         replace(settings.MODERN, batch_divisor=4).global_batch(demo)
     with pytest.raises(ValueError, match=r"batch_divisor 3 leaves a global batch of 21\.3333"):
         replace(settings.MODERN, batch_divisor=3).global_batch(demo)
+    # The size's check refuses it before any run: modern's half of 64 is one micro-batch of 32.
+    with pytest.raises(ValueError, match=r"recipe modern: batch_divisor 2 leaves a global batch of 32"):
+        replace(demo, micro_batch=32).check()
 
 
 @pytest.mark.parametrize("size", ["tiny", "demo", "base"])
