@@ -30,15 +30,14 @@ own job with its own ``spec.budget`` (so its schedule ends at its end); its seco
   demo: 20, 53, 80, 160 s) in each of ``Size.replicates`` replicates; the full-budget runs are
   fine-tuned;
 - the ablation (``Size.ablation_replicates`` replicates at ``Size.ablation_fraction`` of the
-  budget): classic (LAMB); ``modern``, the recipe kept (issue 38's: MLM only, 30% masking,
-  one-cycle, no dropout, with LAMB at its swept learning rate, half the classic's global batch, a
-  batch ramp over 30% of the steps and dynamic masking); then each ingredient measured on its own:
-  added to ``modern``, AdamW beta2 0.98 at its swept learning rate, masking 30%->15%
-  (``finalMaskedLmProb``); taken from it, dynamic masking (``static``: 5 statically masked copies)
-  and the half batch (``full-batch``: the classic's). Each row's difference from the row it
-  changes, paired by replicate, with a 90% t interval. Padding-free rows (``packing: spfhp``) were
-  a row until they had tied three times, and the batch ramp's until it had tied at the half batch
-  (``benchmarks/RESULTS.md``);
+  budget): classic (LAMB); ``modern``, the recipe kept (issue 38's: MLM only, 30% static masking,
+  one-cycle, no dropout, with LAMB at its swept learning rate, half the classic's global batch and
+  a batch ramp over 30% of the steps); then each ingredient measured on its own: added to
+  ``modern``, AdamW beta2 0.98 at its swept learning rate, masking 30%->15% (dynamic masks,
+  ``finalMaskedLmProb``); taken from it, the batch ramp (``no-ramp``) and the half batch
+  (``full-batch``: the classic's). Each row's difference from the row it changes, paired by
+  replicate, with a 90% t interval. Padding-free rows (``packing: spfhp``) were a row until they
+  had tied three times (``benchmarks/RESULTS.md``);
 - each optimizer's learning rate is swept once, in replicate 0 at the full budget: LAMB's
   (``Size.lamb_lrs``) on ``modern``, each point fine-tuned so the chosen one is that replicate's
   full-budget run; AdamW's (``Size.adamw_lrs``) on the AdamW row; each chosen by the MLM accuracy

@@ -217,7 +217,7 @@ def test_the_ablation_has_every_row_and_the_shared_runs_once(
         "modern",
         "adamw",
         "schedule",
-        "static",
+        "no-ramp",
         "full-batch",
     ]
     assert rows[0]["difference"] == {} and set(rows[1]["difference"]) == {"singles", "pairs"}
@@ -365,9 +365,8 @@ def test_our_jobs_are_valid_and_each_ablation_row_adds_one_ingredient(
         return found
 
     paths = {"checkpoint.path", "metadata.name"}
-    assert changed(spec["schedule"], spec["modern"]) - paths == {"data.finalMaskedLmProb"}
-    assert changed(spec["static"], spec["modern"]) - paths == {"data.masking"}
-    assert (spec["modern"]["data"]["masking"], spec["static"]["data"]["masking"]) == ("dynamic", "static")
+    assert changed(spec["schedule"], spec["modern"]) - paths == {"data.masking", "data.finalMaskedLmProb"}
+    assert changed(spec["no-ramp"], spec["modern"]) - paths == {"phases.batchRampProportion"}
     assert spec["modern"]["phases"][0]["batchRampProportion"] == 0.3
     assert changed(spec["full-batch"], spec["modern"]) - paths == {"phases.globalBatchSize"}
     full, half = (spec[name]["phases"][0]["globalBatchSize"] for name in ("full-batch", "modern"))
@@ -672,7 +671,7 @@ def test_the_summary_pairs_fine_tuning_and_ablation_by_replicate(parts: SimpleNa
                 "median": {"classic": 0.6, "modern": 0.7}[record["recipe"]] + record["replicate"] / 10
             }
     records += [_record("hf-peer", 1, 80, 80, 0.1, finetuned=0.5, kind="peer")]  # replicate 0 has no peer
-    for name, accuracy in (("adamw", 0.25), ("full-batch", 0.41), ("schedule", 0.33), ("static", 0.3)):
+    for name, accuracy in (("adamw", 0.25), ("full-batch", 0.41), ("schedule", 0.33), ("no-ramp", 0.3)):
         records += [_record(name, i, 20, 20, accuracy + i / 100) for i in range(2)]
     summary = report.summarize(records, size, 2, 2)
     finetune = summary["finetune"]
@@ -682,7 +681,7 @@ def test_the_summary_pairs_fine_tuning_and_ablation_by_replicate(parts: SimpleNa
     rows = {row["recipe"]: row for row in summary["ablation"]["rows"]}
     # Modern scored 0.4 at 20 s in both replicates (the curves'); full-batch 0.41 and 0.42.
     assert rows["full-batch"]["difference"]["singles"]["estimate"] == pytest.approx(0.015)
-    assert rows["schedule"]["base"] == "modern" and rows["static"]["base"] == "modern"
+    assert rows["schedule"]["base"] == "modern" and rows["no-ramp"]["base"] == "modern"
     assert summary["targets"]["finetune_kept"] is True and summary["targets"]["beat_peer"] is True
 
 
