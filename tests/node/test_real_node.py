@@ -21,8 +21,7 @@ from bertjob_testing.cluster.node import TOLERATION, PodError, RealNode
 from bertjob_testing.cluster.nodecleanup import cgroup_processes, hierarchies, mounts_under, naming
 from bertjob_testing.cluster.oci import PAUSE_IMAGE
 from bertjob_testing.cluster.operator import wait_until
-from bertjob_testing.cluster.process import running
-from tests.cluster.test_harness import killed_holder
+from tests.cluster.test_harness import killed_holder, wait_gone
 
 WAIT_S = 90.0
 
@@ -214,4 +213,6 @@ def test_a_test_run_killed_with_sigkill_leaves_nothing_of_its_node(
     )
     assert mounts_under(workdir) == []
     assert not [h for h in hierarchies() if (h / made["cgroup"].lstrip("/")).exists()]
-    assert not [pid for pid in made["pids"] if running(pid)]
+    # The plane's processes and the reaper itself go after the node (CI once saw one still running
+    # the moment the node's last process had gone): they too get a while, as in test_harness.
+    assert not wait_gone(made["pids"]), "the plane's processes or the reaper outlived the killed run"
